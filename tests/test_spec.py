@@ -1,0 +1,411 @@
+"""Tap conventions: round trips, the real Kimi-K2.5 case, the final boundary, SGLang 0.5.23's quirks, errors."""
+
+import re
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from eagle3_capture.spec import (
+    CONV_CANONICAL, CONV_DRAFT_IDS, CONV_HF, CONV_LAYER_INPUTS, CONVENTIONS, DRAFT_IDS, EMBEDDING, HF_HIDDEN_STATES,
+    LAYER_INPUTS, SGLANG_0523_DEEPSEEK_V2, SGLANG_0523_QWEN_MOE, Embedding, Finding, LayerOutput, TapError, TapSpec,
+    check_sglang_0523, compare_taps, convention_limits, sglang_0523_default_layers_to_capture, sglang_0523_family,
+    sglang_0523_ids_for, sglang_0523_layers_to_capture, sglang_0523_native_capture,
+)
+
+L61, H = 61, 7168
+
+
+# ------------------------------------------------------------------------------------------------ strategies
+@st.composite
+def specs(draw, min_layers=1, max_layers=128):
+    L = draw(st.integers(min_layers, max_layers))
+    hidden = draw(st.integers(1, 16384))
+    keys = draw(st.sets(st.integers(-1, L - 1), min_size=1, max_size=min(L + 1, 8)))
+    taps = tuple(EMBEDDING if k == -1 else LayerOutput(k) for k in sorted(keys))
+    return TapSpec(taps, L, hidden)
+
+
+def codes(findings):
+    return [f.code for f in findings]
+
+
+# ------------------------------------------------------------------------------------------------ taps
+def test_tap_order_and_repr():
+    assert Embedding() == EMBEDDING
+    assert EMBEDDING < LayerOutput(0) < LayerOutput(1) < LayerOutput(30)
+    assert sorted([LayerOutput(3), EMBEDDING, LayerOutput(0)]) == [EMBEDDING, LayerOutput(0), LayerOutput(3)]
+    assert LayerOutput(2) >= LayerOutput(2) and not LayerOutput(2) > LayerOutput(2)
+    assert repr(EMBEDDING) == "Embedding" and repr(LayerOutput(30)) == "LayerOutput(30)"
+    assert LayerOutput(4) == LayerOutput(4) and LayerOutput(4) != LayerOutput(5) and LayerOutput(0) != EMBEDDING
+    assert len({LayerOutput(1), LayerOutput(1), EMBEDDING}) == 2
+
+
+@given(st.integers(-1, 500), st.integers(-1, 500))
+def test_tap_order_matches_draft_ids(a, b):
+    ta = EMBEDDING if a == -1 else LayerOutput(a)
+    tb = EMBEDDING if b == -1 else LayerOutput(b)
+    assert (ta < tb) == (a < b) and (ta == tb) == (a == b) and (ta >= tb) == (a >= b)
+
+
+def test_tap_rejects_bad_layer():
+    with pytest.raises(ValueError, match=r"LayerOutput\(-1\).*Embedding"):
+        LayerOutput(-1)
+    with pytest.raises(ValueError, match="not an integer"):
+        LayerOutput("3")
+    with pytest.raises(ValueError, match="bool"):
+        LayerOutput(True)
+    with pytest.raises(Exception):
+        LayerOutput(3).k = 4  # frozen
+
+
+# ------------------------------------------------------------------------------------------------ round trips
+@settings(max_examples=300)
+@given(specs())
+def test_round_trip_draft_ids(spec):
+    ids = spec.to_draft_ids()
+    assert TapSpec.from_draft_ids(ids, spec.num_layers, spec.hidden_size) == spec
+    assert ids == sorted(ids) and all(-1 <= d < spec.num_layers for d in ids)
+
+
+@settings(max_examples=300)
+@given(specs())
+def test_round_trip_layer_inputs(spec):
+    if spec.includes_final_boundary:
+        with pytest.raises(ValueError, match="final boundary"):
+            spec.to_layer_inputs()
+    else:
+        idx = spec.to_layer_inputs()
+        assert all(0 <= i < spec.num_layers for i in idx)
+        assert TapSpec.from_layer_inputs(idx, spec.num_layers, spec.hidden_size) == spec
+    idx = spec.to_layer_inputs(allow_final_boundary=True)
+    assert TapSpec.from_layer_inputs(idx, spec.num_layers, spec.hidden_size, allow_final_boundary=True) == spec
+    # the layer-input index of a tap is its draft id + 1
+    assert idx == [d + 1 for d in spec.to_draft_ids()]
+
+
+@settings(max_examples=300)
+@given(specs())
+def test_round_trip_hf(spec):
+    if spec.includes_final_boundary:
+        with pytest.raises(ValueError, match="final_is_prenorm"):
+            spec.to_hf_hidden_states()
+    else:
+        h = spec.to_hf_hidden_states()
+        assert TapSpec.from_hf_hidden_states(h, spec.num_layers, spec.hidden_size) == spec
+    h = spec.to_hf_hidden_states(final_is_prenorm=True)
+    assert TapSpec.from_hf_hidden_states(h, spec.num_layers, spec.hidden_size, final_is_prenorm=True) == spec
+
+
+@settings(max_examples=200)
+@given(specs(), st.sampled_from(sorted(CONVENTIONS)))
+def test_round_trip_by_key_and_limits(spec, key):
+    lim = convention_limits(spec)[key]
+    assert lim.ok == (key == DRAFT_IDS or not spec.includes_final_boundary)
+    if lim.ok:
+        assert TapSpec.from_convention(key, list(lim.indices), spec.num_layers, spec.hidden_size) == spec
+        assert list(lim.indices) == spec.to_convention(key)
+    else:
+        assert "final" in lim.reason and lim.convention in lim.reason
+
+
+@settings(max_examples=200)
+@given(specs())
+def test_describe_lists_every_convention(spec):
+    line = spec.describe()
+    assert "\n" not in line
+    assert f"draft ids {spec.to_draft_ids()}" in line
+    assert f"taps {list(spec.taps)}" in line
+    if spec.includes_final_boundary:
+        assert "layer inputs n/a (final boundary)" in line and "HF hidden_states n/a (final boundary)" in line
+    else:
+        assert f"layer inputs {spec.to_layer_inputs()}" in line
+        assert f"HF hidden_states {spec.to_hf_hidden_states()}" in line
+
+
+@given(specs())
+def test_shape_properties(spec):
+    assert spec.K == len(spec.taps)
+    assert spec.fc_in_features == spec.K * spec.hidden_size
+    spec.check_fc_in_features(spec.K * spec.hidden_size)
+    with pytest.raises(ValueError):
+        spec.check_fc_in_features(spec.K * spec.hidden_size + 1)
+    assert spec.includes_embedding == (EMBEDDING in spec.taps)
+    assert spec.includes_final_boundary == (LayerOutput(spec.num_layers - 1) in spec.taps)
+
+
+# ------------------------------------------------------------------------------------------------ the real case
+def test_kimi_k25_training_taps_in_every_convention():
+    trained = TapSpec((EMBEDDING, LayerOutput(2), LayerOutput(30)), L61, H)
+    assert TapSpec.from_hf_hidden_states([0, 3, 31], L61, H) == trained
+    assert TapSpec.from_draft_ids([-1, 2, 30], L61, H) == trained
+    assert TapSpec.from_layer_inputs([0, 3, 31], L61, H) == trained
+    assert trained.to_draft_ids() == [-1, 2, 30]
+    assert trained.to_layer_inputs() == [0, 3, 31]
+    assert trained.to_hf_hidden_states() == [0, 3, 31]
+    assert trained.K == 3 and trained.fc_in_features == 21504
+    assert trained.includes_embedding and not trained.includes_final_boundary
+    assert trained.describe().startswith(
+        "taps [Embedding, LayerOutput(2), LayerOutput(30)] | draft ids [-1, 2, 30] | layer inputs [0, 3, 31] | "
+        "HF hidden_states [0, 3, 31]")
+    # what the server captured in the incident: layer inputs [3, 31, 59], no embedding
+    served = TapSpec.from_layer_inputs([3, 31, 59], L61, H)
+    assert served.taps == (LayerOutput(2), LayerOutput(30), LayerOutput(58))
+    f = compare_taps(trained, served.taps)
+    assert "missing-embedding" in codes(f) and "count-mismatch" not in codes(f)
+
+
+def test_sglang_0523_given_specforge_ids_with_embedding():
+    trained = TapSpec.from_draft_ids([-1, 2, 30], L61, H)
+    assert sglang_0523_layers_to_capture([-1, 2, 30], L61) == [-1, 2, 30]
+    nc = sglang_0523_native_capture([-1, 2, 30], L61, H)
+    assert nc.stored == (-1, 2, 30)
+    assert nc.captured_inputs == (2, 30)
+    assert nc.captured_taps == (LayerOutput(1), LayerOutput(29))
+    assert nc.dropped == (-1,)
+    assert nc.declared_count == 3 and nc.captured_features == 2 * H
+    assert nc.error == "RuntimeError: captured 2 of 3 aux hidden states"
+    f = check_sglang_0523(trained, [-1, 2, 30])
+    c = codes(f)
+    for code in ("dropped-tap", "capture-error", "count-mismatch", "missing-embedding", "shifted-tap"):
+        assert code in c, (code, c)
+    assert all(x.severity == "error" for x in f)
+    shifted = [x.message for x in f if x.code == "shifted-tap"]
+    assert len(shifted) == 2
+    assert "LayerOutput(2)" in shifted[0] and "LayerOutput(1)" in shifted[0] and "-1 layer" in shifted[0]
+    assert "LayerOutput(30)" in shifted[1] and "LayerOutput(29)" in shifted[1]
+    dropped = next(x for x in f if x.code == "dropped-tap")
+    assert "-1" in dropped.message and "never matches" in dropped.message
+    # the fix names stock-SGLang ids that would work, and they really do
+    assert "[0, 3, 31]" in dropped.fix
+    assert sglang_0523_ids_for(trained) == [0, 3, 31]
+    assert check_sglang_0523(trained, [0, 3, 31]) == []
+
+
+def test_sglang_0523_given_specforge_ids_without_embedding():
+    trained = TapSpec.from_draft_ids([2, 30, 58], L61, H)
+    assert sglang_0523_layers_to_capture([2, 30, 58], L61) == [2, 30, 58]
+    nc = sglang_0523_native_capture([2, 30, 58], L61, H)
+    assert nc.captured_inputs == (2, 30, 58) and nc.dropped == () and nc.error is None
+    assert nc.captured_taps == (LayerOutput(1), LayerOutput(29), LayerOutput(57))
+    f = check_sglang_0523(trained, [2, 30, 58])
+    assert codes(f) == ["shifted-tap"] * 3
+    assert f[0].message == ("slot 0 captures LayerOutput(1) but the draft was trained on LayerOutput(2): "
+                            "shifted by -1 layer")
+    assert sglang_0523_ids_for(trained) == [3, 31, 59]
+    assert check_sglang_0523(trained, [3, 31, 59]) == []
+
+
+def test_sglang_0523_plus_one_only_when_first_id_is_1():
+    assert sglang_0523_layers_to_capture([1, 29, 57], L61) == [2, 30, 58]
+    assert sglang_0523_layers_to_capture([1], L61) == [2]
+    assert sglang_0523_layers_to_capture([0, 29, 57], L61) == [0, 29, 57]
+    assert sglang_0523_layers_to_capture([2, 1], L61) == [2, 1]
+    assert sglang_0523_layers_to_capture([], L61) == []
+    # ids starting with 1 are the only SpecForge ids served right on DeepseekV2
+    trained = TapSpec.from_draft_ids([1, 29, 57], L61, H)
+    assert check_sglang_0523(trained, [1, 29, 57]) == []
+
+
+def test_sglang_0523_default_ids():
+    assert sglang_0523_layers_to_capture(None, L61) == [2, 30, 58]
+    assert sglang_0523_default_layers_to_capture(61) == [2, 30, 58]
+    assert sglang_0523_layers_to_capture(None, 48, SGLANG_0523_QWEN_MOE) == [2, 24, 45]  # no +1 on the default
+    nc = sglang_0523_native_capture(None, L61, H)
+    assert nc.ids is None and nc.captured_taps == (LayerOutput(1), LayerOutput(29), LayerOutput(57))
+
+
+@given(st.lists(st.integers(-3, 70), max_size=6), st.integers(1, 80))
+def test_sglang_0523_rules_property(ids, L):
+    ds = sglang_0523_layers_to_capture(ids, L, SGLANG_0523_DEEPSEEK_V2)
+    assert ds == ([v + 1 for v in ids] if ids and ids[0] == 1 else ids)
+    assert sglang_0523_layers_to_capture(ids, L, SGLANG_0523_QWEN_MOE) == [v + 1 for v in ids]
+    nc = sglang_0523_native_capture(ids, L, 8, SGLANG_0523_DEEPSEEK_V2)
+    assert list(nc.captured_inputs) == sorted(set(i for i in ds if 0 <= i < L))
+    assert len(nc.captured_inputs) + len(nc.dropped) == len(ds)
+    assert (nc.error is None) == (len(nc.captured_inputs) == len(ds))
+
+
+def test_sglang_0523_qwen_moe_adds_one_always():
+    trained = TapSpec.from_draft_ids([-1, 2, 30], L61, H)
+    nc = sglang_0523_native_capture([-1, 2, 30], L61, H, SGLANG_0523_QWEN_MOE)
+    assert nc.stored == (0, 3, 31) and nc.captured_taps == trained.taps and nc.error is None
+    assert check_sglang_0523(trained, [-1, 2, 30], SGLANG_0523_QWEN_MOE) == []
+    assert sglang_0523_ids_for(trained, SGLANG_0523_QWEN_MOE) == [-1, 2, 30]
+    # a draft id L-1 becomes layers[L]: IndexError at startup
+    nc = sglang_0523_native_capture([2, 60], L61, H, SGLANG_0523_QWEN_MOE)
+    assert nc.error.startswith("IndexError") and nc.captured_inputs == ()
+    f = check_sglang_0523(TapSpec.from_draft_ids([2, 60], L61, H), [2, 60], SGLANG_0523_QWEN_MOE)
+    assert "final-boundary-dropped" in codes(f) and "startup-error" in codes(f)
+    # a negative stored index wraps around in python indexing: draft id -2 flags the last layer
+    nc = sglang_0523_native_capture([-2], L61, H, SGLANG_0523_QWEN_MOE)
+    assert nc.captured_inputs == (60,) and nc.error is None
+
+
+def test_sglang_0523_final_boundary_dropped_on_deepseek():
+    trained = TapSpec.from_draft_ids([-1, 2, 60], L61, H)
+    nc = sglang_0523_native_capture([0, 3, 61], L61, H)
+    assert nc.dropped == (61,) and nc.captured_inputs == (0, 3)
+    f = compare_taps(trained, nc)
+    assert "final-boundary-dropped" in codes(f)
+    msg = next(x for x in f if x.code == "final-boundary-dropped").message
+    assert "LayerOutput(60)" in msg and "61" in msg
+    with pytest.raises(ValueError, match=r"final boundary LayerOutput\(60\).*no id list"):
+        sglang_0523_ids_for(trained)
+
+
+def test_sglang_0523_layer0_first_is_unreachable_on_deepseek():
+    spec = TapSpec((LayerOutput(0), LayerOutput(5)), L61, H)
+    with pytest.raises(ValueError, match=r"LayerOutput\(0\).*ids\[0\] == 1|LayerOutput\(0\).*starting with 1"):
+        sglang_0523_ids_for(spec)
+    assert sglang_0523_ids_for(spec, SGLANG_0523_QWEN_MOE) == [0, 5]
+
+
+@settings(max_examples=300)
+@given(specs(min_layers=2))
+def test_sglang_0523_ids_for_reproduces_spec(spec):
+    for fam in (SGLANG_0523_DEEPSEEK_V2, SGLANG_0523_QWEN_MOE):
+        try:
+            ids = sglang_0523_ids_for(spec, fam)
+        except ValueError as e:
+            assert spec.includes_final_boundary or (fam == SGLANG_0523_DEEPSEEK_V2 and spec.taps[0] == LayerOutput(0))
+            assert "SGLang 0.5.23" in str(e)
+            continue
+        nc = sglang_0523_native_capture(ids, spec.num_layers, spec.hidden_size, fam)
+        assert nc.captured_taps == spec.taps and nc.error is None
+        assert compare_taps(spec, nc) == []
+
+
+def test_sglang_0523_family_lookup():
+    assert sglang_0523_family("deepseek_v3") == SGLANG_0523_DEEPSEEK_V2
+    assert sglang_0523_family("kimi_k25") == SGLANG_0523_DEEPSEEK_V2
+    assert sglang_0523_family("qwen3_moe") == SGLANG_0523_QWEN_MOE
+    assert sglang_0523_family("llama") is None and sglang_0523_family(None) is None
+    with pytest.raises(ValueError, match="family"):
+        sglang_0523_layers_to_capture([1], 10, "llama")
+
+
+# ------------------------------------------------------------------------------------------------ compare_taps
+def test_compare_identical_is_clean():
+    s = TapSpec.from_draft_ids([-1, 2, 30], L61, H)
+    assert compare_taps(s, s.taps) == []
+
+
+def test_compare_unexpected_embedding_and_missing_tap():
+    trained = TapSpec.from_draft_ids([2, 30, 58], L61, H)
+    f = compare_taps(trained, [EMBEDDING, LayerOutput(2)])
+    c = codes(f)
+    assert "count-mismatch" in c and "unexpected-embedding" in c and "missing-tap" in c
+    assert any("LayerOutput(30)" in x.message for x in f if x.code == "missing-tap")
+    f = compare_taps(trained, [LayerOutput(2), LayerOutput(30), LayerOutput(40), LayerOutput(58)])
+    assert codes(f) == ["count-mismatch", "unexpected-tap"]
+    assert "K=3" in f[0].message and "4 are captured" in f[0].message and "21504" in f[0].message
+
+
+def test_compare_shift_direction_and_plural():
+    trained = TapSpec.from_draft_ids([2, 30], L61, H)
+    f = compare_taps(trained, [LayerOutput(5), LayerOutput(30)])
+    assert len(f) == 1 and "shifted by +3 layers" in f[0].message and "slot 0" in f[0].message
+    assert isinstance(f[0], Finding) and f[0].fix and "[shifted-tap]" not in str(f[0])
+    assert str(f[0]).startswith("[error] shifted-tap: ")
+
+
+def test_compare_rejects_non_taps():
+    with pytest.raises(ValueError, match="not a tap"):
+        compare_taps(TapSpec.from_draft_ids([2], 10, 4), [2])
+
+
+# ------------------------------------------------------------------------------------------------ final boundary
+def test_final_boundary():
+    s = TapSpec((EMBEDDING, LayerOutput(2), LayerOutput(60)), L61, H)  # valid
+    assert s.includes_final_boundary and s.final_boundary == LayerOutput(60)
+    assert s.to_draft_ids() == [-1, 2, 60]
+    with pytest.raises(ValueError) as e:
+        s.to_layer_inputs()
+    assert "LayerOutput(60)" in str(e.value) and "61" in str(e.value) and CONV_LAYER_INPUTS in str(e.value)
+    assert "allow_final_boundary" in str(e.value) and "silently" in str(e.value)
+    assert s.to_layer_inputs(allow_final_boundary=True) == [0, 3, 61]
+    with pytest.raises(ValueError) as e:
+        TapSpec.from_layer_inputs([0, 3, 61], L61, H)
+    assert "layer-input index 61" in str(e.value) and CONV_LAYER_INPUTS in str(e.value)
+    assert TapSpec.from_layer_inputs([0, 3, 61], L61, H, allow_final_boundary=True) == s
+    with pytest.raises(ValueError) as e:
+        TapSpec.from_hf_hidden_states([0, 3, 61], L61, H)
+    assert "HF hidden_states index 61" in str(e.value) and "final_is_prenorm" in str(e.value)
+    assert "after the final norm".lower() in str(e.value).lower() and CONV_HF in str(e.value)
+    with pytest.raises(ValueError, match="final_is_prenorm"):
+        s.to_hf_hidden_states()
+    assert s.to_hf_hidden_states(final_is_prenorm=True) == [0, 3, 61]
+    assert TapSpec.from_hf_hidden_states([0, 3, 61], L61, H, final_is_prenorm=True) == s
+    lim = convention_limits(s)
+    assert lim[DRAFT_IDS].ok and not lim[LAYER_INPUTS].ok and not lim[HF_HIDDEN_STATES].ok
+    assert lim[LAYER_INPUTS].indices is None
+
+
+def test_final_boundary_l1():
+    s = TapSpec((EMBEDDING, LayerOutput(0)), 1, 4)
+    assert s.includes_final_boundary
+    assert s.to_layer_inputs(allow_final_boundary=True) == [0, 1]
+
+
+# ------------------------------------------------------------------------------------------------ errors
+def _raises(fn, *patterns):
+    with pytest.raises(ValueError) as e:
+        fn()
+    msg = str(e.value)
+    for p in patterns:
+        assert re.search(p, msg), (p, msg)
+    return msg
+
+
+@pytest.mark.parametrize("conv, fn_name", [(CONV_DRAFT_IDS, "from_draft_ids"), (CONV_LAYER_INPUTS, "from_layer_inputs"),
+                                           (CONV_HF, "from_hf_hidden_states")])
+def test_duplicate_and_unsorted_have_distinct_messages(conv, fn_name):
+    fn = getattr(TapSpec, fn_name)
+    dup = _raises(lambda: fn([3, 3], L61, H), r"duplicate .* 3\b", re.escape(conv))
+    uns = _raises(lambda: fn([31, 3], L61, H), r"31 .*comes before .* 3\b", "increasing", re.escape(conv))
+    assert "duplicate" not in uns and "increasing" not in dup
+    _raises(lambda: fn([], L61, H), "no .* given", re.escape(conv))
+    _raises(lambda: fn(None, L61, H), "sequence", re.escape(conv))
+    _raises(lambda: fn([1.5], L61, H), "not an integer", re.escape(conv))
+    _raises(lambda: fn([True], L61, H), "bool", re.escape(conv))
+
+
+def test_out_of_range_messages():
+    _raises(lambda: TapSpec.from_layer_inputs([0, 3, 62], L61, H),
+            re.escape("layer-input index 62 is out of range for a 61-layer model (valid 0..60"),
+            re.escape(CONV_LAYER_INPUTS))
+    _raises(lambda: TapSpec.from_layer_inputs([-1, 3], L61, H), "layer-input index -1", "never matches",
+            re.escape(CONV_LAYER_INPUTS))
+    _raises(lambda: TapSpec.from_draft_ids([-2, 3], L61, H), "draft id -2 is out of range", r"-1\.\.60",
+            re.escape(CONV_DRAFT_IDS))
+    _raises(lambda: TapSpec.from_draft_ids([2, 61], L61, H), "draft id 61 is out of range", "output of layer",
+            re.escape(CONV_DRAFT_IDS))
+    _raises(lambda: TapSpec.from_hf_hidden_states([0, 62], L61, H), "HF hidden_states index 62 is out of range",
+            re.escape(CONV_HF))
+    _raises(lambda: TapSpec.from_hf_hidden_states([-1], L61, H), "negative HF hidden_states index -1",
+            "wrap-around", re.escape(CONV_HF))
+    _raises(lambda: TapSpec((EMBEDDING, LayerOutput(61)), L61, H), r"LayerOutput\(61\) is out of range",
+            re.escape(CONV_CANONICAL))
+
+
+def test_canonical_errors():
+    _raises(lambda: TapSpec((), L61, H), "at least one tap", re.escape(CONV_CANONICAL))
+    _raises(lambda: TapSpec((LayerOutput(3), LayerOutput(3)), L61, H), r"duplicate LayerOutput\(3\)")
+    _raises(lambda: TapSpec((LayerOutput(3), EMBEDDING), L61, H), r"LayerOutput\(3\).*comes before Embedding",
+            "increasing")
+    _raises(lambda: TapSpec((EMBEDDING, 3), L61, H), "3 is not a tap")
+    _raises(lambda: TapSpec(EMBEDDING, L61, H), "sequence")
+    _raises(lambda: TapSpec((EMBEDDING,), 0, H), "num_layers must be >= 1")
+    _raises(lambda: TapSpec((EMBEDDING,), L61, 0), "hidden_size must be >= 1")
+    _raises(lambda: TapSpec.from_convention("nope", [1], L61, H), "unknown tap convention 'nope'")
+    assert TapSpec([EMBEDDING], 1, 1).taps == (EMBEDDING,)  # list accepted, stored as tuple
+
+
+def test_fc_in_features_mismatch():
+    s = TapSpec.from_draft_ids([-1, 2, 30], L61, H)
+    s.check_fc_in_features(21504)
+    msg = _raises(lambda: s.check_fc_in_features(14336), "K=3", "H=7168", "21504", "14336", "K=2",
+                  re.escape(CONV_CANONICAL))
+    assert "Embedding" in msg
+    _raises(lambda: s.check_fc_in_features(21505), "21505", "not a multiple of H=7168")
+    assert issubclass(TapError, ValueError)
