@@ -1,0 +1,55 @@
+# The two commands (see README):
+#   make demo   set up .venv, build the extension, run the main job
+#   make test   set up .venv, build (CUDA for sm_90a/100a/120a when nvcc is present), gate the cubins, run the tests
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_VERSION ?= 2.14.1
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+CUDA_HOME ?= $(if $(wildcard /usr/local/cuda/bin/nvcc),/usr/local/cuda,)
+export CUDA_HOME
+MAX_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+export MAX_JOBS
+PYTEST_ARGS ?=
+
+NATIVE_SOURCES := $(shell find csrc -type f) setup.py pyproject.toml
+
+.PHONY: demo test setup build gate clean bench-binaries
+
+demo: build
+	$(PY) -m eagle3_capture selfcheck
+
+test: build gate
+	$(PY) -m pytest -m "not cuda" -q $(PYTEST_ARGS)
+
+setup: $(VENV)/.deps-stamp
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.deps-stamp: requirements-dev.txt | $(PY)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==$(TORCH_VERSION) -r requirements-dev.txt
+	touch $@
+
+build: $(VENV)/.build-stamp
+
+$(VENV)/.build-stamp: $(VENV)/.deps-stamp $(NATIVE_SOURCES)
+	$(PIP) install -q --no-build-isolation --no-deps -e .
+	$(PY) -m eagle3_capture info
+	touch $@
+
+# The sm_120a compile gate: in a CUDA build, every kernel must have code for every arch built.
+gate: build
+	@if $(PY) -c "import sys, eagle3_capture as e; sys.exit(0 if 'cuda' in e.build_info()['backends'] else 1)"; then \
+	  archs=$$($(PY) -c "import eagle3_capture as e; print(','.join(a.replace('+PTX','') for a in e.build_info()['cuda_archs']))"); \
+	  $(PY) scripts/check_cubins.py --archs $$archs; \
+	elif [ "$$EAGLE3_CAPTURE_REQUIRE_CUDA" = "1" ]; then \
+	  echo "gate: EAGLE3_CAPTURE_REQUIRE_CUDA=1 but the extension is CPU-only"; exit 1; \
+	else echo "gate: CPU-only build, no cubins to check"; fi
+
+bench-binaries:
+	cmake -S . -B build/bench -DE3_CUDA_ARCHS="$${E3_CUDA_ARCHS:-90a;100a;120a}" && cmake --build build/bench -j
+
+clean:
+	rm -rf build python/eagle3_capture/_C*.so $(VENV)/.build-stamp

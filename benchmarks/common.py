@@ -1,0 +1,177 @@
+"""Timing and reporting shared by the Python benchmarks.
+
+Method: CUDA events around CUDA-graph replays, median of many samples; inputs rotate among enough copies that one
+rotation is larger than L2; every row carries a floor = bytes that must move / streaming bandwidth measured in the
+same run (torch.sum over >= 4 GB), or flops / the matrix rate where that is larger.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+from typing import Callable, Sequence
+
+import torch
+
+L2_BYTES = 60 << 20  # H200; overridden from the device where torch exposes it
+
+
+def l2_bytes() -> int:
+    try:
+        return int(torch.cuda.get_device_properties(0).L2_cache_size)
+    except Exception:
+        return L2_BYTES
+
+
+def copies_for(bytes_per_copy: int, min_total: int | None = None, cap: int = 64) -> int:
+    """How many input copies make one rotation at least 4x L2 (or min_total)."""
+    target = min_total if min_total is not None else 4 * l2_bytes()
+    return max(2, min(cap, -(-target // max(bytes_per_copy, 1))))
+
+
+def streaming_read_bandwidth(gib: float = 4.0, samples: int = 15) -> float:
+    """Bytes/s of torch.sum over a `gib` GiB float32 buffer: the read ceiling used for every floor."""
+    n = int(gib * (1 << 30)) // 4
+    x = torch.randn(n, device="cuda", dtype=torch.float32)
+    for _ in range(3):
+        x.sum()
+    times = []
+    for _ in range(samples):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        x.sum()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    del x
+    torch.cuda.empty_cache()
+    return n * 4 / statistics.median(times)
+
+
+def matmul_rate(n: int = 8192, samples: int = 10) -> float:
+    """bf16 FLOP/s of an n^3 matrix product on random data."""
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    times = []
+    for _ in range(samples):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        a @ b
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) / 1e3)
+    return 2 * n**3 / statistics.median(times)
+
+
+def time_graph_us(step: Callable[[int], None], ncopies: int, reps_per_copy: int = 1, samples: int = 25,
+                  use_graph: bool = True) -> float:
+    """Median microseconds of one step(i), i cycling over the ncopies input copies.
+
+    With use_graph, one CUDA graph holds a whole rotation (ncopies * reps_per_copy steps) and is replayed; each
+    sample is one replay. Without it (large T, where launch cost does not matter), the steps run eagerly.
+    """
+    steps = ncopies * reps_per_copy
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i in range(steps):  # warm-up: allocator, lazy init, caches
+            step(i)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    if use_graph:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for i in range(steps):
+                step(i)
+        run = g.replay
+    else:
+        def run():
+            for i in range(steps):
+                step(i)
+    run()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(samples):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        run()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / steps)
+    return statistics.median(times)
+
+
+def machine_description() -> dict:
+    d = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda}
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        d["gpu"] = f"{p.name} (sm_{p.major}{p.minor}, {p.multi_processor_count} SMs, {l2_bytes() >> 20} MB L2)"
+        d["gpus"] = torch.cuda.device_count()
+        try:
+            d["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                         capture_output=True, text=True, timeout=20).stdout.strip().splitlines()[0]
+        except Exception:
+            pass
+    return d
+
+
+def write_results(path: str, rows: list[dict], extra: dict) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    doc = {"machine": machine_description(), "torch": torch.__version__,
+           "command": " ".join([os.path.basename(sys.executable)] + sys.argv), **extra, "rows": rows}
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+    print(f"wrote {path}")
+
+
+def print_table(rows: Sequence[dict], cols: Sequence[str]) -> None:
+    widths = [max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in cols]
+    print("  ".join(c.rjust(w) for c, w in zip(cols, widths)))
+    for r in rows:
+        print("  ".join(_fmt(r.get(c)).rjust(w) for c, w in zip(cols, widths)))
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.2f}"
+    return "" if v is None else str(v)
+
+
+def markdown_table(rows: Sequence[dict], cols: Sequence[str]) -> str:
+    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    out += ["| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def plot_rows(path: str, rows: Sequence[dict], x: str, series: Sequence[str], group: str, title: str,
+              xlabel: str) -> None:
+    """One log-log panel per value of `group`: each series (a row key in microseconds) against x."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = sorted({r[group] for r in rows}, key=str)
+    fig, axes = plt.subplots(1, len(groups), figsize=(5 * len(groups), 4), squeeze=False)
+    for ax, gv in zip(axes[0], groups):
+        sub = sorted((r for r in rows if r[group] == gv), key=lambda r: r[x])
+        for s in series:
+            pts = [(r[x], r[s]) for r in sub if r.get(s) is not None]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=s.replace("_us", ""))
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("time per call (us)")
+        ax.set_title(f"{title}: {group}={gv}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")

@@ -1,0 +1,221 @@
+// CUDA kernels for packed capture. Torch-free: built by setup.py into the extension and by CMake into the bench
+// binaries. Both kernels are pure streaming: each input element is read once and each output written once.
+#include "capture.h"
+#include "cuda_common.cuh"
+
+namespace e3 {
+namespace cuda {
+
+// Kernels live in a named namespace (not an anonymous one) so their symbols read the same in every arch's cubin.
+namespace kernels {
+
+constexpr int kCaptureThreads = 128;
+constexpr int kCaptureUnroll = 4;  // independent 16-byte loads in flight per thread and array
+constexpr int kMaxGridY = 65535;
+
+// grid.x tiles the row's chunks, grid.y walks rows (grid-stride when T > 65535).
+template <typename T, int N, bool kHasResidual>
+__global__ void __launch_bounds__(kCaptureThreads) capture_kernel(CaptureParams p) {
+  const int64_t nchunks = p.cols / N;
+  const int64_t tail_begin = nchunks * N;
+  for (int64_t row = blockIdx.y; row < p.rows; row += gridDim.y) {
+    T* out = static_cast<T*>(p.packed) + row * p.packed_row_stride;
+    const T* h = static_cast<const T*>(p.hidden) + row * p.hidden_row_stride;
+    const T* r = kHasResidual ? static_cast<const T*>(p.residual) + row * p.residual_row_stride : nullptr;
+    const int64_t base = static_cast<int64_t>(blockIdx.x) * kCaptureThreads * kCaptureUnroll + threadIdx.x;
+    Chunk<T, N> hv[kCaptureUnroll], rv[kCaptureUnroll];
+#pragma unroll
+    for (int u = 0; u < kCaptureUnroll; ++u) {
+      const int64_t c = base + u * kCaptureThreads;
+      if (c < nchunks) {
+        hv[u] = load_chunk<T, N>(h + c * N);
+        if (kHasResidual) rv[u] = load_chunk<T, N>(r + c * N);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kCaptureUnroll; ++u) {
+      const int64_t c = base + u * kCaptureThreads;
+      if (c < nchunks) {
+        if (kHasResidual) {
+#pragma unroll
+          for (int i = 0; i < N; ++i) hv[u].v[i] = from_f<T>(to_f(hv[u].v[i]) + to_f(rv[u].v[i]));
+        }
+        store_chunk<T, N>(out + c * N, hv[u]);
+      }
+    }
+    // Tail (cols % N elements), done by the first block of the row.
+    if (blockIdx.x == 0) {
+      for (int64_t j = tail_begin + threadIdx.x; j < p.cols; j += kCaptureThreads) {
+        out[j] = kHasResidual ? from_f<T>(to_f(h[j]) + to_f(r[j])) : h[j];
+      }
+    }
+  }
+}
+
+}  // namespace kernels
+
+namespace {
+using namespace kernels;
+
+template <typename T, int N>
+cudaError_t launch_capture(const CaptureParams& p, cudaStream_t stream) {
+  const int64_t nchunks = p.cols / N;
+  const int64_t per_block = static_cast<int64_t>(kCaptureThreads) * kCaptureUnroll;
+  int64_t gx = (nchunks + per_block - 1) / per_block;
+  if (gx == 0) gx = 1;  // the tail alone still needs a block
+  const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(p.rows < kMaxGridY ? p.rows : kMaxGridY));
+  if (p.residual != nullptr)
+    capture_kernel<T, N, true><<<grid, kCaptureThreads, 0, stream>>>(p);
+  else
+    capture_kernel<T, N, false><<<grid, kCaptureThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t capture_by_width(const CaptureParams& p, cudaStream_t stream) {
+  const void* ptrs[3] = {p.packed, p.hidden, p.residual};
+  const int64_t strides[3] = {p.packed_row_stride, p.hidden_row_stride,
+                              p.residual != nullptr ? p.residual_row_stride : 0};
+  const int bytes = pick_access_bytes(sizeof(T), ptrs, 3, strides, 3);
+  switch (bytes / static_cast<int>(sizeof(T))) {
+    case 8: return launch_capture<T, 8>(p, stream);
+    case 4: return launch_capture<T, 4>(p, stream);
+    case 2: return launch_capture<T, 2>(p, stream);
+    default: return launch_capture<T, 1>(p, stream);
+  }
+}
+
+}  // namespace
+
+// ---- fused add + RMSNorm + capture: one block per row, the fp32 row cached in shared memory. ----
+namespace kernels {
+
+template <typename T, int N>
+__global__ void __launch_bounds__(1024) fused_add_rmsnorm_capture_kernel(FusedAddRmsnormCaptureParams p) {
+  extern __shared__ float smem[];  // [32] reduction scratch, then [cols] fp32 row
+  float* scratch = smem;
+  float* xrow = smem + 32;
+  const int64_t nchunks = p.cols / N;
+  const int64_t tail_begin = nchunks * N;
+  const T* w = static_cast<const T*>(p.weight);
+  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+    T* h = static_cast<T*>(p.hidden) + row * p.hidden_row_stride;
+    T* r = static_cast<T*>(p.residual) + row * p.residual_row_stride;
+    T* out = static_cast<T*>(p.packed) + row * p.packed_row_stride;
+    float sum_sq = 0.f;
+    for (int64_t c = threadIdx.x; c < nchunks; c += blockDim.x) {
+      Chunk<T, N> hv = load_chunk<T, N>(h + c * N);
+      Chunk<T, N> rv = load_chunk<T, N>(r + c * N);
+#pragma unroll
+      for (int i = 0; i < N; ++i) {
+        const float x = to_f(hv.v[i]) + to_f(rv.v[i]);
+        sum_sq += x * x;
+        xrow[c * N + i] = x;
+        rv.v[i] = from_f<T>(x);
+      }
+      store_chunk<T, N>(r + c * N, rv);
+      store_chunk<T, N>(out + c * N, rv);
+    }
+    for (int64_t j = tail_begin + threadIdx.x; j < p.cols; j += blockDim.x) {
+      const float x = to_f(h[j]) + to_f(r[j]);
+      sum_sq += x * x;
+      xrow[j] = x;
+      const T xr = from_f<T>(x);
+      r[j] = xr;
+      out[j] = xr;
+    }
+    const float rrms = rsqrtf(block_sum(sum_sq, scratch) / static_cast<float>(p.cols) + p.eps);
+    for (int64_t c = threadIdx.x; c < nchunks; c += blockDim.x) {
+      const Chunk<T, N> wv = load_chunk<T, N>(w + c * N);
+      Chunk<T, N> ov;
+#pragma unroll
+      for (int i = 0; i < N; ++i) ov.v[i] = from_f<T>(xrow[c * N + i] * rrms * to_f(wv.v[i]));
+      store_chunk<T, N>(h + c * N, ov);
+    }
+    for (int64_t j = tail_begin + threadIdx.x; j < p.cols; j += blockDim.x) {
+      h[j] = from_f<T>(xrow[j] * rrms * to_f(w[j]));
+    }
+    __syncthreads();  // xrow is rewritten by the next row of this block
+  }
+}
+
+}  // namespace kernels
+
+namespace {
+using namespace kernels;
+
+int max_dynamic_smem_bytes() {
+  int dev = 0, bytes = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 48 * 1024;
+  if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+    return 48 * 1024;
+  return bytes;
+}
+
+template <typename T, int N>
+cudaError_t launch_fused(const FusedAddRmsnormCaptureParams& p, cudaStream_t stream) {
+  const size_t smem = (32 + static_cast<size_t>(p.cols)) * sizeof(float);
+  auto kernel = fused_add_rmsnorm_capture_kernel<T, N>;
+  if (smem > 48 * 1024) {
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem));
+    if (e != cudaSuccess) return e;
+  }
+  // One chunk per thread where the row allows (latency-bound decode rows), rounded to whole warps.
+  int64_t work = p.cols / N + (p.cols % N);
+  int64_t threads = ((work + 31) / 32) * 32;
+  if (threads < 64) threads = 64;
+  if (threads > 1024) threads = 1024;
+  int sms = 0, dev = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  // Enough blocks to fill the machine many times over; more rows than that are walked grid-stride.
+  const int64_t max_blocks = static_cast<int64_t>(sms > 0 ? sms : 132) * 64;
+  const int64_t blocks = p.rows < max_blocks ? p.rows : max_blocks;
+  kernel<<<static_cast<unsigned>(blocks), static_cast<unsigned>(threads), smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t fused_by_width(const FusedAddRmsnormCaptureParams& p, cudaStream_t stream) {
+  const void* ptrs[4] = {p.hidden, p.residual, p.packed, p.weight};
+  const int64_t strides[3] = {p.hidden_row_stride, p.residual_row_stride, p.packed_row_stride};
+  const int bytes = pick_access_bytes(sizeof(T), ptrs, 4, strides, 3);
+  switch (bytes / static_cast<int>(sizeof(T))) {
+    case 8: return launch_fused<T, 8>(p, stream);
+    case 4: return launch_fused<T, 4>(p, stream);
+    case 2: return launch_fused<T, 2>(p, stream);
+    default: return launch_fused<T, 1>(p, stream);
+  }
+}
+
+}  // namespace
+}  // namespace cuda
+
+int capture_cuda(const CaptureParams& p, DType dtype, void* stream) {
+  if (p.rows == 0 || p.cols == 0) return 0;
+  auto s = static_cast<cudaStream_t>(stream);
+  switch (dtype) {
+    case DType::F32: return cuda::capture_by_width<float>(p, s);
+    case DType::F16: return cuda::capture_by_width<__half>(p, s);
+    case DType::BF16: return cuda::capture_by_width<__nv_bfloat16>(p, s);
+  }
+  return static_cast<int>(cudaErrorInvalidValue);
+}
+
+int fused_add_rmsnorm_capture_cuda(const FusedAddRmsnormCaptureParams& p, DType dtype, void* stream) {
+  if (p.rows == 0 || p.cols == 0) return 0;
+  auto s = static_cast<cudaStream_t>(stream);
+  switch (dtype) {
+    case DType::F32: return cuda::fused_by_width<float>(p, s);
+    case DType::F16: return cuda::fused_by_width<__half>(p, s);
+    case DType::BF16: return cuda::fused_by_width<__nv_bfloat16>(p, s);
+  }
+  return static_cast<int>(cudaErrorInvalidValue);
+}
+
+int64_t fused_add_rmsnorm_capture_cuda_max_cols() {
+  return static_cast<int64_t>(cuda::max_dynamic_smem_bytes()) / static_cast<int64_t>(sizeof(float)) - 32;
+}
+
+}  // namespace e3

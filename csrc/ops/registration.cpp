@@ -1,0 +1,60 @@
+// The one place where the eagle3_capture op schemas live, plus the Python module entry point `_C`.
+//
+// `_C` is a plain CPython extension module (no pybind11: it keeps the torch-including translation units few and
+// quick to compile). Importing it registers the ops with the dispatcher; `_C.build_info()` says what was built.
+#include <Python.h>
+#include <torch/library.h>
+
+#include <string>
+
+#ifndef EAGLE3_CUDA_ARCHS
+#define EAGLE3_CUDA_ARCHS ""
+#endif
+#ifndef EAGLE3_TORCH_BUILD_VERSION
+#define EAGLE3_TORCH_BUILD_VERSION "unknown"
+#endif
+#ifdef EAGLE3_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+TORCH_LIBRARY(eagle3_capture, m) {
+  // Writes `hidden` (+ `residual`) into column slot `slot` of the packed [T, K*H] buffer.
+  m.def("capture_(Tensor(a!) packed, int slot, Tensor hidden, Tensor? residual=None) -> ()");
+  // residual += hidden; hidden = rmsnorm(residual) * weight; packed[:, slot] = residual. One pass.
+  m.def(
+      "fused_add_rmsnorm_capture_(Tensor(a!) hidden, Tensor(b!) residual, Tensor weight, float eps, "
+      "Tensor(c!) packed, int slot) -> ()");
+}
+
+namespace {
+
+std::string build_info_json() {
+  std::string s = "{";
+#ifdef EAGLE3_WITH_CUDA
+  s += "\"backends\": [\"cpu\", \"cuda\"], ";
+  s += "\"cuda_archs\": \"" EAGLE3_CUDA_ARCHS "\", ";
+  s += "\"cuda_compiled_version\": \"" + std::to_string(CUDART_VERSION / 1000) + "." +
+       std::to_string((CUDART_VERSION % 1000) / 10) + "\", ";
+#else
+  s += "\"backends\": [\"cpu\"], \"cuda_archs\": \"\", \"cuda_compiled_version\": null, ";
+#endif
+  s += "\"torch_build_version\": \"" EAGLE3_TORCH_BUILD_VERSION "\"}";
+  return s;
+}
+
+PyObject* py_build_info(PyObject*, PyObject*) {
+  const std::string s = build_info_json();
+  return PyUnicode_FromStringAndSize(s.data(), static_cast<Py_ssize_t>(s.size()));
+}
+
+PyMethodDef kMethods[] = {
+    {"build_info", py_build_info, METH_NOARGS, "JSON string: backends, CUDA archs and versions built against."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyModuleDef kModule = {PyModuleDef_HEAD_INIT, "_C", "eagle3_capture native ops (see eagle3_capture.ops)", -1,
+                       kMethods};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__C(void) { return PyModule_Create(&kModule); }

@@ -1,0 +1,39 @@
+"""`eagle3-capture` command line."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _cmd_info(args) -> int:
+    from .native import build_info
+
+    print(json.dumps(build_info(), indent=1))
+    return 0
+
+
+def _cmd_selfcheck(args) -> int:
+    from . import selfcheck
+
+    return 0 if selfcheck.run() else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="eagle3-capture",
+                                description="Exact, cheap, checkable hidden-state capture for EAGLE-3 in SGLang.")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("info", help="what the native extension was built with (backends, CUDA archs, versions)")
+    s.set_defaults(func=_cmd_info)
+    s = sub.add_parser("selfcheck", help="run every op once against the float64 reference (CPU, and CUDA if present)")
+    s.set_defaults(func=_cmd_selfcheck)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

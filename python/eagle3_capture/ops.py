@@ -1,0 +1,71 @@
+"""Python API over torch.ops.eagle3_capture.*, with a fake (meta) implementation beside every op so they trace
+under torch.compile and FakeTensorMode. The fake implementations check shapes the way the native checks do, so a
+compiled graph fails at trace time on the inputs the kernels would refuse.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .native import load
+
+load()
+_ops = torch.ops.eagle3_capture
+
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _check_packed(op: str, packed: torch.Tensor, slot: int, tap: torch.Tensor) -> None:
+    torch._check(packed.dim() == 2, lambda: f"eagle3_capture.{op}: expected packed [T, K*H], got {tuple(packed.shape)}")
+    torch._check(tap.dim() == 2, lambda: f"eagle3_capture.{op}: expected a [T, H] tap, got {tuple(tap.shape)}")
+    torch._check(packed.dtype == tap.dtype, lambda: f"eagle3_capture.{op}: packed dtype {packed.dtype} != {tap.dtype}")
+    torch._check(tap.dtype in _DTYPES, lambda: f"eagle3_capture.{op}: unsupported dtype {tap.dtype}")
+    torch._check(packed.shape[0] == tap.shape[0], lambda: f"eagle3_capture.{op}: packed has {packed.shape[0]} rows, tap {tap.shape[0]}")
+    h = tap.shape[1]
+    torch._check(h >= 1 and packed.shape[1] % h == 0 and packed.shape[1] >= h,
+                 lambda: f"eagle3_capture.{op}: packed width {packed.shape[1]} is not K*H for H={h}")
+    torch._check(0 <= slot < packed.shape[1] // h, lambda: f"eagle3_capture.{op}: slot {slot} out of range")
+
+
+@torch.library.register_fake("eagle3_capture::capture_")
+def _capture_fake(packed, slot, hidden, residual=None):
+    _check_packed("capture_", packed, slot, hidden)
+    if residual is not None:
+        torch._check(residual.shape == hidden.shape, lambda: "eagle3_capture.capture_: residual shape != hidden shape")
+    return None
+
+
+@torch.library.register_fake("eagle3_capture::fused_add_rmsnorm_capture_")
+def _fused_add_rmsnorm_capture_fake(hidden, residual, weight, eps, packed, slot):
+    _check_packed("fused_add_rmsnorm_capture_", packed, slot, hidden)
+    torch._check(residual.shape == hidden.shape, lambda: "eagle3_capture.fused_add_rmsnorm_capture_: residual shape != hidden shape")
+    torch._check(weight.dim() == 1 and weight.shape[0] == hidden.shape[1],
+                 lambda: f"eagle3_capture.fused_add_rmsnorm_capture_: weight must be [H], got {tuple(weight.shape)}")
+    return None
+
+
+def capture_(packed: torch.Tensor, slot: int, hidden: torch.Tensor, residual: Optional[torch.Tensor] = None) -> None:
+    """Writes `hidden` (+ `residual`, added in fp32 and rounded once, exactly like torch's `hidden + residual`) into
+    columns [slot*H, (slot+1)*H) of the packed [T, K*H] buffer, in one pass with no temporary.
+
+    `packed` may be a row-strided view (e.g. the first T rows of a larger decode buffer); every tensor needs
+    contiguous rows (last stride 1). CPU and CUDA; float32, float16, bfloat16; T may be 0.
+    """
+    _ops.capture_(packed, slot, hidden, residual)
+
+
+def fused_add_rmsnorm_capture_(hidden: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                               packed: torch.Tensor, slot: int) -> None:
+    """The residual-stream step at a decoder layer's input, capturing on the way, in place:
+
+        residual <- residual + hidden                (fp32 add, rounded to the storage dtype)
+        packed[:, slot*H:(slot+1)*H] <- residual     (the tap: the previous layer's output)
+        hidden <- rmsnorm(residual) * weight         (from the unrounded fp32 sum, as SGLang's fused_add_rmsnorm)
+
+    The only traffic beyond the plain fused add+norm is one write of T*H elements.
+    """
+    _ops.fused_add_rmsnorm_capture_(hidden, residual, weight, eps, packed, slot)
+
+
+__all__ = ["capture_", "fused_add_rmsnorm_capture_"]

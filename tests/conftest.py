@@ -1,0 +1,29 @@
+"""Shared test setup.
+
+- Tests marked `cuda` need a GPU: on a machine without one they FAIL (never skip), so deselect them there with
+  `-m "not cuda"` (what `make test` does) and run them on the GPU machine with `-m cuda`.
+- Hypothesis profiles: "ci" (default; the fuzz tests ask for their own example counts) and "sanitizer" (few
+  examples, for runs under compute-sanitizer): select with E3_HYPOTHESIS_PROFILE.
+"""
+import os
+
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+
+settings.register_profile("ci", deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=False)
+settings.register_profile("sanitizer", deadline=None, max_examples=25,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+settings.load_profile(os.environ.get("E3_HYPOTHESIS_PROFILE", "ci"))
+
+DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.cuda)]
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("cuda") is not None and not torch.cuda.is_available():
+        pytest.fail("this test is marked `cuda` and needs a GPU; deselect it with -m 'not cuda' on a CPU machine")
+
+
+def fuzz_examples(n: int) -> int:
+    """Example count for a fuzz test: n normally, fewer under the sanitizer profile."""
+    return min(n, 25) if os.environ.get("E3_HYPOTHESIS_PROFILE") == "sanitizer" else n
