@@ -19,7 +19,7 @@ NATIVE_SOURCES := $(shell find csrc -type f) setup.py pyproject.toml
 demo: build
 	$(PY) -m eagle3_capture selfcheck
 
-test: build gate
+test: build gate $(VENV)/.sglang-stamp
 	$(PY) -m pytest -m "not cuda" -q $(PYTEST_ARGS)
 
 setup: $(VENV)/.deps-stamp
@@ -30,6 +30,14 @@ $(PY):
 $(VENV)/.deps-stamp: requirements-dev.txt | $(PY)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==$(TORCH_VERSION) -r requirements-dev.txt
+	touch $@
+
+# SGLang 0.5.23 for the `sglang` tests: --no-deps plus the light deps that let its model code run on CPU.
+SGLANG_VERSION ?= 0.5.23
+$(VENV)/.sglang-stamp: requirements-sglang.txt $(VENV)/.deps-stamp
+	$(PIP) install -q -r requirements-sglang.txt
+	$(PIP) install -q --no-deps sglang==$(SGLANG_VERSION)
+	$(PY) -c "import sglang.srt.models.deepseek_v2, sglang.srt.plugins; print('sglang', '$(SGLANG_VERSION)', 'imports')"
 	touch $@
 
 build: $(VENV)/.build-stamp
