@@ -29,6 +29,9 @@ def cuda_available_for_build():
     nvcc = os.path.join(CUDA_HOME, "bin", "nvcc") if CUDA_HOME else shutil.which("nvcc")
     if not nvcc or not os.path.exists(nvcc):
         return False, "nvcc not found (set CUDA_HOME)"
+    if not CUDA_HOME or not os.path.exists(os.path.join(CUDA_HOME, "include", "cuda_runtime.h")):
+        return False, (f"CUDA_HOME={CUDA_HOME!r} has no include/cuda_runtime.h "
+                       "(set CUDA_HOME to the toolkit root, e.g. /usr/local/cuda)")
     return True, nvcc
 
 

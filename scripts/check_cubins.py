@@ -15,7 +15,8 @@ import shutil
 import subprocess
 import sys
 
-REQUIRED_FAMILIES = ["capture_kernel", "fused_add_rmsnorm_capture_kernel"]
+REQUIRED_FAMILIES = ["capture_kernel", "fused_add_rmsnorm_capture_kernel", "draft_fc_decode_kernel",
+                     "draft_fc_normalize_kernel"]
 
 
 def find_cuobjdump() -> str:

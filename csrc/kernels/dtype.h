@@ -7,6 +7,13 @@
 #include <cstdint>
 #include <cstring>
 
+// Functions used by both host code and CUDA kernels.
+#if defined(__CUDACC__)
+#define E3_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define E3_HOST_DEVICE inline
+#endif
+
 namespace e3 {
 
 enum class DType : int { F32 = 0, F16 = 1, BF16 = 2 };

@@ -24,6 +24,11 @@ TORCH_LIBRARY(eagle3_capture, m) {
   m.def(
       "fused_add_rmsnorm_capture_(Tensor(a!) hidden, Tensor(b!) residual, Tensor weight, float eps, "
       "Tensor(c!) packed, int slot) -> ()");
+  // The draft's fc: linear(cat(rmsnorm_k(x_k) * norm_weight[k] for k), weight, bias). x: one packed [M, K*H]
+  // tensor or K [M, H] tensors; norm_weight [K, H] or None (no per-tap norm).
+  m.def("draft_fc(Tensor[] x, Tensor weight, Tensor? norm_weight=None, float eps=1e-6, Tensor? bias=None) -> Tensor");
+  m.def(
+      "draft_fc_out(Tensor[] x, Tensor weight, Tensor? norm_weight, float eps, Tensor? bias, Tensor(a!) out) -> ()");
 }
 
 namespace {

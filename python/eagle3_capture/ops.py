@@ -45,6 +45,58 @@ def _fused_add_rmsnorm_capture_fake(hidden, residual, weight, eps, packed, slot)
     return None
 
 
+def _tap_list(x) -> list:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)) and len(x) > 0 and all(isinstance(t, torch.Tensor) for t in x):
+        return list(x)
+    raise TypeError("eagle3_capture.draft_fc: x must be a packed [M, K*H] tensor or a non-empty list of K [M, H] "
+                    f"tensors, got {type(x).__name__}")
+
+
+def _norm_tensor(norm_weights):
+    """None, a [K, H] tensor, or a list of K [H] tensors (stacked here: pass [K, H] to avoid it per call)."""
+    if norm_weights is None or isinstance(norm_weights, torch.Tensor):
+        return norm_weights
+    return torch.stack(list(norm_weights))
+
+
+@torch.library.register_fake("eagle3_capture::draft_fc")
+def _draft_fc_fake(x, weight, norm_weight=None, eps=1e-6, bias=None):
+    torch._check(len(x) >= 1, lambda: "eagle3_capture.draft_fc: empty x")
+    torch._check(weight.dim() == 2, lambda: f"eagle3_capture.draft_fc: weight must be [N, K*H], got {tuple(weight.shape)}")
+    in_features = x[0].shape[1] * len(x)
+    torch._check(weight.shape[1] == in_features,
+                 lambda: f"eagle3_capture.draft_fc: weight in_features {weight.shape[1]} != K*H {in_features}")
+    return x[0].new_empty((x[0].shape[0], weight.shape[0]))
+
+
+@torch.library.register_fake("eagle3_capture::draft_fc_out")
+def _draft_fc_out_fake(x, weight, norm_weight, eps, bias, out):
+    torch._check(out.shape == (x[0].shape[0], weight.shape[0]),
+                 lambda: f"eagle3_capture.draft_fc: out must be [M, N], got {tuple(out.shape)}")
+    return None
+
+
+def draft_fc(x, weight: torch.Tensor, norm_weights=None, eps: float = 1e-6, bias: Optional[torch.Tensor] = None,
+             out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The EAGLE-3 draft's fc over its captured taps: linear(cat(rmsnorm_k(x_k) * g_k), weight, bias), with no concat.
+
+    x: the packed [M, K*H] capture buffer (K taken from norm_weights; without norms the packed row is one input)
+       or a list of K [M, H] tensors. weight: [N, K*H] (N = H, or H/tp for a column-parallel shard).
+    norm_weights: None (EAGLE-3), or the per-tap RMSNorm weights of EAGLE-3.1 drafts (`fc_norm`) as [K, H] or a
+       list of K [H]. bias: [N] or None. out: optional [M, N] contiguous output.
+    bf16/fp16 (CUDA decode kernel for M <= 64: weights streamed once, norms applied on the fly; above that the
+    normalised taps go through cuBLAS) and float32 (CPU, and the cuBLAS path on CUDA). H must be a multiple of 8.
+    """
+    taps = _tap_list(x)
+    g = _norm_tensor(norm_weights)
+    if out is None:
+        return _ops.draft_fc(taps, weight, g, eps, bias)
+    _ops.draft_fc_out(taps, weight, g, eps, bias, out)
+    return out
+
+
 def capture_(packed: torch.Tensor, slot: int, hidden: torch.Tensor, residual: Optional[torch.Tensor] = None) -> None:
     """Writes `hidden` (+ `residual`, added in fp32 and rounded once, exactly like torch's `hidden + residual`) into
     columns [slot*H, (slot+1)*H) of the packed [T, K*H] buffer, in one pass with no temporary.
@@ -68,4 +120,4 @@ def fused_add_rmsnorm_capture_(hidden: torch.Tensor, residual: torch.Tensor, wei
     _ops.fused_add_rmsnorm_capture_(hidden, residual, weight, eps, packed, slot)
 
 
-__all__ = ["capture_", "fused_add_rmsnorm_capture_"]
+__all__ = ["capture_", "fused_add_rmsnorm_capture_", "draft_fc"]

@@ -1,0 +1,93 @@
+// bench_draft_fc: times the draft fc decode kernel alone (no torch): M rows of K packed taps of H through an
+// [N, K*H] fc with per-tap RMSNorm, rotating among weight copies larger than L2. Prints bytes, time and the
+// weight-streaming bandwidth; checks a few outputs against a float64 host computation first.
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "../kernels/draft_fc.h"
+#include "bench_util.cuh"
+
+namespace {
+
+void usage() {
+  std::printf(
+      "usage: bench_draft_fc [--M 8] [--N 896] [--H 7168] [--K 3] [--norm 1] [--iters 50] [--samples 15]\n"
+      "  bf16, decode kernel (M <= 64). Weight copies rotate so one rotation spans >= 256 MB.\n");
+}
+
+float bf16_host(uint16_t b) { return e3::bf16_to_float(e3::bf16_t{b}); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (bench::has_flag(argc, argv, "--help") || bench::has_flag(argc, argv, "-h")) { usage(); return 0; }
+  const long M = bench::arg_long(argc, argv, "--M", 8), N = bench::arg_long(argc, argv, "--N", 896);
+  const long H = bench::arg_long(argc, argv, "--H", 7168), K = bench::arg_long(argc, argv, "--K", 3);
+  const bool norm = bench::arg_long(argc, argv, "--norm", 1) != 0;
+  const int iters = static_cast<int>(bench::arg_long(argc, argv, "--iters", 50));
+  const int samples = static_cast<int>(bench::arg_long(argc, argv, "--samples", 15));
+  if (M < 1 || M > e3::kDraftFcDecodeMaxRows || N < 1 || H < 8 || H % 8 || K < 1) { usage(); return 2; }
+  const size_t w_elems = size_t(N) * K * H, w_bytes = w_elems * 2;
+  const int ncopies = static_cast<int>(std::min<size_t>(64, std::max<size_t>(2, (256u << 20) / w_bytes + 1)));
+  std::vector<void*> weights(ncopies);
+  for (int i = 0; i < ncopies; ++i) {
+    E3_CHECK(cudaMalloc(&weights[i], w_bytes));
+    bench::fill(weights[i], w_elems, 2, 100 + i);
+  }
+  void *x, *g, *out, *ws;
+  E3_CHECK(cudaMalloc(&x, size_t(M) * K * H * 2));
+  E3_CHECK(cudaMalloc(&g, size_t(K) * H * 2));
+  E3_CHECK(cudaMalloc(&out, size_t(M) * N * 2));
+  bench::fill(x, size_t(M) * K * H, 2, 7);
+  bench::fill(g, size_t(K) * H, 2, 8);
+  const int64_t ws_bytes = e3::draft_fc_decode_workspace_bytes(static_cast<int>(K), N);
+  E3_CHECK(cudaMalloc(&ws, ws_bytes));
+  E3_CHECK(cudaMemset(ws, 0, ws_bytes));
+  const e3::DraftFcWorkspace wsv = e3::draft_fc_decode_workspace_view(ws, static_cast<int>(K), N);
+
+  e3::DraftFcParams p{};
+  p.x_base = x; p.x_tap_stride = H; p.x_row_stride[0] = K * H; p.taps = static_cast<int>(K); p.hidden = H;
+  p.rows = M; p.weight_row_stride = K * H; p.out_features = N; p.norm_weight = norm ? g : nullptr; p.eps = 1e-6f;
+  p.out = out; p.out_row_stride = N; p.elem_size = 2;
+  auto run = [&](int i) {
+    p.weight = weights[i % ncopies];
+    E3_CHECK(e3::draft_fc_decode_cuda(p, e3::DType::BF16, wsv, nullptr));
+  };
+
+  // Spot check: outputs (row 0 and M-1, a few columns) against float64 on the host.
+  run(0);
+  E3_CHECK(cudaDeviceSynchronize());
+  std::vector<uint16_t> hx(size_t(M) * K * H), hg(size_t(K) * H), hy(size_t(M) * N), hw(size_t(K) * H);
+  E3_CHECK(cudaMemcpy(hx.data(), x, hx.size() * 2, cudaMemcpyDeviceToHost));
+  E3_CHECK(cudaMemcpy(hg.data(), g, hg.size() * 2, cudaMemcpyDeviceToHost));
+  E3_CHECK(cudaMemcpy(hy.data(), out, hy.size() * 2, cudaMemcpyDeviceToHost));
+  double worst = 0;
+  for (long m : {0L, M - 1}) {
+    for (long n : {0L, N / 2, N - 1}) {
+      E3_CHECK(cudaMemcpy(hw.data(), static_cast<char*>(weights[0]) + size_t(n) * K * H * 2, hw.size() * 2,
+                          cudaMemcpyDeviceToHost));
+      double y = 0, mag = 0;
+      for (long k = 0; k < K; ++k) {
+        double ss = 0;
+        for (long j = 0; j < H; ++j) { const double v = bf16_host(hx[(m * K + k) * H + j]); ss += v * v; }
+        const double r = norm ? 1.0 / std::sqrt(ss / H + 1e-6) : 1.0;
+        for (long j = 0; j < H; ++j) {
+          const double v = bf16_host(hx[(m * K + k) * H + j]) * r * (norm ? bf16_host(hg[k * H + j]) : 1.0);
+          y += v * bf16_host(hw[k * H + j]);
+          mag += std::fabs(v * bf16_host(hw[k * H + j]));
+        }
+      }
+      worst = std::max(worst, std::fabs(bf16_host(hy[m * N + n]) - y) / (mag / std::sqrt(double(K * H)) + 1e-30));
+    }
+  }
+  std::printf("check: 6 outputs vs float64 host: worst error %.2e of the term scale %s\n", worst,
+              worst < 2e-2 ? "(ok)" : "(TOO LARGE)");
+  if (!(worst < 2e-2)) return 1;
+
+  const double t = bench::time_us(run, iters, samples);
+  const double bytes = double(w_bytes) + double(M) * K * H * 2 + double(M) * N * 2;
+  std::printf("%-6s %5s %6s %6s %3s %12s %10s %12s\n", "kernel", "M", "N", "H", "K", "bytes", "time_us", "weight_GB/s");
+  std::printf("%-6s %5ld %6ld %6ld %3ld %12.0f %10.2f %12.1f\n", "decode", M, N, H, K, bytes, t, w_bytes / t / 1e3);
+  return 0;
+}

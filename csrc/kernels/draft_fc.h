@@ -1,0 +1,98 @@
+// The EAGLE-3 draft's first step: y = fc(cat(norm_1(x_1), ..., norm_K(x_K))) + bias, where norm_k is the optional
+// per-tap RMSNorm of EAGLE-3.1 drafts (x * rsqrt(mean(x^2) + eps) * g_k) and fc is [N, K*H]. Torch-free.
+//
+// Two CUDA paths:
+// - decode (M <= 64 rows): one weight-streaming kernel. The norm is applied on the fly: g_k multiplies the
+//   activations as they are loaded, and rsqrt(mean(x^2) + eps), a per-(row, tap) scalar, multiplies each tap's
+//   partial dot product, so nothing is materialised and every weight byte is read once. Split-K partials meet in
+//   an fp32 workspace through L2 atomics; the last block of each column tile scales, sums the taps, adds the bias,
+//   writes the output and re-zeroes the workspace (self-cleaning, so CUDA-graph replays need no memset).
+// - prefill: the normalised (or just packed) activations are written once to a [M, K*H] scratch and the ops layer
+//   runs the GEMM through torch (cuBLAS).
+// Numerics: fp32 norm statistics and fp32 accumulation. Prefill rounds x*rrms*g to the activation dtype before the
+// GEMM (what K RMSNorm modules + cat + linear do); decode rounds x*g and applies rrms in fp32 after the dot product.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "dtype.h"
+
+namespace e3 {
+
+struct DraftFcParams {
+  static constexpr int kMaxListTaps = 16;
+  // Tap k's [M, H] activations: `x_base + k * x_tap_stride` with row stride x_row_stride[0] when x_base is set
+  // (the packed [M, K*H] buffer), else x[k] with row stride x_row_stride[k] (a list of K tensors).
+  const void* x_base;
+  int64_t x_tap_stride;
+  const void* x[kMaxListTaps];
+  int64_t x_row_stride[kMaxListTaps];
+  int taps;                  // K
+  int64_t hidden;            // H, a multiple of 8
+  int64_t rows;              // M
+  const void* weight;        // [N, K*H], rows contiguous, row stride weight_row_stride
+  int64_t weight_row_stride;
+  int64_t out_features;      // N
+  const void* norm_weight;   // [K, H] contiguous, or nullptr: no per-tap norm
+  float eps;
+  const void* bias;          // [N] or nullptr
+  void* out;                 // [M, N], row stride out_row_stride
+  int64_t out_row_stride;
+  int elem_size;             // bytes per activation/weight element
+
+  E3_HOST_DEVICE const void* tap(int k) const {
+    if (x_base != nullptr) return static_cast<const char*>(x_base) + k * x_tap_stride * elem_size;
+    return x[k];
+  }
+  E3_HOST_DEVICE int64_t tap_row_stride(int k) const {
+    return x_base != nullptr ? x_row_stride[0] : x_row_stride[k];
+  }
+};
+
+// ---- CPU: write the normalised taps (or a plain copy when norm_weight is null) into xn [M, K*H] contiguous. ----
+template <typename T>
+void draft_fc_normalize_rows_cpu(const DraftFcParams& p, T* xn, int64_t row_begin, int64_t row_end) {
+  const T* g = static_cast<const T*>(p.norm_weight);
+  const int64_t width = p.taps * p.hidden;
+  for (int64_t m = row_begin; m < row_end; ++m) {
+    for (int k = 0; k < p.taps; ++k) {
+      const T* x = static_cast<const T*>(p.tap(k)) + m * p.tap_row_stride(k);
+      T* o = xn + m * width + k * p.hidden;
+      if (g == nullptr) {
+        for (int64_t j = 0; j < p.hidden; ++j) o[j] = x[j];
+        continue;
+      }
+      float sum_sq = 0.f;
+      for (int64_t j = 0; j < p.hidden; ++j) {
+        const float v = to_float(x[j]);
+        sum_sq += v * v;
+      }
+      const float rrms = 1.0f / std::sqrt(sum_sq / static_cast<float>(p.hidden) + p.eps);
+      const T* gk = g + k * p.hidden;
+      for (int64_t j = 0; j < p.hidden; ++j) o[j] = from_float<T>(to_float(x[j]) * rrms * to_float(gk[j]));
+    }
+  }
+}
+
+// ---- CUDA (draft_fc_cuda.cu). Each returns a cudaError_t value (0 = success); `stream` is a cudaStream_t. ----
+
+// Rows at or below this use the decode kernel.
+constexpr int64_t kDraftFcDecodeMaxRows = 64;
+
+// Self-cleaning fp32 workspace of the decode kernel: zero-filled once at allocation, zero again after every call.
+struct DraftFcWorkspace {
+  float* acc;           // [K][N][64] tap partial sums
+  float* sum_sq;        // [n_tiles][K][64] per-tile copies of the per-(tap, row) sums of squares
+  unsigned* counters;   // [n_tiles] blocks finished per column tile
+};
+// Bytes the decode workspace needs for K taps and N outputs (a float/unsigned array layout; 256-byte aligned parts).
+int64_t draft_fc_decode_workspace_bytes(int taps, int64_t out_features);
+DraftFcWorkspace draft_fc_decode_workspace_view(void* base, int taps, int64_t out_features);
+
+int draft_fc_decode_cuda(const DraftFcParams& p, DType dtype, const DraftFcWorkspace& ws, void* stream);
+
+// Writes the normalised (or packed) taps into xn [M, K*H] contiguous; the GEMM follows in the ops layer.
+int draft_fc_normalize_cuda(const DraftFcParams& p, DType dtype, void* xn, void* stream);
+
+}  // namespace e3

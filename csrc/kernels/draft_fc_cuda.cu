@@ -1,0 +1,364 @@
+// CUDA kernels of the draft fc: the decode weight-streaming kernel and the prefill normalise kernel.
+//
+// Decode kernel layout. The weight W [N, K*H] is the MMA's A operand (16 rows of N per warp) and the activations
+// are the B operand (8 rows of M per token group), so tensor cores serve M = 1..64 with no wasted weight bytes
+// (mma.sync m16n8k16: sm_80 and later, so the same code serves sm_90a, sm_100a and sm_120a). Each lane loads 16
+// contiguous bytes of a weight row; the k order inside a 32-wide chunk is permuted so those 8 elements are exactly
+// the A fragment of two MMA steps, and the activation fragment is loaded with the same permutation (8 bytes), so
+// no shuffles or shared memory are needed. The dot product is permutation-invariant, so the result is exact.
+#include "cuda_common.cuh"
+#include "draft_fc.h"
+
+namespace e3 {
+namespace cuda {
+namespace kernels {
+
+constexpr int kFcWarps = 4;                  // warps per block, 16 weight rows each
+constexpr int kFcRowsPerBlock = kFcWarps * 16;
+constexpr int kFcChunk = 32;                 // k elements per lane group step (4 lanes x 8 elements)
+constexpr int kFcUnroll = 4;                 // weight chunks in flight per warp
+constexpr int kWsTokens = 64;                // workspace row pitch (max decode rows)
+
+template <typename T> struct Mma;
+template <> struct Mma<__nv_bfloat16> {
+  __device__ __forceinline__ static void run(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                             uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+};
+template <> struct Mma<__half> {
+  __device__ __forceinline__ static void run(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                             uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+};
+
+// Two elements packed in one 32-bit word <-> floats.
+template <typename T> __device__ __forceinline__ float2 unpack2(uint32_t w);
+template <> __device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t w) {
+  return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+}
+template <> __device__ __forceinline__ float2 unpack2<__half>(uint32_t w) {
+  __half2 h;
+  memcpy(&h, &w, 4);
+  return __half22float2(h);
+}
+template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  uint32_t w;
+  memcpy(&w, &v, 4);
+  return w;
+}
+template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  uint32_t w;
+  memcpy(&w, &v, 4);
+  return w;
+}
+
+// Weight stream: read once, evict first, so the workspace and activations keep their L2 lines.
+__device__ __forceinline__ uint4 load_weight16(const void* p) { return __ldcs(static_cast<const uint4*>(p)); }
+
+struct DecodeTiling {
+  int64_t n_tiles;
+  int64_t splits_per_tap;
+  int64_t k_block;  // k elements per split (multiple of 32)
+};
+
+// grid.x: column tiles of 64 weight rows; grid.y: K-splits (taps x splits_per_tap). TG token groups of 8 rows.
+template <typename T, int TG, bool kNorm>
+__global__ void __launch_bounds__(kFcWarps * 32) draft_fc_decode_kernel(DraftFcParams p, DecodeTiling t,
+                                                                          DraftFcWorkspace ws) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, c = lane & 3;
+  const int64_t tile = blockIdx.x;
+  const int tap = static_cast<int>(blockIdx.y / t.splits_per_tap);
+  const int64_t k_begin = (blockIdx.y % t.splits_per_tap) * t.k_block;
+  const int64_t k_end = k_begin + t.k_block < p.hidden ? k_begin + t.k_block : p.hidden;
+  const int64_t row_a = tile * kFcRowsPerBlock + warp * 16 + g, row_b = row_a + 8;
+  const bool has_a = row_a < p.out_features, has_b = row_b < p.out_features;
+  const T* w_a = static_cast<const T*>(p.weight) + row_a * p.weight_row_stride + tap * p.hidden;
+  const T* w_b = static_cast<const T*>(p.weight) + row_b * p.weight_row_stride + tap * p.hidden;
+  const T* x = static_cast<const T*>(p.tap(tap));
+  const int64_t xs = p.tap_row_stride(tap);
+  const T* gw = kNorm ? static_cast<const T*>(p.norm_weight) + tap * p.hidden : nullptr;
+
+  float acc[TG][4];
+#pragma unroll
+  for (int i = 0; i < TG; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+  float sum_sq[TG];
+#pragma unroll
+  for (int i = 0; i < TG; ++i) sum_sq[i] = 0.f;
+
+  for (int64_t k0 = k_begin; k0 < k_end; k0 += kFcChunk * kFcUnroll) {
+    uint4 wa[kFcUnroll], wb[kFcUnroll];
+#pragma unroll
+    for (int u = 0; u < kFcUnroll; ++u) {
+      const int64_t k = k0 + u * kFcChunk + 8 * c;  // this lane's 8 contiguous elements
+      const bool in = k < k_end;
+      wa[u] = in && has_a ? load_weight16(w_a + k) : make_uint4(0, 0, 0, 0);
+      wb[u] = in && has_b ? load_weight16(w_b + k) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kFcUnroll; ++u) {
+      const int64_t k = k0 + u * kFcChunk + 8 * c;
+      if (k0 + u * kFcChunk >= k_end) break;  // uniform across the warp
+      const bool in = k < k_end;
+      float2 gv[4];
+      if (kNorm) {
+        const uint4 graw = in ? __ldg(reinterpret_cast<const uint4*>(gw + k)) : make_uint4(0, 0, 0, 0);
+        gv[0] = unpack2<T>(graw.x); gv[1] = unpack2<T>(graw.y);
+        gv[2] = unpack2<T>(graw.z); gv[3] = unpack2<T>(graw.w);
+      }
+#pragma unroll
+      for (int tg = 0; tg < TG; ++tg) {
+        const int64_t token = tg * 8 + g;
+        uint4 xv = make_uint4(0, 0, 0, 0);
+        if (in && token < p.rows) xv = __ldg(reinterpret_cast<const uint4*>(x + token * xs + k));
+        if (kNorm) {
+          const float2 x0 = unpack2<T>(xv.x), x1 = unpack2<T>(xv.y), x2 = unpack2<T>(xv.z), x3 = unpack2<T>(xv.w);
+          if (warp == 0)
+            sum_sq[tg] += x0.x * x0.x + x0.y * x0.y + x1.x * x1.x + x1.y * x1.y + x2.x * x2.x + x2.y * x2.y +
+                          x3.x * x3.x + x3.y * x3.y;
+          xv.x = pack2<T>(x0.x * gv[0].x, x0.y * gv[0].y);
+          xv.y = pack2<T>(x1.x * gv[1].x, x1.y * gv[1].y);
+          xv.z = pack2<T>(x2.x * gv[2].x, x2.y * gv[2].y);
+          xv.w = pack2<T>(x3.x * gv[3].x, x3.y * gv[3].y);
+        }
+        // Step s uses this lane's elements [4s, 4s+4): words 2s, 2s+1 of the weight and activation vectors.
+        Mma<T>::run(acc[tg], wa[u].x, wb[u].x, wa[u].y, wb[u].y, xv.x, xv.y);
+        Mma<T>::run(acc[tg], wa[u].z, wb[u].z, wa[u].w, wb[u].w, xv.z, xv.w);
+      }
+    }
+  }
+
+  // Partials to the workspace. acc[tg]: (row_a, tokens 2c, 2c+1), (row_b, tokens 2c, 2c+1).
+  float* ws_acc = ws.acc + static_cast<int64_t>(tap) * p.out_features * kWsTokens;
+#pragma unroll
+  for (int tg = 0; tg < TG; ++tg) {
+    const int64_t t0 = tg * 8 + 2 * c;
+    if (has_a) {
+      if (t0 < p.rows) atomicAdd(ws_acc + row_a * kWsTokens + t0, acc[tg][0]);
+      if (t0 + 1 < p.rows) atomicAdd(ws_acc + row_a * kWsTokens + t0 + 1, acc[tg][1]);
+    }
+    if (has_b) {
+      if (t0 < p.rows) atomicAdd(ws_acc + row_b * kWsTokens + t0, acc[tg][2]);
+      if (t0 + 1 < p.rows) atomicAdd(ws_acc + row_b * kWsTokens + t0 + 1, acc[tg][3]);
+    }
+  }
+  if (kNorm && warp == 0) {
+    // Lanes 4g..4g+3 hold parts of token g's sum over this block's k range.
+#pragma unroll
+    for (int tg = 0; tg < TG; ++tg) {
+      float s = sum_sq[tg];
+      s += __shfl_xor_sync(0xffffffffu, s, 1);
+      s += __shfl_xor_sync(0xffffffffu, s, 2);
+      const int64_t token = tg * 8 + g;
+      if (c == 0 && token < p.rows)
+        atomicAdd(ws.sum_sq + (tile * p.taps + tap) * kWsTokens + token, s);
+    }
+  }
+
+  // The last block of this column tile to finish does the epilogue.
+  __shared__ bool is_last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned total = static_cast<unsigned>(p.taps * t.splits_per_tap);
+    is_last = atomicAdd(ws.counters + tile, 1u) == total - 1;
+  }
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+
+  __shared__ float rrms[16 * kWsTokens];  // up to 16 taps x 64 rows
+  const int64_t left = p.out_features - tile * kFcRowsPerBlock;
+  const int64_t rows_here = left < kFcRowsPerBlock ? left : kFcRowsPerBlock;
+  // For K > 16 taps the scales are recomputed per element rather than staged.
+  const bool staged = p.taps <= 16;
+  float* ss_tile = ws.sum_sq + tile * p.taps * kWsTokens;
+  if (staged) {
+    for (int i = threadIdx.x; i < p.taps * p.rows; i += blockDim.x) {
+      const int tp = i / static_cast<int>(p.rows), tok = i % static_cast<int>(p.rows);
+      rrms[tp * kWsTokens + tok] =
+          kNorm ? rsqrtf(__ldcg(ss_tile + tp * kWsTokens + tok) / static_cast<float>(p.hidden) + p.eps) : 1.f;
+    }
+    __syncthreads();
+  }
+  const T* bias = static_cast<const T*>(p.bias);
+  T* out = static_cast<T*>(p.out);
+  for (int64_t i = threadIdx.x; i < rows_here * p.rows; i += blockDim.x) {
+    const int64_t n = tile * kFcRowsPerBlock + i / p.rows, tok = i % p.rows;
+    float y = 0.f;
+    for (int tp = 0; tp < p.taps; ++tp) {
+      float* a = ws.acc + (static_cast<int64_t>(tp) * p.out_features + n) * kWsTokens + tok;
+      float scale = 1.f;
+      if (kNorm)
+        scale = staged ? rrms[tp * kWsTokens + tok]
+                       : rsqrtf(__ldcg(ss_tile + tp * kWsTokens + tok) / static_cast<float>(p.hidden) + p.eps);
+      y += scale * __ldcg(a);
+      __stcg(a, 0.f);
+    }
+    if (bias != nullptr) y += to_f(bias[n]);
+    out[tok * p.out_row_stride + n] = from_f<T>(y);
+  }
+  __syncthreads();  // every read of ss_tile done before it is cleared
+  if (kNorm)
+    for (int64_t i = threadIdx.x; i < p.taps * kWsTokens; i += blockDim.x) __stcg(ss_tile + i, 0.f);
+  if (threadIdx.x == 0) ws.counters[tile] = 0;
+}
+
+// Prefill: one block per (row, tap): rrms over the row's H values, then xn = round(x * rrms * g) (or a copy).
+// Rows move as 16-byte vectors (V elements); H is a multiple of 8, hence of V.
+template <typename T, bool kNorm>
+__global__ void __launch_bounds__(256) draft_fc_normalize_kernel(DraftFcParams p, T* xn) {
+  constexpr int V = 16 / sizeof(T);
+  __shared__ float scratch[32];
+  const int tap = blockIdx.y;
+  const T* gk = kNorm ? static_cast<const T*>(p.norm_weight) + tap * p.hidden : nullptr;
+  const int64_t nvec = p.hidden / V;
+  const int64_t width = p.taps * p.hidden;
+  for (int64_t m = blockIdx.x; m < p.rows; m += gridDim.x) {
+    const T* x = static_cast<const T*>(p.tap(tap)) + m * p.tap_row_stride(tap);
+    T* o = xn + m * width + tap * p.hidden;
+    float rrms = 1.f;
+    if (kNorm) {
+      float s = 0.f;
+      for (int64_t v = threadIdx.x; v < nvec; v += blockDim.x) {
+        const Chunk<T, V> xv = load_chunk<T, V>(x + v * V);
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+          const float f = to_f(xv.v[i]);
+          s += f * f;
+        }
+      }
+      rrms = rsqrtf(block_sum(s, scratch) / static_cast<float>(p.hidden) + p.eps);
+    }
+    for (int64_t v = threadIdx.x; v < nvec; v += blockDim.x) {
+      Chunk<T, V> xv = load_chunk<T, V>(x + v * V);
+      if (kNorm) {
+        const Chunk<T, V> gv = load_chunk<T, V>(gk + v * V);
+#pragma unroll
+        for (int i = 0; i < V; ++i) xv.v[i] = from_f<T>(to_f(xv.v[i]) * rrms * to_f(gv.v[i]));
+      }
+      store_chunk<T, V>(o + v * V, xv);
+    }
+  }
+}
+
+}  // namespace kernels
+
+namespace {
+using namespace kernels;
+
+constexpr int64_t align256(int64_t b) { return (b + 255) / 256 * 256; }
+
+int sm_count() {
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) !=
+                                                 cudaSuccess)
+    return 132;
+  return sms;
+}
+
+DecodeTiling decode_tiling(int taps, int64_t hidden, int64_t out_features) {
+  DecodeTiling t;
+  t.n_tiles = (out_features + kFcRowsPerBlock - 1) / kFcRowsPerBlock;
+  // About four blocks per SM: enough weight bytes in flight to cover HBM latency at full bandwidth.
+  const int64_t target_blocks = 4 * static_cast<int64_t>(sm_count());
+  const int64_t max_splits = (hidden + kFcChunk - 1) / kFcChunk;
+  int64_t spt = (target_blocks + t.n_tiles * taps - 1) / (t.n_tiles * taps);
+  spt = spt < 1 ? 1 : (spt > max_splits ? max_splits : spt);
+  const int64_t per = (hidden + spt - 1) / spt;
+  t.k_block = (per + kFcChunk - 1) / kFcChunk * kFcChunk;
+  t.splits_per_tap = (hidden + t.k_block - 1) / t.k_block;
+  return t;
+}
+
+template <typename T, int TG>
+cudaError_t launch_decode_tg(const DraftFcParams& p, const DraftFcWorkspace& ws, cudaStream_t s) {
+  const DecodeTiling t = decode_tiling(p.taps, p.hidden, p.out_features);
+  const dim3 grid(static_cast<unsigned>(t.n_tiles), static_cast<unsigned>(p.taps * t.splits_per_tap));
+  if (p.norm_weight != nullptr)
+    draft_fc_decode_kernel<T, TG, true><<<grid, kFcWarps * 32, 0, s>>>(p, t, ws);
+  else
+    draft_fc_decode_kernel<T, TG, false><<<grid, kFcWarps * 32, 0, s>>>(p, t, ws);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launch_decode(const DraftFcParams& p, const DraftFcWorkspace& ws, cudaStream_t s) {
+  if (p.rows <= 8) return launch_decode_tg<T, 1>(p, ws, s);
+  if (p.rows <= 16) return launch_decode_tg<T, 2>(p, ws, s);
+  if (p.rows <= 32) return launch_decode_tg<T, 4>(p, ws, s);
+  return launch_decode_tg<T, 8>(p, ws, s);
+}
+
+template <typename T>
+cudaError_t launch_normalize(const DraftFcParams& p, void* xn, cudaStream_t s) {
+  const int64_t blocks = p.rows < 65535 * 4 ? p.rows : 65535 * 4;
+  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(p.taps));
+  int64_t threads = ((p.hidden / (16 / static_cast<int64_t>(sizeof(T))) + 31) / 32) * 32;
+  threads = threads < 32 ? 32 : (threads > 256 ? 256 : threads);
+  if (p.norm_weight != nullptr)
+    draft_fc_normalize_kernel<T, true><<<grid, static_cast<unsigned>(threads), 0, s>>>(p, static_cast<T*>(xn));
+  else
+    draft_fc_normalize_kernel<T, false><<<grid, static_cast<unsigned>(threads), 0, s>>>(p, static_cast<T*>(xn));
+  return cudaGetLastError();
+}
+
+}  // namespace
+}  // namespace cuda
+
+int64_t draft_fc_decode_workspace_bytes(int taps, int64_t out_features) {
+  const int64_t n_tiles = (out_features + cuda::kernels::kFcRowsPerBlock - 1) / cuda::kernels::kFcRowsPerBlock;
+  const int64_t w = cuda::kernels::kWsTokens;
+  return cuda::align256(taps * out_features * w * 4) + cuda::align256(n_tiles * taps * w * 4) +
+         cuda::align256(n_tiles * 4);
+}
+
+DraftFcWorkspace draft_fc_decode_workspace_view(void* base, int taps, int64_t out_features) {
+  const int64_t n_tiles = (out_features + cuda::kernels::kFcRowsPerBlock - 1) / cuda::kernels::kFcRowsPerBlock;
+  const int64_t w = cuda::kernels::kWsTokens;
+  char* b = static_cast<char*>(base);
+  DraftFcWorkspace ws;
+  ws.acc = reinterpret_cast<float*>(b);
+  b += cuda::align256(taps * out_features * w * 4);
+  ws.sum_sq = reinterpret_cast<float*>(b);
+  b += cuda::align256(n_tiles * taps * w * 4);
+  ws.counters = reinterpret_cast<unsigned*>(b);
+  return ws;
+}
+
+int draft_fc_decode_cuda(const DraftFcParams& p, DType dtype, const DraftFcWorkspace& ws, void* stream) {
+  if (p.rows == 0 || p.out_features == 0) return 0;
+  if (p.rows > kDraftFcDecodeMaxRows) return static_cast<int>(cudaErrorInvalidValue);
+  auto s = static_cast<cudaStream_t>(stream);
+  switch (dtype) {
+    case DType::BF16: return cuda::launch_decode<__nv_bfloat16>(p, ws, s);
+    case DType::F16: return cuda::launch_decode<__half>(p, ws, s);
+    default: return static_cast<int>(cudaErrorInvalidValue);
+  }
+}
+
+int draft_fc_normalize_cuda(const DraftFcParams& p, DType dtype, void* xn, void* stream) {
+  if (p.rows == 0) return 0;
+  auto s = static_cast<cudaStream_t>(stream);
+  switch (dtype) {
+    case DType::BF16: return cuda::launch_normalize<__nv_bfloat16>(p, xn, s);
+    case DType::F16: return cuda::launch_normalize<__half>(p, xn, s);
+    case DType::F32: return cuda::launch_normalize<float>(p, xn, s);
+  }
+  return static_cast<int>(cudaErrorInvalidValue);
+}
+
+}  // namespace e3

@@ -1,0 +1,39 @@
+// Checked conversion of the draft fc ops' torch arguments into the kernel parameters, shared by CPU and CUDA, and
+// the CPU/GPU-common prefill composition (normalise into scratch, then torch's GEMM).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/linear.h>
+
+#include <optional>
+#include <vector>
+
+#include "../kernels/draft_fc.h"
+
+namespace e3ops {
+
+// x: one packed [M, K*H] tensor (K from norm_weight, 1 without a norm) or K [M, H] tensors.
+e3::DraftFcParams draft_fc_params(const std::vector<at::Tensor>& x, const at::Tensor& weight,
+                                  const std::optional<at::Tensor>& norm_weight, double eps,
+                                  const std::optional<at::Tensor>& bias, const at::Tensor& out, e3::DType* dtype);
+
+// The output tensor the functional op allocates: [M, N] in the activation dtype on x's device.
+at::Tensor draft_fc_empty_out(const std::vector<at::Tensor>& x, const at::Tensor& weight);
+
+// out = linear(xn, weight, bias): xn is the packed input itself when there is no norm and one tensor, otherwise a
+// scratch [M, K*H] that `fill_scratch` fills with the normalised (or packed) taps.
+template <typename Fill>
+void draft_fc_prefill(const std::vector<at::Tensor>& x, const at::Tensor& weight,
+                      const std::optional<at::Tensor>& norm_weight, const std::optional<at::Tensor>& bias,
+                      at::Tensor& out, const e3::DraftFcParams& p, Fill&& fill_scratch) {
+  if (x.size() == 1 && !norm_weight.has_value()) {
+    at::linear_out(out, x[0], weight, bias);  // already the packed, un-normed input: the GEMM alone
+    return;
+  }
+  at::Tensor xn = at::empty({p.rows, p.taps * p.hidden}, x[0].options());
+  fill_scratch(xn);
+  at::linear_out(out, xn, weight, bias);
+}
+
+}  // namespace e3ops
