@@ -1,0 +1,80 @@
+"""Capture writes through ``eagle3_capture::capture_`` into SGLang's packed aux buffer.
+
+Hook point: ``AuxHiddenStatePacker.append`` (switch ``capture``). Every write into SGLang 0.5.23's packed
+``[T, K*H]`` buffer goes through it: ``capture()`` (what the layer-boundary stage and this plugin's final-boundary
+capture call), ``append()`` and ``extend()``, for a buffer the packer allocates itself and for the decode
+CUDA-graph runner's preallocated one (``AuxHiddenStatePacker.for_batch``: a row slice of a larger buffer). The
+packer keeps doing its own bookkeeping (``slot()``: allocation, shape/dtype check against a provided buffer, slot
+index); only the write changes: ``copy_`` into a strided column block becomes one ``capture_`` into the slot's
+view, which the op accepts as a row-strided ``[T, H]`` packed tensor.
+
+Values the op does not take (not 2-D, another dtype, a last stride other than 1, a device the extension was not
+built for) go through SGLang's own ``copy_``.
+
+Why not ``fused_add_rmsnorm_capture_`` at the layer input: in 0.5.23 the add + input norm is chosen per path
+among several readouts (plain fused add+RMSNorm, quantizing reads, all-reduce + add + norm fusions, gathers for
+attention TP/DP; layer_boundary/residual/add_norm.py), and the capture takes the residual *after* the entry's
+``input_move`` (the gathered rows), not the norm's input. Replacing the readout would reach into that machinery
+for one of its paths and capture the wrong rows on others. The capture here is one write of T*H elements with no
+temporary; the add is already done by SGLang's fused kernel.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .switches import logger
+
+T_PACKER_APPEND = "sglang.srt.layers.aux_hidden_states.AuxHiddenStatePacker.append"
+
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_ops = None
+_backends: Optional[frozenset] = None
+_fallback_logged = set()
+
+
+def load_ops():
+    """Import the capture ops (the compiled extension); raises ImportError with the build hint if missing."""
+    global _ops, _backends
+    if _ops is None:
+        from .. import native, ops
+
+        _backends = frozenset(native.build_info()["backends"])
+        _ops = ops
+    return _ops
+
+
+def _why_not(hidden) -> Optional[str]:
+    if not isinstance(hidden, torch.Tensor):
+        return f"a {type(hidden).__name__}, not a tensor"
+    if hidden.dim() != 2:
+        return f"{hidden.dim()}-D"
+    if hidden.dtype not in _DTYPES:
+        return f"dtype {hidden.dtype}"
+    if hidden.shape[1] > 0 and hidden.stride(1) != 1:
+        return "a last stride other than 1"
+    if hidden.device.type not in _backends:
+        return f"device {hidden.device.type} (extension built for {sorted(_backends)})"
+    return None
+
+
+def packer_append_hook(original, self, hidden):
+    """AROUND ``AuxHiddenStatePacker.append``: the write goes through ``eagle3_capture::capture_``."""
+    ops = load_ops()
+    why = _why_not(hidden)
+    if why is None:
+        dst = self.slot(hidden)  # SGLang's bookkeeping: allocation / buffer checks / next slot
+        if dst.dim() == 2 and (dst.shape[1] == 0 or dst.stride(1) == 1):
+            ops.capture_(dst, 0, hidden)
+            return None
+        dst.copy_(hidden)
+        return None
+    if why not in _fallback_logged:
+        _fallback_logged.add(why)
+        logger.warning("eagle3_capture: a capture of %s goes through SGLang's copy_ (capture_ takes 2-D "
+                       "float32/float16/bfloat16 tensors with contiguous rows)", why)
+    return original(self, hidden)
+
+
+__all__ = ["T_PACKER_APPEND", "packer_append_hook", "load_ops"]

@@ -1,0 +1,156 @@
+"""SGLang 0.5.23 general plugin: entry point ``eagle3_capture = "eagle3_capture.sglang.plugin:register"`` in group
+``sglang.srt.plugins``. ``sglang.srt.plugins.load_plugins()`` (called by launch_server, the engine and every
+scheduler process) runs :func:`register`, which registers AROUND hooks in SGLang's HookRegistry; SGLang applies
+them right after. Nothing is patched outside the registry.
+
+SGLang only *logs* a hook it could not apply, so the plugin checks its own hooks when it reports
+(:func:`hook_status`), and the model-load log line says which are really in place.
+"""
+from __future__ import annotations
+
+import pkgutil
+from typing import Callable, Dict, List, Optional, Tuple
+
+from . import capture, draft, switches, target
+from .switches import logger
+
+# hook group (the EAGLE3_CAPTURE_DISABLE name) -> [(dotted target, hook function)]
+HOOKS: Dict[str, List[Tuple[str, Callable]]] = {
+    switches.TAPS: [
+        (target.T_RESOLVE, target.resolve_eagle_aux_hidden_state_hook),
+        (target.T_SET_LAYERS, target.set_eagle3_layers_to_capture_hook),
+    ],
+    switches.FINAL_BOUNDARY: [
+        (target.T_MODEL_FORWARD, target.model_forward_hook),
+        (target.T_PACKER_INIT, target.packer_init_hook),
+        (target.T_FINAL_NORM, target.final_norm_hook),
+        (target.T_COMPLETE_OUTPUT, target.complete_output_hook),
+    ],
+    switches.CAPTURE: [
+        (capture.T_PACKER_APPEND, capture.packer_append_hook),
+    ],
+    switches.DRAFT_FC: draft.HOOKS,
+}
+
+# Filled by register(): what was registered, and why a group was not.
+registered: Dict[str, List[str]] = {}
+skipped: Dict[str, str] = {}
+
+
+def _group_unavailable(group: str) -> Optional[str]:
+    """Why a group cannot be installed in this environment (None if it can)."""
+    if group == switches.CAPTURE:
+        try:
+            capture.load_ops()
+        except Exception as e:
+            return f"the capture op does not load: {e}"
+    if group == switches.DRAFT_FC:
+        return draft.unavailable()
+    return None
+
+
+def plan(disabled) -> Dict[str, List[Tuple[str, Callable]]]:
+    """The hook groups register() installs for a set of disabled names (without touching SGLang)."""
+    out = {}
+    for group, hooks in HOOKS.items():
+        if group in disabled:
+            continue
+        if group == switches.FINAL_BOUNDARY and switches.TAPS in disabled and switches.dump_dir() is None:
+            continue  # stock SGLang never asks for the final boundary; the forward hook would only carry a dump
+        out[group] = hooks
+    return out
+
+
+def register() -> None:
+    """Entry point called by SGLang's load_plugins(): register the hooks the switches leave on."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    registered.clear()
+    skipped.clear()
+    disabled = switches.disabled_hooks()  # raises on an unknown name: SGLang logs it and nothing is installed
+    for group in switches.HOOKS:
+        if group in disabled:
+            skipped[group] = f"turned off by {switches.ENV_DISABLE}"
+    for group, hooks in plan(disabled).items():
+        why = _group_unavailable(group)
+        if why is not None:
+            skipped[group] = why
+            logger.warning("eagle3_capture: hook '%s' not installed: %s", group, why)
+            continue
+        for path, fn in hooks:
+            HookRegistry.register(path, fn, HookType.AROUND)
+        registered[group] = [path for path, _ in hooks]
+    if switches.TAPS in disabled:
+        # No model-load line comes from the taps hook: this is the startup line.
+        logger.info("eagle3_capture: taps hook off (%s): SGLang's own layer-id rule applies; %s",
+                    switches.ENV_DISABLE, _status_text(pending=True))
+    else:
+        logger.debug("eagle3_capture: registered %s", registered)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Is a hook really in place?
+# ----------------------------------------------------------------------------------------------------------------
+
+def _chain_has(fn_obj, hook: Callable) -> bool:
+    """Whether `hook` is in the HookRegistry wrapper chain of `fn_obj` (each wrapper keeps its hook in its
+    closure and the wrapped function in __wrapped__)."""
+    seen = 0
+    f = getattr(fn_obj, "__func__", fn_obj)
+    while f is not None and seen < 64:
+        for cell in getattr(f, "__closure__", None) or ():
+            try:
+                if cell.cell_contents is hook:
+                    return True
+            except ValueError:  # empty cell
+                pass
+        f = getattr(f, "__wrapped__", None)
+        seen += 1
+    return False
+
+
+def hook_in_place(obj, attr: str, hook: Callable) -> bool:
+    try:
+        return _chain_has(getattr(obj, attr), hook)
+    except AttributeError:
+        return False
+
+
+def hook_path_in_place(path: str, hook: Callable) -> bool:
+    obj_path, attr = path.rsplit(".", 1)
+    try:
+        obj = pkgutil.resolve_name(obj_path)
+    except Exception:
+        return False
+    return hook_in_place(obj, attr, hook)
+
+
+def hook_status() -> Dict[str, str]:
+    """Per hook group: 'on' (every target hooked), 'off (<why>)', or 'NOT APPLIED (<targets>)'."""
+    out = {}
+    for group, hooks in HOOKS.items():
+        if group not in registered:
+            out[group] = f"off ({skipped.get(group, 'not registered')})"
+            continue
+        missing = [p for p, fn in hooks if not hook_path_in_place(p, fn)]
+        out[group] = "on" if not missing else f"NOT APPLIED ({', '.join(missing)}; see SGLang's hook log)"
+    return out
+
+
+def _status_text(pending: bool = False) -> str:
+    if pending:  # before SGLang applied the hooks: say what is registered
+        parts = [f"{g}={'registered' if g in registered else 'off'}" for g in HOOKS]
+    else:
+        parts = [f"{g}={s}" for g, s in hook_status().items()]
+    return "hooks: " + " ".join(parts) + f" (turn off with {switches.ENV_DISABLE}=<names>)"
+
+
+def log_installed(resolution) -> str:
+    """The startup line, at model load: model class, taps in every convention, layers_to_capture, hooks."""
+    line = f"eagle3_capture: {target.describe_resolution(resolution)}; {_status_text()}"
+    logger.info(line)
+    return line
+
+
+__all__ = ["register", "HOOKS", "registered", "skipped", "plan", "hook_in_place", "hook_path_in_place",
+           "hook_status", "log_installed"]
