@@ -1,0 +1,86 @@
+"""Shared setup of the SGLang plugin tests (every test under tests/sglang is marked `sglang`).
+
+- They FAIL, never skip, when SGLang 0.5.23 is missing: deselect them with `-m "not sglang"` where it is not
+  installed (e.g. the GPU machine).
+- The in-process tests run with the plugin loaded through SGLang's own `load_plugins()` (once per process, and
+  SGLang cannot undo it); what needs a process without the plugin, or another environment, runs in a subprocess
+  (harness.py as a script).
+- SGLang's real model code runs on the CPU following ../shared/SGLANG_CPU.md (harness.py).
+"""
+import importlib.metadata
+import importlib.util
+import os
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SGLANG_VERSION = "0.5.23"
+
+# Before anything imports torch._dynamo users (SGLang's MoE top-k is torch.compile'd; on CPU that is slow).
+os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if str(item.fspath).startswith(HERE + os.sep):
+            item.add_marker(pytest.mark.sglang)
+
+
+def _sglang_problem():
+    # tests/sglang is itself importable as a namespace package "sglang" from tests/: check the real package.
+    if importlib.util.find_spec("sglang") is None or importlib.util.find_spec("sglang.srt") is None:
+        return "sglang is not installed"
+    try:
+        v = importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return "sglang has no distribution metadata"
+    if v != SGLANG_VERSION:
+        return f"these tests are for sglang=={SGLANG_VERSION}, found {v}"
+    return None
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("sglang") is not None:
+        why = _sglang_problem()
+        if why is not None:
+            pytest.fail(f"this test is marked `sglang`: {why} (install it with `make test`, which runs "
+                        f"pip install --no-deps sglang=={SGLANG_VERSION} plus its light deps; deselect with "
+                        "-m 'not sglang')")
+
+
+@pytest.fixture(scope="session")
+def harness():
+    sys.path.insert(0, HERE)
+    import harness as h
+
+    h.setup_process()
+    return h
+
+
+@pytest.fixture(scope="session")
+def sglang_plugin(harness):
+    """The plugin loaded through SGLang's own load_plugins(), from the installed entry point."""
+    eps = [ep for ep in importlib.metadata.entry_points(group="sglang.srt.plugins") if ep.name == "eagle3_capture"]
+    assert eps, ("entry point eagle3_capture not installed in group sglang.srt.plugins: "
+                 "run `pip install --no-build-isolation --no-deps -e .` in the repository")
+    assert eps[0].value == "eagle3_capture.sglang.plugin:register", eps[0].value
+    import sglang.srt.plugins as sp
+
+    sp.load_plugins()
+    from eagle3_capture.sglang import plugin
+
+    return plugin
+
+
+@pytest.fixture(scope="session")
+def tiny(harness, sglang_plugin):
+    """A seeded tiny DeepseekV3: the HF model, SGLang's model loaded from its weights (plugin installed), and the
+    HF reference hidden states at every tap for PROMPT + [DECODE_TOKEN]."""
+    import torch
+
+    cfg = harness.tiny_config()
+    hf = harness.build_hf(cfg)
+    model = harness.build_sglang(cfg, hf)
+    taps, logits = harness.hf_taps(hf, torch.tensor(harness.PROMPT + [harness.DECODE_TOKEN]))
+    return {"cfg": cfg, "hf": hf, "model": model, "taps": taps, "logits": logits}

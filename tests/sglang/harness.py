@@ -1,0 +1,375 @@
+"""Run SGLang 0.5.23's real DeepseekV3 model code on a CPU, for the plugin tests.
+
+Follows ../shared/SGLANG_CPU.md: a single-process gloo parallel state, the ForwardBatch test kit shipped in the
+sglang wheel, and the few workarounds a CPU-only machine needs. Nothing here imitates an SGLang class: the model,
+its layers, the packer, the attention backend and the batch are SGLang's own; this module only wires them.
+
+Used in-process by the tests (after `setup_process()`), and as a script by the tests that need a fresh process
+(SGLang's `load_plugins()` runs once per process and its patches cannot be undone):
+
+    python tests/sglang/harness.py native OUT.pt     stock SGLang (plugin not loaded): what it captures
+    python tests/sglang/harness.py hooks OUT.json    load_plugins() under the caller's environment: which hooks
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import types
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence
+
+# The MoE grouped top-k is torch.compile'd in SGLang; on CPU compiling it is slow and useless.
+os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+
+import torch  # noqa: E402
+
+_SETUP_DONE = False
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stub_vllm() -> None:
+    """SGLang's RotaryEmbedding imports vllm._custom_ops when there is no GPU (never called in the forward)."""
+    if "vllm" in sys.modules:
+        return
+    vllm = types.ModuleType("vllm")
+    ops = types.ModuleType("vllm._custom_ops")
+
+    def rotary_embedding(*args, **kwargs):
+        raise RuntimeError("vllm._custom_ops.rotary_embedding is a CPU-test stand-in and must not be called")
+
+    ops.rotary_embedding = rotary_embedding
+    vllm._custom_ops = ops
+    sys.modules["vllm"] = vllm
+    sys.modules["vllm._custom_ops"] = ops
+
+
+def setup_process() -> None:
+    """Once per process: single-rank gloo parallel state and a published ServerArgs (tp=pp=ep=1)."""
+    global _SETUP_DONE
+    if _SETUP_DONE:
+        return
+    _stub_vllm()
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ["MASTER_PORT"] = str(_free_port())
+    from sglang.srt import runtime_context
+    from sglang.srt.distributed import parallel_state
+    from sglang.srt.runtime_context import SpawnRanks, get_parallel
+    from sglang.srt.server_args import ServerArgs
+
+    parallel_state.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo")
+    runtime_context.reset_context()
+    runtime_context.publish(
+        ServerArgs(model_path="dummy", tp_size=1, pp_size=1, ep_size=1, attention_backend="torch_native"),
+        role="test", ranks=SpawnRanks(world_rank=0))
+    get_parallel().override_permanently(world_group=parallel_state._WORLD)
+    parallel_state.initialize_model_parallel(backend="gloo")
+
+    # torch_native has no DeepSeek handler and would fall back to an MHA path that cannot read the MLA cache.
+    from sglang.srt.models.deepseek_common.attention_backend_handler import AttentionBackendRegistry
+    from sglang.srt.models.deepseek_common.attention_forward_methods.forward_methods import AttnForwardMethod
+    AttentionBackendRegistry.register("torch_native", lambda attn, fb: AttnForwardMethod.MLA)
+    _SETUP_DONE = True
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# A tiny DeepseekV3: transformers reference and SGLang's model, same weights
+# ----------------------------------------------------------------------------------------------------------------
+
+TINY = dict(
+    vocab_size=256, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+    num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=4,
+    n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1,
+    first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+    q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+    max_position_embeddings=128, rms_norm_eps=1e-6, tie_word_embeddings=False,
+    # fields transformers 5.19's DeepseekV3Config lacks and SGLang reads
+    moe_layer_freq=1, topk_method="noaux_tc", scoring_func="sigmoid",
+)
+
+
+def tiny_config(**overrides):
+    from transformers import DeepseekV3Config
+
+    kw = dict(TINY)
+    kw.update(overrides)
+    cfg = DeepseekV3Config(**kw)
+    cfg.architectures = ["DeepseekV3ForCausalLM"]
+    cfg.dtype = torch.float32
+    return cfg
+
+
+def build_hf(cfg, seed: int = 0):
+    """The transformers DeepseekV3 with seeded, non-trivial weights (norm weights and router bias included)."""
+    from transformers import DeepseekV3ForCausalLM as HFDeepseekV3
+
+    torch.manual_seed(seed)
+    model = HFDeepseekV3(cfg).to(torch.float32).eval()
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or "layernorm" in name:
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(0.05 * torch.randn(p.shape, generator=g))
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.01 * torch.randn(b.shape, generator=g))
+    return model
+
+
+def build_sglang(cfg, hf_model):
+    """SGLang's own DeepseekV3ForCausalLM for `cfg`, loaded from the HF model's state dict via its load_weights."""
+    from sglang.srt.models.deepseek_v2 import DeepseekV3ForCausalLM
+
+    setup_process()
+    torch.manual_seed(1234)
+    model = DeepseekV3ForCausalLM(cfg).to(torch.float32).eval()
+    model.load_weights(list(hf_model.state_dict().items()))
+    model.post_load_weights()
+    return model
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# SGLang forward: prefill (extend) then decode steps, through the attention test kit's runner and batch
+# ----------------------------------------------------------------------------------------------------------------
+
+class SglangRunner:
+    """Holds SGLang's KV pools and torch_native attention backend for one sequence; runs extend then decode."""
+
+    def __init__(self, cfg, max_context_len: int = 64):
+        setup_process()
+        from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
+        from sglang.test.kits.attention_unittest.attention_methods import mla_attention as kit
+
+        self.cfg = cfg
+        self.kit = kit
+        self.max_context_len = max_context_len
+        self.page_size = 1
+        case = kit.MLAAttentionCase(name="extend", backend="torch_native", forward_mode=ForwardMode.EXTEND,
+                                    num_heads=cfg.num_attention_heads, page_size=1, prefix_lens=(0,),
+                                    extend_lens=(1,))
+        mc = kit.TinyMLAModelConfig(num_heads=cfg.num_attention_heads, kv_lora_rank=cfg.kv_lora_rank,
+                                    qk_rope_head_dim=cfg.qk_rope_head_dim, hidden_size=cfg.hidden_size,
+                                    context_len=max_context_len)
+        self.runner = kit.MockMLAModelRunner(case=case, model_config=mc, dtype=torch.float32, device="cpu",
+                                             max_context_len=max_context_len, kv_lora_rank=cfg.kv_lora_rank,
+                                             qk_rope_head_dim=cfg.qk_rope_head_dim)
+        # The kit's pool has one layer; the model has num_hidden_layers.
+        self.runner.token_to_kv_pool = MLATokenToKVPool(
+            size=max_context_len + 2, page_size=1, dtype=torch.float32, kv_lora_rank=cfg.kv_lora_rank,
+            qk_rope_head_dim=cfg.qk_rope_head_dim, layer_num=cfg.num_hidden_layers, device="cpu",
+            enable_memory_saver=False)
+        self.backend = kit.ATTENTION_BACKENDS["torch_native"](self.runner)
+        self.seq_len = 0
+
+    def _batch(self, input_ids: torch.Tensor, mode):
+        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+
+        n = int(input_ids.numel())
+        if mode == ForwardMode.EXTEND:
+            case = self.kit.MLAAttentionCase(name="extend", backend="torch_native", forward_mode=mode,
+                                             num_heads=self.cfg.num_attention_heads, page_size=1,
+                                             prefix_lens=(self.seq_len,), extend_lens=(n,))
+        else:
+            assert n == 1, "decode takes one token"
+            case = self.kit.MLAAttentionCase(name="decode", backend="torch_native", forward_mode=mode,
+                                             num_heads=self.cfg.num_attention_heads, page_size=1,
+                                             prefix_lens=(self.seq_len,))
+        fb = self.kit._make_forward_batch(case, self.runner, max_context_len=self.max_context_len, device="cpu")
+        fb.input_ids = input_ids.to(torch.int64)
+        fb.capture_hidden_mode = CaptureHiddenMode.FULL
+        return fb
+
+    def forward(self, model, input_ids: torch.Tensor, mode=None, aux_buffer: Optional[torch.Tensor] = None):
+        """One forward of SGLang's model; returns its LogitsProcessorOutput. `mode` defaults to EXTEND for the
+        first call and DECODE after. `aux_buffer` plays the decode CUDA-graph runner's preallocated buffer."""
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
+        from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+
+        if mode is None:
+            mode = ForwardMode.EXTEND if self.seq_len == 0 else ForwardMode.DECODE
+        fb = self._batch(input_ids, mode)
+        if aux_buffer is not None:
+            fb.aux_hidden_states_buffer = aux_buffer
+        with torch.no_grad(), forward_context(ForwardContext(attn_backend=self.backend)):
+            self.backend.init_forward_metadata(fb)
+            out = model.forward(fb.input_ids, fb.positions, fb)
+        self.seq_len += int(input_ids.numel())
+        return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The HF reference: hidden states at every canonical tap, the final boundary taken BEFORE the final norm
+# ----------------------------------------------------------------------------------------------------------------
+
+def hf_taps(hf_model, input_ids: torch.Tensor) -> List[torch.Tensor]:
+    """[T, H] per canonical tap position: index 0 = Embedding, index k+1 = LayerOutput(k), for k = 0..L-1.
+
+    HF's `hidden_states[L]` is after the final norm in DeepseekV3, so LayerOutput(L-1) is taken from a forward hook
+    on the last decoder layer's output instead (the residual stream before the norm)."""
+    pre = {}
+
+    def grab(module, args, output):
+        pre["x"] = output[0] if isinstance(output, tuple) else output
+
+    handle = hf_model.model.layers[-1].register_forward_hook(grab)
+    try:
+        with torch.no_grad():
+            out = hf_model(input_ids[None], output_hidden_states=True)
+    finally:
+        handle.remove()
+    hs = out.hidden_states
+    L = hf_model.config.num_hidden_layers
+    assert len(hs) == L + 1
+    assert not torch.allclose(hs[L], pre["x"]), "HF's last hidden_states entry should be post-norm"
+    return [h[0] for h in hs[:L]] + [pre["x"][0]], out.logits[0]
+
+
+def tap_index(draft_id: int) -> int:
+    """Position in hf_taps() of a draft id (-1 = Embedding, d = LayerOutput(d))."""
+    return draft_id + 1
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# A model object for set_eagle3_layers_to_capture alone (no weights): SGLang's classes, made with __new__
+# ----------------------------------------------------------------------------------------------------------------
+
+TARGET_61 = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "configs",
+                         "target_deepseek_v3_61.json")
+
+
+def bare_model(num_layers: Optional[int] = None, hidden_size: Optional[int] = None, cls_name="DeepseekV3ForCausalLM"):
+    """A real `DeepseekV3ForCausalLM` (and `DeepseekV2Model` as its .model) made with __new__: what
+    set_eagle3_layers_to_capture reads (config, pp_group, model) and writes (capture flag, layers_to_capture).
+    Defaults to the 61-layer DeepseekV3 / Kimi-K2.5 language model config of tests/data/configs."""
+    from types import SimpleNamespace
+
+    from torch import nn
+
+    from eagle3_capture.configs import read_target_config
+    from sglang.srt.models import deepseek_v2
+
+    if num_layers is None or hidden_size is None:
+        t = read_target_config(TARGET_61)
+        num_layers, hidden_size = num_layers or t.num_layers, hidden_size or t.hidden_size
+    cls = getattr(deepseek_v2, cls_name)
+    m = cls.__new__(cls)
+    nn.Module.__init__(m)
+    m.config = SimpleNamespace(num_hidden_layers=num_layers, hidden_size=hidden_size, model_type="deepseek_v3",
+                               architectures=[cls_name])
+    m.pp_group = SimpleNamespace(is_last_rank=True, is_first_rank=True)
+    m.capture_aux_hidden_states = False
+    inner = deepseek_v2.DeepseekV2Model.__new__(deepseek_v2.DeepseekV2Model)
+    nn.Module.__init__(inner)
+    inner.layers_to_capture = []
+    m.model = inner
+    return m
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Subprocess scenarios
+# ----------------------------------------------------------------------------------------------------------------
+
+PROMPT = [5, 17, 33, 2, 99, 100, 7]
+DECODE_TOKEN = 42
+
+
+def run_sequence(model, cfg, prompt=PROMPT, decode_token=DECODE_TOKEN):
+    """Prefill `prompt`, then decode one token: (prefill output, decode output)."""
+    r = SglangRunner(cfg)
+    a = r.forward(model, torch.tensor(prompt))
+    b = r.forward(model, torch.tensor([decode_token]))
+    return a, b
+
+
+def _native(out_path: str) -> None:
+    """Stock SGLang: for each id list, what its packer received (slots, in order) and how the forward ended."""
+    from unittest import mock
+
+    setup_process()
+    from sglang.srt.layers.aux_hidden_states import AuxHiddenStatePacker
+    from sglang.srt.models.deepseek_v2 import DeepseekV2ForCausalLM
+
+    assert not hasattr(DeepseekV2ForCausalLM.set_eagle3_layers_to_capture, "__wrapped__"), "plugin loaded"
+    cfg = tiny_config()
+    hf = build_hf(cfg)
+    model = build_sglang(cfg, hf)
+    original_finalize = AuxHiddenStatePacker.finalize
+    seen: List[torch.Tensor] = []
+
+    def spy_finalize(self):  # test instrumentation: record what stock SGLang packed before its own check
+        n = len(self)
+        width = 0 if self._feature_size is None else n * self._feature_size
+        seen.append(self._buffer[:, :width].clone() if self._buffer is not None else None)
+        return original_finalize(self)
+
+    results: Dict[str, dict] = {}
+    with mock.patch.object(AuxHiddenStatePacker, "finalize", spy_finalize):
+        for ids in ([-1, 1, 3, 5], [0, 2, 4]):
+            model.set_eagle3_layers_to_capture(list(ids))
+            rec = {"layers_to_capture": list(model.model.layers_to_capture), "steps": []}
+            r = SglangRunner(cfg)
+            for toks in (PROMPT, [DECODE_TOKEN]):
+                seen.clear()
+                try:
+                    out = r.forward(model, torch.tensor(toks))
+                    rec["steps"].append({"aux": out.hidden_states.clone(), "error": None, "packed": seen[-1]})
+                except RuntimeError as e:
+                    rec["steps"].append({"aux": None, "error": str(e), "packed": seen[-1] if seen else None})
+                    r.seq_len += len(toks)  # the KV cache was written before the failing check
+            results[str(ids)] = rec
+    torch.save(results, out_path)
+
+
+def _hooks(out_path: str) -> None:
+    """load_plugins() under this process's environment; report which of the plugin's hooks are in place."""
+    import json
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(name)s|%(message)s", stream=sys.stderr)
+    setup_process()
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    from eagle3_capture.sglang import plugin
+
+    in_place = {group: {path: plugin.hook_path_in_place(path, fn) for path, fn in hooks}
+                for group, hooks in plugin.HOOKS.items()}
+    set_layers = {}
+    for ids in ([-1, 2, 30], [-1, 2, 30, 60]):
+        m = bare_model()
+        try:
+            m.set_eagle3_layers_to_capture(list(ids))
+            set_layers[str(ids)] = list(m.model.layers_to_capture)
+        except Exception as e:
+            set_layers[str(ids)] = f"{type(e).__name__}: {e}"
+    with open(out_path, "w") as f:
+        json.dump({"in_place": in_place, "registered": plugin.registered, "skipped": plugin.skipped,
+                   "status": plugin.hook_status(), "set_layers": set_layers}, f)
+
+
+def run_script(scenario: str, out_path, env_extra: Optional[Dict[str, str]] = None, timeout: int = 300):
+    """Run this file as `harness.py SCENARIO OUT` in a fresh process (the caller's environment plus env_extra);
+    returns the CompletedProcess, raising with its stderr if it failed."""
+    import subprocess
+
+    env = dict(os.environ)
+    env.update(env_extra or {})
+    env["TORCHDYNAMO_DISABLE"] = "1"
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), scenario, str(out_path)], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise AssertionError(f"harness.py {scenario} failed (rc {proc.returncode}):\n{proc.stderr[-6000:]}")
+    return proc
+
+
+if __name__ == "__main__":
+    scenario, out = sys.argv[1], sys.argv[2]
+    {"native": _native, "hooks": _hooks}[scenario](out)
