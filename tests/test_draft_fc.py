@@ -243,14 +243,26 @@ def test_cuda_graph_capture_and_replay():
 
 
 @pytest.mark.cuda
-def test_cuda_capture_without_warmup_is_a_clear_error():
+def test_cuda_capture_without_warmup_then_eager():
+    """A workspace first needed inside a capture is allocated there; replays and later eager calls are right."""
     gen = torch.Generator().manual_seed(13)
-    x = randn((4, 8 * 1024), torch.bfloat16, "cuda", gen)
-    w = randn((40000, 8 * 1024), torch.bfloat16, "cuda", gen, 0.01)  # larger K*N than any earlier call
+    dt = torch.bfloat16
+    x = randn((4, 4 * 1024), dt, "cuda", gen)
+    w = randn((40000, 4 * 1024), dt, "cuda", gen, 0.02)  # larger K*N than any earlier call: a new workspace
+    g = randn((4, 1024), dt, "cuda", gen) + 1
+    out = torch.full((4, 40000), float("nan"), dtype=dt, device="cuda")
     graph = torch.cuda.CUDAGraph()
-    with pytest.raises(RuntimeError, match="before CUDA-graph capture"):
-        with torch.cuda.graph(graph):
-            ops.draft_fc(x, w)
+    with torch.cuda.graph(graph):
+        ops.draft_fc(x, w, g, 1e-6, out=out)
+    for trial in range(2):
+        x.copy_(randn(x.shape, dt, "cuda", gen))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = reference.draft_fc(x.double().cpu(), w.double().cpu(), g.double().cpu(), 1e-6)
+        assert rel_err(out, want) <= 1e-2, f"replay {trial}"
+        eager = ops.draft_fc(x, w, g, 1e-6)
+        assert rel_err(eager, want) <= 1e-2, f"eager after replay {trial}"
 
 
 @pytest.mark.cuda

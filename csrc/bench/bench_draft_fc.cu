@@ -12,7 +12,8 @@ namespace {
 
 void usage() {
   std::printf(
-      "usage: bench_draft_fc [--M 8] [--N 896] [--H 7168] [--K 3] [--norm 1] [--iters 50] [--samples 15]\n"
+      "usage: bench_draft_fc [--M 8] [--N 896] [--H 7168] [--K 3] [--norm 1] [--blocks-per-sm 4] [--iters 50]\n"
+      "                      [--samples 15]\n"
       "  bf16, decode kernel (M <= 64). Weight copies rotate so one rotation spans >= 256 MB.\n");
 }
 
@@ -35,16 +36,19 @@ int main(int argc, char** argv) {
     E3_CHECK(cudaMalloc(&weights[i], w_bytes));
     bench::fill(weights[i], w_elems, 2, 100 + i);
   }
-  void *x, *g, *out, *ws;
+  void *x, *g, *out, *zeroed, *scratch;
   E3_CHECK(cudaMalloc(&x, size_t(M) * K * H * 2));
   E3_CHECK(cudaMalloc(&g, size_t(K) * H * 2));
   E3_CHECK(cudaMalloc(&out, size_t(M) * N * 2));
   bench::fill(x, size_t(M) * K * H, 2, 7);
   bench::fill(g, size_t(K) * H, 2, 8);
-  const int64_t ws_bytes = e3::draft_fc_decode_workspace_bytes(static_cast<int>(K), N);
-  E3_CHECK(cudaMalloc(&ws, ws_bytes));
-  E3_CHECK(cudaMemset(ws, 0, ws_bytes));
-  const e3::DraftFcWorkspace wsv = e3::draft_fc_decode_workspace_view(ws, static_cast<int>(K), N);
+  const int64_t zeroed_bytes = e3::draft_fc_decode_zeroed_bytes(static_cast<int>(K), N);
+  E3_CHECK(cudaMalloc(&zeroed, zeroed_bytes));
+  E3_CHECK(cudaMemset(zeroed, 0, zeroed_bytes));
+  E3_CHECK(cudaMalloc(&scratch, e3::draft_fc_decode_scratch_bytes(static_cast<int>(K), H)));
+  const e3::DraftFcWorkspace wsv = e3::draft_fc_decode_workspace_view(zeroed, scratch, static_cast<int>(K), H, N);
+  e3::DraftFcDecodeConfig cfg;
+  cfg.blocks_per_sm = static_cast<int>(bench::arg_long(argc, argv, "--blocks-per-sm", cfg.blocks_per_sm));
 
   e3::DraftFcParams p{};
   p.x_base = x; p.x_tap_stride = H; p.x_row_stride[0] = K * H; p.taps = static_cast<int>(K); p.hidden = H;
@@ -52,7 +56,7 @@ int main(int argc, char** argv) {
   p.out = out; p.out_row_stride = N; p.elem_size = 2;
   auto run = [&](int i) {
     p.weight = weights[i % ncopies];
-    E3_CHECK(e3::draft_fc_decode_cuda(p, e3::DType::BF16, wsv, nullptr));
+    E3_CHECK(e3::draft_fc_decode_cuda(p, e3::DType::BF16, wsv, nullptr, cfg));
   };
 
   // Spot check: outputs (row 0 and M-1, a few columns) against float64 on the host.
@@ -87,7 +91,9 @@ int main(int argc, char** argv) {
 
   const double t = bench::time_us(run, iters, samples);
   const double bytes = double(w_bytes) + double(M) * K * H * 2 + double(M) * N * 2;
-  std::printf("%-6s %5s %6s %6s %3s %12s %10s %12s\n", "kernel", "M", "N", "H", "K", "bytes", "time_us", "weight_GB/s");
-  std::printf("%-6s %5ld %6ld %6ld %3ld %12.0f %10.2f %12.1f\n", "decode", M, N, H, K, bytes, t, w_bytes / t / 1e3);
+  std::printf("%-6s %5s %6s %6s %3s %4s %12s %10s %12s\n", "kernel", "M", "N", "H", "K", "bpsm", "bytes", "time_us",
+              "weight_GB/s");
+  std::printf("%-6s %5ld %6ld %6ld %3ld %4d %12.0f %10.2f %12.1f\n", "decode", M, N, H, K, cfg.blocks_per_sm, bytes,
+              t, w_bytes / t / 1e3);
   return 0;
 }

@@ -79,18 +79,33 @@ void draft_fc_normalize_rows_cpu(const DraftFcParams& p, T* xn, int64_t row_begi
 
 // Rows at or below this use the decode kernel.
 constexpr int64_t kDraftFcDecodeMaxRows = 64;
+// Rows at or below this apply the per-tap norm inside the weight-streaming kernel; above, a small pre-pass writes
+// bf16(x * g) and the per-(tap, row) sums of squares once, so the ALU work is not repeated by every column tile.
+constexpr int64_t kDraftFcFusedNormMaxRows = 8;
 
-// Self-cleaning fp32 workspace of the decode kernel: zero-filled once at allocation, zero again after every call.
+// Decode workspace, two buffers. The "zeroed" buffer (acc, tile_sum_sq, counters) is zero at rest: zero-filled
+// once at allocation and re-zeroed by the kernel after every call (self-cleaning, so CUDA-graph replays need no
+// memset; any (K, N) can reuse a large enough buffer since all of it is zero between calls). The "scratch" buffer
+// (sum_sq, xg) is written by the pre-pass before it is read.
 struct DraftFcWorkspace {
-  float* acc;           // [K][N][64] tap partial sums
-  float* sum_sq;        // [n_tiles][K][64] per-tile copies of the per-(tap, row) sums of squares
+  float* acc;           // [K][N][64] split-K partial sums per tap
+  float* tile_sum_sq;   // [n_tiles][K][64] per-column-tile sums of squares (fused-norm mode)
   unsigned* counters;   // [n_tiles] blocks finished per column tile
+  float* sum_sq;        // [K][64] sums of squares (pre-pass mode)
+  void* xg;             // [64][K*H] bf16/fp16: x * g (pre-pass mode)
 };
-// Bytes the decode workspace needs for K taps and N outputs (a float/unsigned array layout; 256-byte aligned parts).
-int64_t draft_fc_decode_workspace_bytes(int taps, int64_t out_features);
-DraftFcWorkspace draft_fc_decode_workspace_view(void* base, int taps, int64_t out_features);
+int64_t draft_fc_decode_zeroed_bytes(int taps, int64_t out_features);
+int64_t draft_fc_decode_scratch_bytes(int taps, int64_t hidden);
+DraftFcWorkspace draft_fc_decode_workspace_view(void* zeroed, void* scratch, int taps, int64_t hidden,
+                                                int64_t out_features);
 
-int draft_fc_decode_cuda(const DraftFcParams& p, DType dtype, const DraftFcWorkspace& ws, void* stream);
+// Launch tuning; the defaults are what the library uses. Exposed for the bench binary's sweeps.
+struct DraftFcDecodeConfig {
+  int blocks_per_sm = 4;  // K-split so that about this many 128-thread blocks per SM stream weights
+};
+
+int draft_fc_decode_cuda(const DraftFcParams& p, DType dtype, const DraftFcWorkspace& ws, void* stream,
+                         const DraftFcDecodeConfig& cfg = DraftFcDecodeConfig());
 
 // Writes the normalised (or packed) taps into xn [M, K*H] contiguous; the GEMM follows in the ops layer.
 int draft_fc_normalize_cuda(const DraftFcParams& p, DType dtype, void* xn, void* stream);

@@ -20,11 +20,11 @@ constexpr int kFcUnroll = 4;                 // weight chunks in flight per warp
 constexpr int kWsTokens = 64;                // workspace row pitch (max decode rows)
 
 template <typename T> struct Mma;
+// No `volatile`: the MMA has outputs and no side effects, so the compiler may schedule loads around it.
 template <> struct Mma<__nv_bfloat16> {
   __device__ __forceinline__ static void run(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                              uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
@@ -33,8 +33,7 @@ template <> struct Mma<__nv_bfloat16> {
 template <> struct Mma<__half> {
   __device__ __forceinline__ static void run(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                              uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
@@ -65,6 +64,20 @@ template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi
   return w;
 }
 
+// x * g on 8 elements (one 16-byte vector), rounded back to T; adds sum(x^2) to sum_sq when `count`.
+template <typename T>
+__device__ __forceinline__ uint4 scale8(uint4 xv, uint4 gv, float& sum_sq, bool count) {
+  const uint32_t xw[4] = {xv.x, xv.y, xv.z, xv.w}, gw[4] = {gv.x, gv.y, gv.z, gv.w};
+  uint32_t o[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 a = unpack2<T>(xw[i]), b = unpack2<T>(gw[i]);
+    if (count) sum_sq += a.x * a.x + a.y * a.y;
+    o[i] = pack2<T>(a.x * b.x, a.y * b.y);
+  }
+  return make_uint4(o[0], o[1], o[2], o[3]);
+}
+
 // Weight stream: read once, evict first, so the workspace and activations keep their L2 lines.
 __device__ __forceinline__ uint4 load_weight16(const void* p) { return __ldcs(static_cast<const uint4*>(p)); }
 
@@ -74,10 +87,33 @@ struct DecodeTiling {
   int64_t k_block;  // k elements per split (multiple of 32)
 };
 
+enum class NormMode { kNone, kFused, kPrePass };
+
+// Pre-pass (NormMode::kPrePass): one block per (row, tap) writes xg = x * g and the row's sum of squares.
+template <typename T>
+__global__ void __launch_bounds__(256) draft_fc_prepass_kernel(DraftFcParams p, DraftFcWorkspace ws) {
+  __shared__ float scratch[32];
+  const int64_t m = blockIdx.x;
+  const int tap = blockIdx.y;
+  const T* x = static_cast<const T*>(p.tap(tap)) + m * p.tap_row_stride(tap);
+  const T* g = static_cast<const T*>(p.norm_weight) + tap * p.hidden;
+  T* xg = static_cast<T*>(ws.xg) + m * p.taps * p.hidden + tap * p.hidden;
+  float s = 0.f;
+  for (int64_t v = threadIdx.x; v < p.hidden / 8; v += blockDim.x) {
+    const uint4 xv = __ldg(reinterpret_cast<const uint4*>(x + v * 8));
+    const uint4 gv = __ldg(reinterpret_cast<const uint4*>(g + v * 8));
+    *reinterpret_cast<uint4*>(xg + v * 8) = scale8<T>(xv, gv, s, true);
+  }
+  s = block_sum(s, scratch);
+  if (threadIdx.x == 0) ws.sum_sq[tap * kWsTokens + m] = s;
+}
+
 // grid.x: column tiles of 64 weight rows; grid.y: K-splits (taps x splits_per_tap). TG token groups of 8 rows.
-template <typename T, int TG, bool kNorm>
-__global__ void __launch_bounds__(kFcWarps * 32) draft_fc_decode_kernel(DraftFcParams p, DecodeTiling t,
-                                                                          DraftFcWorkspace ws) {
+// Each warp streams 16 weight rows over the block's k range, kFcUnroll 32-wide chunks per step, all of a step's
+// weight loads issued before its MMAs.
+template <typename T, int TG, NormMode kMode>
+__global__ void __launch_bounds__(kFcWarps * 32, 4) draft_fc_decode_kernel(DraftFcParams p, DecodeTiling t,
+                                                                             DraftFcWorkspace ws) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, c = lane & 3;
   const int64_t tile = blockIdx.x;
@@ -88,9 +124,11 @@ __global__ void __launch_bounds__(kFcWarps * 32) draft_fc_decode_kernel(DraftFcP
   const bool has_a = row_a < p.out_features, has_b = row_b < p.out_features;
   const T* w_a = static_cast<const T*>(p.weight) + row_a * p.weight_row_stride + tap * p.hidden;
   const T* w_b = static_cast<const T*>(p.weight) + row_b * p.weight_row_stride + tap * p.hidden;
-  const T* x = static_cast<const T*>(p.tap(tap));
-  const int64_t xs = p.tap_row_stride(tap);
-  const T* gw = kNorm ? static_cast<const T*>(p.norm_weight) + tap * p.hidden : nullptr;
+  // Activation rows: the input tap, or the pre-pass's x*g rows.
+  const T* x = kMode == NormMode::kPrePass ? static_cast<const T*>(ws.xg) + tap * p.hidden
+                                           : static_cast<const T*>(p.tap(tap));
+  const int64_t xs = kMode == NormMode::kPrePass ? p.taps * p.hidden : p.tap_row_stride(tap);
+  const T* gw = static_cast<const T*>(p.norm_weight) + tap * p.hidden;
 
   float acc[TG][4];
 #pragma unroll
@@ -98,42 +136,33 @@ __global__ void __launch_bounds__(kFcWarps * 32) draft_fc_decode_kernel(DraftFcP
   float sum_sq[TG];
 #pragma unroll
   for (int i = 0; i < TG; ++i) sum_sq[i] = 0.f;
+  const bool count_sq = kMode == NormMode::kFused && warp == 0;  // one warp per block: the k range is the same
 
   for (int64_t k0 = k_begin; k0 < k_end; k0 += kFcChunk * kFcUnroll) {
-    uint4 wa[kFcUnroll], wb[kFcUnroll];
+    uint4 wa[kFcUnroll], wb[kFcUnroll], x1[kFcUnroll];
 #pragma unroll
     for (int u = 0; u < kFcUnroll; ++u) {
       const int64_t k = k0 + u * kFcChunk + 8 * c;  // this lane's 8 contiguous elements
       const bool in = k < k_end;
       wa[u] = in && has_a ? load_weight16(w_a + k) : make_uint4(0, 0, 0, 0);
       wb[u] = in && has_b ? load_weight16(w_b + k) : make_uint4(0, 0, 0, 0);
+      if (TG == 1)  // one token group: its activations are loaded with the weights
+        x1[u] = in && g < p.rows ? __ldg(reinterpret_cast<const uint4*>(x + g * xs + k)) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int u = 0; u < kFcUnroll; ++u) {
       const int64_t k = k0 + u * kFcChunk + 8 * c;
-      if (k0 + u * kFcChunk >= k_end) break;  // uniform across the warp
       const bool in = k < k_end;
-      float2 gv[4];
-      if (kNorm) {
-        const uint4 graw = in ? __ldg(reinterpret_cast<const uint4*>(gw + k)) : make_uint4(0, 0, 0, 0);
-        gv[0] = unpack2<T>(graw.x); gv[1] = unpack2<T>(graw.y);
-        gv[2] = unpack2<T>(graw.z); gv[3] = unpack2<T>(graw.w);
-      }
+      uint4 gv = make_uint4(0, 0, 0, 0);
+      if (kMode == NormMode::kFused && in) gv = __ldg(reinterpret_cast<const uint4*>(gw + k));
 #pragma unroll
       for (int tg = 0; tg < TG; ++tg) {
         const int64_t token = tg * 8 + g;
-        uint4 xv = make_uint4(0, 0, 0, 0);
-        if (in && token < p.rows) xv = __ldg(reinterpret_cast<const uint4*>(x + token * xs + k));
-        if (kNorm) {
-          const float2 x0 = unpack2<T>(xv.x), x1 = unpack2<T>(xv.y), x2 = unpack2<T>(xv.z), x3 = unpack2<T>(xv.w);
-          if (warp == 0)
-            sum_sq[tg] += x0.x * x0.x + x0.y * x0.y + x1.x * x1.x + x1.y * x1.y + x2.x * x2.x + x2.y * x2.y +
-                          x3.x * x3.x + x3.y * x3.y;
-          xv.x = pack2<T>(x0.x * gv[0].x, x0.y * gv[0].y);
-          xv.y = pack2<T>(x1.x * gv[1].x, x1.y * gv[1].y);
-          xv.z = pack2<T>(x2.x * gv[2].x, x2.y * gv[2].y);
-          xv.w = pack2<T>(x3.x * gv[3].x, x3.y * gv[3].y);
-        }
+        uint4 xv = x1[u];
+        if (TG > 1)
+          xv = in && token < p.rows ? __ldg(reinterpret_cast<const uint4*>(x + token * xs + k))
+                                    : make_uint4(0, 0, 0, 0);
+        if (kMode == NormMode::kFused) xv = scale8<T>(xv, gv, sum_sq[tg], count_sq);
         // Step s uses this lane's elements [4s, 4s+4): words 2s, 2s+1 of the weight and activation vectors.
         Mma<T>::run(acc[tg], wa[u].x, wb[u].x, wa[u].y, wb[u].y, xv.x, xv.y);
         Mma<T>::run(acc[tg], wa[u].z, wb[u].z, wa[u].w, wb[u].w, xv.z, xv.w);
@@ -155,7 +184,7 @@ __global__ void __launch_bounds__(kFcWarps * 32) draft_fc_decode_kernel(DraftFcP
       if (t0 + 1 < p.rows) atomicAdd(ws_acc + row_b * kWsTokens + t0 + 1, acc[tg][3]);
     }
   }
-  if (kNorm && warp == 0) {
+  if (count_sq) {
     // Lanes 4g..4g+3 hold parts of token g's sum over this block's k range.
 #pragma unroll
     for (int tg = 0; tg < TG; ++tg) {
@@ -163,57 +192,45 @@ __global__ void __launch_bounds__(kFcWarps * 32) draft_fc_decode_kernel(DraftFcP
       s += __shfl_xor_sync(0xffffffffu, s, 1);
       s += __shfl_xor_sync(0xffffffffu, s, 2);
       const int64_t token = tg * 8 + g;
-      if (c == 0 && token < p.rows)
-        atomicAdd(ws.sum_sq + (tile * p.taps + tap) * kWsTokens + token, s);
+      if (c == 0 && token < p.rows) atomicAdd(ws.tile_sum_sq + (tile * p.taps + tap) * kWsTokens + token, s);
     }
   }
 
   // The last block of this column tile to finish does the epilogue.
-  __shared__ bool is_last;
+  __shared__ unsigned last_flag;
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) {
     const unsigned total = static_cast<unsigned>(p.taps * t.splits_per_tap);
-    is_last = atomicAdd(ws.counters + tile, 1u) == total - 1;
+    last_flag = atomicAdd(ws.counters + tile, 1u) == total - 1 ? 1u : 0u;
   }
   __syncthreads();
-  if (!is_last) return;
+  if (last_flag == 0u) return;
   __threadfence();
 
-  __shared__ float rrms[16 * kWsTokens];  // up to 16 taps x 64 rows
+  const float* ss = kMode == NormMode::kPrePass ? ws.sum_sq : ws.tile_sum_sq + tile * p.taps * kWsTokens;
   const int64_t left = p.out_features - tile * kFcRowsPerBlock;
   const int64_t rows_here = left < kFcRowsPerBlock ? left : kFcRowsPerBlock;
-  // For K > 16 taps the scales are recomputed per element rather than staged.
-  const bool staged = p.taps <= 16;
-  float* ss_tile = ws.sum_sq + tile * p.taps * kWsTokens;
-  if (staged) {
-    for (int i = threadIdx.x; i < p.taps * p.rows; i += blockDim.x) {
-      const int tp = i / static_cast<int>(p.rows), tok = i % static_cast<int>(p.rows);
-      rrms[tp * kWsTokens + tok] =
-          kNorm ? rsqrtf(__ldcg(ss_tile + tp * kWsTokens + tok) / static_cast<float>(p.hidden) + p.eps) : 1.f;
-    }
-    __syncthreads();
-  }
   const T* bias = static_cast<const T*>(p.bias);
   T* out = static_cast<T*>(p.out);
+  const float inv_h = 1.0f / static_cast<float>(p.hidden);
   for (int64_t i = threadIdx.x; i < rows_here * p.rows; i += blockDim.x) {
     const int64_t n = tile * kFcRowsPerBlock + i / p.rows, tok = i % p.rows;
     float y = 0.f;
     for (int tp = 0; tp < p.taps; ++tp) {
       float* a = ws.acc + (static_cast<int64_t>(tp) * p.out_features + n) * kWsTokens + tok;
-      float scale = 1.f;
-      if (kNorm)
-        scale = staged ? rrms[tp * kWsTokens + tok]
-                       : rsqrtf(__ldcg(ss_tile + tp * kWsTokens + tok) / static_cast<float>(p.hidden) + p.eps);
+      const float scale = kMode == NormMode::kNone ? 1.f : rsqrtf(__ldcg(ss + tp * kWsTokens + tok) * inv_h + p.eps);
       y += scale * __ldcg(a);
       __stcg(a, 0.f);
     }
     if (bias != nullptr) y += to_f(bias[n]);
     out[tok * p.out_row_stride + n] = from_f<T>(y);
   }
-  __syncthreads();  // every read of ss_tile done before it is cleared
-  if (kNorm)
-    for (int64_t i = threadIdx.x; i < p.taps * kWsTokens; i += blockDim.x) __stcg(ss_tile + i, 0.f);
+  if (kMode == NormMode::kFused) {
+    __syncthreads();  // every read of this tile's sums done before they are cleared
+    float* tile_ss = ws.tile_sum_sq + tile * p.taps * kWsTokens;
+    for (int64_t i = threadIdx.x; i < p.taps * kWsTokens; i += blockDim.x) __stcg(tile_ss + i, 0.f);
+  }
   if (threadIdx.x == 0) ws.counters[tile] = 0;
 }
 
@@ -270,11 +287,11 @@ int sm_count() {
   return sms;
 }
 
-DecodeTiling decode_tiling(int taps, int64_t hidden, int64_t out_features) {
+DecodeTiling decode_tiling(int taps, int64_t hidden, int64_t out_features, int blocks_per_sm) {
   DecodeTiling t;
   t.n_tiles = (out_features + kFcRowsPerBlock - 1) / kFcRowsPerBlock;
-  // About four blocks per SM: enough weight bytes in flight to cover HBM latency at full bandwidth.
-  const int64_t target_blocks = 4 * static_cast<int64_t>(sm_count());
+  // Enough blocks that the weight bytes in flight cover HBM latency at full bandwidth.
+  const int64_t target_blocks = static_cast<int64_t>(blocks_per_sm > 0 ? blocks_per_sm : 4) * sm_count();
   const int64_t max_splits = (hidden + kFcChunk - 1) / kFcChunk;
   int64_t spt = (target_blocks + t.n_tiles * taps - 1) / (t.n_tiles * taps);
   spt = spt < 1 ? 1 : (spt > max_splits ? max_splits : spt);
@@ -284,23 +301,39 @@ DecodeTiling decode_tiling(int taps, int64_t hidden, int64_t out_features) {
   return t;
 }
 
-template <typename T, int TG>
-cudaError_t launch_decode_tg(const DraftFcParams& p, const DraftFcWorkspace& ws, cudaStream_t s) {
-  const DecodeTiling t = decode_tiling(p.taps, p.hidden, p.out_features);
+template <typename T, int TG, NormMode kMode>
+cudaError_t launch_decode_mode(const DraftFcParams& p, const DraftFcWorkspace& ws, cudaStream_t s,
+                               const DraftFcDecodeConfig& cfg) {
+  const DecodeTiling t = decode_tiling(p.taps, p.hidden, p.out_features, cfg.blocks_per_sm);
+  if (kMode == NormMode::kPrePass) {
+    const dim3 pre(static_cast<unsigned>(p.rows), static_cast<unsigned>(p.taps));
+    draft_fc_prepass_kernel<T><<<pre, 256, 0, s>>>(p, ws);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+  }
   const dim3 grid(static_cast<unsigned>(t.n_tiles), static_cast<unsigned>(p.taps * t.splits_per_tap));
-  if (p.norm_weight != nullptr)
-    draft_fc_decode_kernel<T, TG, true><<<grid, kFcWarps * 32, 0, s>>>(p, t, ws);
-  else
-    draft_fc_decode_kernel<T, TG, false><<<grid, kFcWarps * 32, 0, s>>>(p, t, ws);
+  draft_fc_decode_kernel<T, TG, kMode><<<grid, kFcWarps * 32, 0, s>>>(p, t, ws);
   return cudaGetLastError();
 }
 
+template <typename T, int TG>
+cudaError_t launch_decode_tg(const DraftFcParams& p, const DraftFcWorkspace& ws, cudaStream_t s,
+                             const DraftFcDecodeConfig& cfg) {
+  static_assert(kDraftFcFusedNormMaxRows == 8, "fused-norm mode is instantiated for one token group only");
+  if (p.norm_weight == nullptr) return launch_decode_mode<T, TG, NormMode::kNone>(p, ws, s, cfg);
+  if constexpr (TG == 1) {
+    if (p.rows <= kDraftFcFusedNormMaxRows) return launch_decode_mode<T, TG, NormMode::kFused>(p, ws, s, cfg);
+  }
+  return launch_decode_mode<T, TG, NormMode::kPrePass>(p, ws, s, cfg);
+}
+
 template <typename T>
-cudaError_t launch_decode(const DraftFcParams& p, const DraftFcWorkspace& ws, cudaStream_t s) {
-  if (p.rows <= 8) return launch_decode_tg<T, 1>(p, ws, s);
-  if (p.rows <= 16) return launch_decode_tg<T, 2>(p, ws, s);
-  if (p.rows <= 32) return launch_decode_tg<T, 4>(p, ws, s);
-  return launch_decode_tg<T, 8>(p, ws, s);
+cudaError_t launch_decode(const DraftFcParams& p, const DraftFcWorkspace& ws, cudaStream_t s,
+                          const DraftFcDecodeConfig& cfg) {
+  if (p.rows <= 8) return launch_decode_tg<T, 1>(p, ws, s, cfg);
+  if (p.rows <= 16) return launch_decode_tg<T, 2>(p, ws, s, cfg);
+  if (p.rows <= 32) return launch_decode_tg<T, 4>(p, ws, s, cfg);
+  return launch_decode_tg<T, 8>(p, ws, s, cfg);
 }
 
 template <typename T>
@@ -319,33 +352,48 @@ cudaError_t launch_normalize(const DraftFcParams& p, void* xn, cudaStream_t s) {
 }  // namespace
 }  // namespace cuda
 
-int64_t draft_fc_decode_workspace_bytes(int taps, int64_t out_features) {
-  const int64_t n_tiles = (out_features + cuda::kernels::kFcRowsPerBlock - 1) / cuda::kernels::kFcRowsPerBlock;
-  const int64_t w = cuda::kernels::kWsTokens;
-  return cuda::align256(taps * out_features * w * 4) + cuda::align256(n_tiles * taps * w * 4) +
+namespace {
+int64_t n_tiles_for(int64_t out_features) {
+  return (out_features + cuda::kernels::kFcRowsPerBlock - 1) / cuda::kernels::kFcRowsPerBlock;
+}
+constexpr int64_t kW = cuda::kernels::kWsTokens;
+}  // namespace
+
+int64_t draft_fc_decode_zeroed_bytes(int taps, int64_t out_features) {
+  const int64_t n_tiles = n_tiles_for(out_features);
+  return cuda::align256(taps * out_features * kW * 4) + cuda::align256(n_tiles * taps * kW * 4) +
          cuda::align256(n_tiles * 4);
 }
 
-DraftFcWorkspace draft_fc_decode_workspace_view(void* base, int taps, int64_t out_features) {
-  const int64_t n_tiles = (out_features + cuda::kernels::kFcRowsPerBlock - 1) / cuda::kernels::kFcRowsPerBlock;
-  const int64_t w = cuda::kernels::kWsTokens;
-  char* b = static_cast<char*>(base);
+int64_t draft_fc_decode_scratch_bytes(int taps, int64_t hidden) {
+  return cuda::align256(taps * kW * 4) + cuda::align256(kW * taps * hidden * 2);
+}
+
+DraftFcWorkspace draft_fc_decode_workspace_view(void* zeroed, void* scratch, int taps, int64_t hidden,
+                                                int64_t out_features) {
+  const int64_t n_tiles = n_tiles_for(out_features);
+  char* z = static_cast<char*>(zeroed);
+  char* s = static_cast<char*>(scratch);
   DraftFcWorkspace ws;
-  ws.acc = reinterpret_cast<float*>(b);
-  b += cuda::align256(taps * out_features * w * 4);
-  ws.sum_sq = reinterpret_cast<float*>(b);
-  b += cuda::align256(n_tiles * taps * w * 4);
-  ws.counters = reinterpret_cast<unsigned*>(b);
+  ws.acc = reinterpret_cast<float*>(z);
+  z += cuda::align256(taps * out_features * kW * 4);
+  ws.tile_sum_sq = reinterpret_cast<float*>(z);
+  z += cuda::align256(n_tiles * taps * kW * 4);
+  ws.counters = reinterpret_cast<unsigned*>(z);
+  ws.sum_sq = reinterpret_cast<float*>(s);
+  ws.xg = s + cuda::align256(taps * kW * 4);
+  (void)hidden;
   return ws;
 }
 
-int draft_fc_decode_cuda(const DraftFcParams& p, DType dtype, const DraftFcWorkspace& ws, void* stream) {
+int draft_fc_decode_cuda(const DraftFcParams& p, DType dtype, const DraftFcWorkspace& ws, void* stream,
+                         const DraftFcDecodeConfig& cfg) {
   if (p.rows == 0 || p.out_features == 0) return 0;
   if (p.rows > kDraftFcDecodeMaxRows) return static_cast<int>(cudaErrorInvalidValue);
   auto s = static_cast<cudaStream_t>(stream);
   switch (dtype) {
-    case DType::BF16: return cuda::launch_decode<__nv_bfloat16>(p, ws, s);
-    case DType::F16: return cuda::launch_decode<__half>(p, ws, s);
+    case DType::BF16: return cuda::launch_decode<__nv_bfloat16>(p, ws, s, cfg);
+    case DType::F16: return cuda::launch_decode<__half>(p, ws, s, cfg);
     default: return static_cast<int>(cudaErrorInvalidValue);
   }
 }

@@ -1,5 +1,6 @@
 // CUDA implementation of draft_fc: the decode weight-streaming kernel for M <= 64 bf16/fp16 rows, otherwise the
 // normalise kernel into scratch plus torch's GEMM (cuBLAS). float32 always takes the second path.
+#include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -15,12 +16,21 @@
 namespace e3ops {
 namespace {
 
-// One self-cleaning decode workspace per device (zeroed once here, re-zeroed by the kernel after every call).
-// Buffers that grow are retired, never freed, so CUDA graphs that captured an older pointer stay valid.
-// Concurrent decode calls on two streams of one device would share it: the draft runs on one stream in SGLang.
+// Decode workspaces, one pair per device: a "zeroed" buffer that is zero at rest (zero-filled here once; the kernel
+// re-zeroes what it used after every call) and a scratch buffer. Buffers that grow are retired, never freed, so CUDA
+// graphs that captured an older pointer stay valid. Concurrent decode calls on two streams of one device would
+// share them: the draft runs on one stream in SGLang.
+//
+// A buffer first needed during CUDA-graph capture is allocated on the capture stream: its zero fill is recorded
+// into the graph (replays re-zero it, harmless), and it is zero-filled again eagerly before its first use outside
+// the graph (`needs_eager_zero`).
+struct DeviceWorkspace {
+  at::Tensor zeroed, scratch;
+  bool needs_eager_zero = false;
+};
 struct Workspaces {
   std::mutex mu;
-  std::vector<at::Tensor> current;  // by device index
+  std::vector<DeviceWorkspace> by_device;
   std::vector<at::Tensor> retired;
 };
 Workspaces& workspaces() {
@@ -28,21 +38,32 @@ Workspaces& workspaces() {
   return w;
 }
 
-void* decode_workspace(const at::Device& device, int64_t bytes, cudaStream_t stream) {
+e3::DraftFcWorkspace decode_workspace(const at::Device& device, const e3::DraftFcParams& p, cudaStream_t stream) {
+  const int64_t zeroed_bytes = e3::draft_fc_decode_zeroed_bytes(p.taps, p.out_features);
+  const int64_t scratch_bytes = e3::draft_fc_decode_scratch_bytes(p.taps, p.hidden);
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  const bool capturing = status != cudaStreamCaptureStatusNone;
+  const auto opts = at::TensorOptions().dtype(at::kByte).device(device);
   Workspaces& w = workspaces();
   std::lock_guard<std::mutex> lock(w.mu);
   const size_t idx = static_cast<size_t>(device.index());
-  if (w.current.size() <= idx) w.current.resize(idx + 1);
-  at::Tensor& cur = w.current[idx];
-  if (cur.defined() && cur.numel() >= bytes) return cur.data_ptr();
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
-  TORCH_CHECK(status == cudaStreamCaptureStatusNone, "eagle3_capture.draft_fc: the decode workspace (", bytes,
-              " bytes for this K and N) must exist before CUDA-graph capture; call draft_fc once eagerly with the "
-              "same (or larger) K and N on this device first (the usual warm-up before capture)");
-  if (cur.defined()) w.retired.push_back(cur);
-  cur = at::zeros({bytes}, at::TensorOptions().dtype(at::kByte).device(device));
-  return cur.data_ptr();
+  if (w.by_device.size() <= idx) w.by_device.resize(idx + 1);
+  DeviceWorkspace& d = w.by_device[idx];
+  if (!d.zeroed.defined() || d.zeroed.numel() < zeroed_bytes) {
+    if (d.zeroed.defined()) w.retired.push_back(d.zeroed);
+    d.zeroed = at::zeros({zeroed_bytes}, opts);
+    d.needs_eager_zero = capturing;
+  } else if (d.needs_eager_zero && !capturing) {
+    d.zeroed.zero_();
+    d.needs_eager_zero = false;
+  }
+  if (!d.scratch.defined() || d.scratch.numel() < scratch_bytes) {
+    if (d.scratch.defined()) w.retired.push_back(d.scratch);
+    d.scratch = at::empty({scratch_bytes}, opts);
+  }
+  return e3::draft_fc_decode_workspace_view(d.zeroed.data_ptr(), d.scratch.data_ptr(), p.taps, p.hidden,
+                                            p.out_features);
 }
 
 void check_vector_aligned(const void* ptr, int64_t row_stride, const char* what) {
@@ -69,9 +90,8 @@ void draft_fc_out_cuda(const std::vector<at::Tensor>& x, const at::Tensor& weigh
   const bool decode = p.rows <= e3::kDraftFcDecodeMaxRows && dtype != e3::DType::F32;
   if (decode) {
     check_vector_aligned(p.weight, p.weight_row_stride, "weight");
-    void* ws = decode_workspace(x[0].device(), e3::draft_fc_decode_workspace_bytes(p.taps, p.out_features), stream);
-    C10_CUDA_CHECK(static_cast<cudaError_t>(e3::draft_fc_decode_cuda(
-        p, dtype, e3::draft_fc_decode_workspace_view(ws, p.taps, p.out_features), stream)));
+    const e3::DraftFcWorkspace ws = decode_workspace(x[0].device(), p, stream);
+    C10_CUDA_CHECK(static_cast<cudaError_t>(e3::draft_fc_decode_cuda(p, dtype, ws, stream)));
     return;
   }
   draft_fc_prefill(x, weight, norm_weight, bias, out, p, [&](at::Tensor& xn) {
