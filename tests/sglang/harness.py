@@ -77,6 +77,10 @@ def setup_process() -> None:
     _SETUP_DONE = True
 
 
+PROMPT = [5, 17, 33, 2, 99, 100, 7]
+DECODE_TOKEN = 42
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # A tiny DeepseekV3: transformers reference and SGLang's model, same weights
 # ----------------------------------------------------------------------------------------------------------------
@@ -140,69 +144,170 @@ def build_sglang(cfg, hf_model):
 # ----------------------------------------------------------------------------------------------------------------
 
 class SglangRunner:
-    """Holds SGLang's KV pools and torch_native attention backend for one sequence; runs extend then decode."""
+    """SGLang's KV pools and torch_native attention backend for one sequence (the attention test kit's mock model
+    runner: MLA for DeepseekV2-family models, MHA for Llama-family drafts); runs extend, then decode steps."""
 
-    def __init__(self, cfg, max_context_len: int = 64):
+    def __init__(self, cfg, max_context_len: int = 64, attention: str = "mla"):
         setup_process()
-        from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
         from sglang.srt.model_executor.forward_batch_info import ForwardMode
-        from sglang.test.kits.attention_unittest.attention_methods import mla_attention as kit
 
         self.cfg = cfg
-        self.kit = kit
+        self.attention = attention
         self.max_context_len = max_context_len
-        self.page_size = 1
-        case = kit.MLAAttentionCase(name="extend", backend="torch_native", forward_mode=ForwardMode.EXTEND,
-                                    num_heads=cfg.num_attention_heads, page_size=1, prefix_lens=(0,),
-                                    extend_lens=(1,))
-        mc = kit.TinyMLAModelConfig(num_heads=cfg.num_attention_heads, kv_lora_rank=cfg.kv_lora_rank,
-                                    qk_rope_head_dim=cfg.qk_rope_head_dim, hidden_size=cfg.hidden_size,
-                                    context_len=max_context_len)
-        self.runner = kit.MockMLAModelRunner(case=case, model_config=mc, dtype=torch.float32, device="cpu",
-                                             max_context_len=max_context_len, kv_lora_rank=cfg.kv_lora_rank,
-                                             qk_rope_head_dim=cfg.qk_rope_head_dim)
-        # The kit's pool has one layer; the model has num_hidden_layers.
-        self.runner.token_to_kv_pool = MLATokenToKVPool(
-            size=max_context_len + 2, page_size=1, dtype=torch.float32, kv_lora_rank=cfg.kv_lora_rank,
-            qk_rope_head_dim=cfg.qk_rope_head_dim, layer_num=cfg.num_hidden_layers, device="cpu",
-            enable_memory_saver=False)
-        self.backend = kit.ATTENTION_BACKENDS["torch_native"](self.runner)
         self.seq_len = 0
+        if attention == "mla":
+            from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
+            from sglang.test.kits.attention_unittest.attention_methods import mla_attention as kit
 
-    def _batch(self, input_ids: torch.Tensor, mode):
-        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+            self.kit = kit
+            mc = kit.TinyMLAModelConfig(num_heads=cfg.num_attention_heads, kv_lora_rank=cfg.kv_lora_rank,
+                                        qk_rope_head_dim=cfg.qk_rope_head_dim, hidden_size=cfg.hidden_size,
+                                        context_len=max_context_len)
+            self.runner = kit.MockMLAModelRunner(case=self._case(ForwardMode.EXTEND, 1), model_config=mc,
+                                                 dtype=torch.float32, device="cpu", max_context_len=max_context_len,
+                                                 kv_lora_rank=cfg.kv_lora_rank,
+                                                 qk_rope_head_dim=cfg.qk_rope_head_dim)
+            # The kit's pool has one layer; the model has num_hidden_layers.
+            self.runner.token_to_kv_pool = MLATokenToKVPool(
+                size=max_context_len + 2, page_size=1, dtype=torch.float32, kv_lora_rank=cfg.kv_lora_rank,
+                qk_rope_head_dim=cfg.qk_rope_head_dim, layer_num=cfg.num_hidden_layers, device="cpu",
+                enable_memory_saver=False)
+        elif attention == "mha":
+            from sglang.test.kits.attention_unittest.attention_methods import dense_attention as kit
 
-        n = int(input_ids.numel())
+            self.kit = kit
+            head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+            assert cfg.num_hidden_layers == 1, "the dense kit's KV pool has one layer"
+            mc = kit.TinyModelConfig(num_heads=cfg.num_attention_heads, num_kv_heads=cfg.num_key_value_heads,
+                                     head_dim=head_dim, hidden_size=cfg.hidden_size, context_len=max_context_len)
+            self.runner = kit.MockModelRunner(case=self._case(ForwardMode.EXTEND, 1), model_config=mc,
+                                              dtype=torch.float32, device="cpu", max_context_len=max_context_len,
+                                              head_dim=head_dim)
+        else:
+            raise ValueError(f"attention must be 'mla' or 'mha', got {attention!r}")
+        self.backend = self.kit.ATTENTION_BACKENDS["torch_native"](self.runner)
+
+    def _case(self, mode, n: int):
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+        kw = dict(name=mode.name.lower(), backend="torch_native", forward_mode=mode,
+                  num_heads=self.cfg.num_attention_heads, page_size=1, prefix_lens=(self.seq_len,))
+        if self.attention == "mha":
+            kw["num_kv_heads"] = self.cfg.num_key_value_heads
+            Case = self.kit.DenseAttentionCase
+        else:
+            Case = self.kit.MLAAttentionCase
         if mode == ForwardMode.EXTEND:
-            case = self.kit.MLAAttentionCase(name="extend", backend="torch_native", forward_mode=mode,
-                                             num_heads=self.cfg.num_attention_heads, page_size=1,
-                                             prefix_lens=(self.seq_len,), extend_lens=(n,))
+            kw["extend_lens"] = (n,)
         else:
             assert n == 1, "decode takes one token"
-            case = self.kit.MLAAttentionCase(name="decode", backend="torch_native", forward_mode=mode,
-                                             num_heads=self.cfg.num_attention_heads, page_size=1,
-                                             prefix_lens=(self.seq_len,))
+        return Case(**kw)
+
+    def batch(self, input_ids: torch.Tensor, mode=None):
+        """A real ForwardBatch for the next `input_ids` of the sequence (EXTEND first, DECODE after)."""
+        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+
+        if mode is None:
+            mode = ForwardMode.EXTEND if self.seq_len == 0 else ForwardMode.DECODE
+        case = self._case(mode, int(input_ids.numel()))
         fb = self.kit._make_forward_batch(case, self.runner, max_context_len=self.max_context_len, device="cpu")
         fb.input_ids = input_ids.to(torch.int64)
         fb.capture_hidden_mode = CaptureHiddenMode.FULL
         return fb
 
+    def run(self, fn, fb):
+        """Call fn(fb) (a model forward) inside SGLang's forward context, then advance the sequence (not when fn
+        raises: a caller that knows the KV cache was written advances `seq_len` itself)."""
+        from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+
+        with torch.no_grad(), forward_context(ForwardContext(attn_backend=self.backend)):
+            self.backend.init_forward_metadata(fb)
+            out = fn(fb)
+        self.seq_len += int(fb.input_ids.numel())
+        return out
+
     def forward(self, model, input_ids: torch.Tensor, mode=None, aux_buffer: Optional[torch.Tensor] = None):
         """One forward of SGLang's model; returns its LogitsProcessorOutput. `mode` defaults to EXTEND for the
         first call and DECODE after. `aux_buffer` plays the decode CUDA-graph runner's preallocated buffer."""
-        from sglang.srt.model_executor.forward_batch_info import ForwardMode
-        from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
-
-        if mode is None:
-            mode = ForwardMode.EXTEND if self.seq_len == 0 else ForwardMode.DECODE
-        fb = self._batch(input_ids, mode)
+        fb = self.batch(input_ids, mode)
         if aux_buffer is not None:
             fb.aux_hidden_states_buffer = aux_buffer
-        with torch.no_grad(), forward_context(ForwardContext(attn_backend=self.backend)):
-            self.backend.init_forward_metadata(fb)
-            out = model.forward(fb.input_ids, fb.positions, fb)
-        self.seq_len += int(input_ids.numel())
-        return out
+        return self.run(lambda b: model.forward(b.input_ids, b.positions, b), fb)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# EAGLE-3 drafts: SGLang's Eagle3DeepseekV2ForCausalLM (MLA) and LlamaForCausalLMEagle3, tiny, seeded weights
+# ----------------------------------------------------------------------------------------------------------------
+
+DRAFT_IDS = [-1, 1, 3, 5]  # K = 4 taps of the tiny 6-layer target
+
+
+def _fill(model, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(0.05 * torch.randn(p.shape, generator=g))
+
+
+def build_mla_draft(fc_norm: bool = True, seed: int = 5, dtype=torch.float32):
+    """SGLang's kimi_k25_eagle3.Eagle3DeepseekV2ForCausalLM: fc_norm ModuleList + ColumnParallelLinear fc."""
+    from sglang.srt.models.kimi_k25_eagle3 import Eagle3DeepseekV2ForCausalLM
+
+    setup_process()
+    cfg = tiny_config(num_hidden_layers=1)
+    cfg.fc_norm = fc_norm
+    cfg.target_hidden_size = cfg.hidden_size
+    cfg.eagle_config = {"eagle_aux_hidden_state_layer_ids": list(DRAFT_IDS)}
+    cfg.draft_vocab_size = cfg.vocab_size
+    model = Eagle3DeepseekV2ForCausalLM(cfg).to(dtype).eval()
+    _fill(model, seed)
+    model.post_load_weights()
+    return cfg, model
+
+
+def build_llama_draft(fc_norm: bool = False, norm_before_fc: bool = False, seed: int = 6, dtype=torch.float32):
+    """SGLang's llama_eagle3.LlamaForCausalLMEagle3: nn.Linear fc, optional fc_norm and input_norm."""
+    from transformers import LlamaConfig
+
+    from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
+
+    setup_process()
+    cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6,
+                      tie_word_embeddings=False)
+    cfg.architectures = ["LlamaForCausalLMEagle3"]
+    cfg.fc_norm = fc_norm
+    cfg.target_hidden_size = cfg.hidden_size
+    cfg.draft_vocab_size = cfg.vocab_size
+    cfg.eagle_config = {"eagle_aux_hidden_state_layer_ids": list(DRAFT_IDS), "norm_before_fc": norm_before_fc}
+    model = LlamaForCausalLMEagle3(cfg).to(dtype).eval()
+    _fill(model, seed)
+    return cfg, model
+
+
+def target_features(T: int, H: int, K: int, seed: int = 7, dtype=torch.float32) -> torch.Tensor:
+    """A packed [T, K*H] capture whose taps have very different scales (as embedding vs deep layers do), so a
+    per-tap norm and a whole-row norm give different results."""
+    g = torch.Generator().manual_seed(seed)
+    taps = [torch.randn(T, H, generator=g) * (0.05 if k == 0 else 3.0 * k) for k in range(K)]
+    return torch.cat(taps, dim=1).to(dtype)
+
+
+def run_draft(model, cfg, features: torch.Tensor, attention: str, forward=None, prompt=PROMPT):
+    """One draft extend of SGLang's draft model over `prompt`, with `features` as spec_info.hidden_states.
+    `forward(model.model, input_ids, positions, fb)` replaces the model's forward (e.g. the unhooked original).
+    Returns (output of model.model, the spec_info after the call)."""
+    from sglang.srt.speculative.eagle_info import EagleDraftInput
+
+    r = SglangRunner(cfg, attention=attention)
+    fb = r.batch(torch.tensor(prompt))
+    fb.spec_info = EagleDraftInput(hidden_states=features)
+    fwd = forward or (lambda m, *a: m(*a))
+    out = r.run(lambda b: fwd(model.model, b.input_ids, b.positions, b), fb)
+    return out, fb.spec_info
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -276,10 +381,6 @@ def bare_model(num_layers: Optional[int] = None, hidden_size: Optional[int] = No
 # ----------------------------------------------------------------------------------------------------------------
 # Subprocess scenarios
 # ----------------------------------------------------------------------------------------------------------------
-
-PROMPT = [5, 17, 33, 2, 99, 100, 7]
-DECODE_TOKEN = 42
-
 
 def run_sequence(model, cfg, prompt=PROMPT, decode_token=DECODE_TOKEN):
     """Prefill `prompt`, then decode one token: (prefill output, decode output)."""

@@ -1,9 +1,40 @@
-"""Draft-side hooks: the EAGLE-3 drafts' fc through the fused ``ops.draft_fc`` (filled in once the op lands)."""
+"""Draft-side hooks: the EAGLE-3 drafts' fc (per-tap RMSNorm, concat, projection) through ``ops.draft_fc``.
+
+Hook points (switch ``draft_fc``), AROUND the draft models' forward:
+
+* ``kimi_k25_eagle3.Eagle3MLAModel.forward`` (Kimi-K2.5 / DeepseekV2-architecture drafts): ``fc_norm`` (a
+  ModuleList of RMSNorm, EAGLE-3.1) + ``ColumnParallelLinear`` fc + ``_fc_gatherer`` (all-gather of the column
+  shards; the identity at tp=1);
+* ``llama_eagle3.LlamaModel.forward`` (the model of ``LlamaForCausalLMEagle3``): plain ``nn.Linear`` fc, optional
+  ``fc_norm``, optional ``input_norm`` (one RMSNorm over the whole K*H row, ``norm_before_fc``).
+
+In 0.5.23 both forwards run the fc inline, only when ``forward_batch.spec_info.hidden_states`` is wider than the
+draft (the target's packed K*H capture; the draft's own decode steps feed H-wide states and skip it). The hook
+computes the fc output with one ``ops.draft_fc`` call from the packed buffer (norms applied on the fly, no concat,
+no normalised copy), hands it to SGLang's forward in ``spec_info.hidden_states`` -- which then takes its own
+"already projected" path -- and puts the packed buffer back afterwards. Nothing else in the forward changes.
+
+What the op does not take falls back to SGLang's own code, said once in the log: a quantized fc, norms other than
+plain weighted RMSNorm with one eps, a dtype other than float32/float16/bfloat16 or differing between activations
+and weights, H not a multiple of 8, a device the extension was not built for. ``norm_before_fc`` together with
+``fc_norm`` applies SGLang's ``input_norm`` module first, then the fused fc with the per-tap norms.
+
+The column-shard gather stays SGLang's ``_fc_gatherer`` until the project's gatherer lands.
+"""
 from __future__ import annotations
 
 from typing import Callable, List, Optional, Tuple
 
-HOOKS: List[Tuple[str, Callable]] = []
+import torch
+
+from .switches import logger
+
+T_MLA_FORWARD = "sglang.srt.models.kimi_k25_eagle3.Eagle3MLAModel.forward"
+T_LLAMA_FORWARD = "sglang.srt.models.llama_eagle3.LlamaModel.forward"
+
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_fallback_logged = set()
+_CACHE_ATTR = "_eagle3_capture_fc_norm_stack"
 
 
 def unavailable() -> Optional[str]:
@@ -13,7 +44,186 @@ def unavailable() -> Optional[str]:
     except Exception as e:
         return f"the extension does not load: {e}"
     if not hasattr(ops, "draft_fc"):
-        return "this build has no ops.draft_fc yet"
-    if not HOOKS:
-        return "no draft fc hook yet"
+        return "this build of eagle3_capture has no ops.draft_fc"
     return None
+
+
+def _ops():
+    from .. import ops
+
+    return ops
+
+
+def _backends():
+    from .. import native
+
+    return native.build_info()["backends"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# What the op can take
+# ----------------------------------------------------------------------------------------------------------------
+
+def _rmsnorm_problem(norm) -> Optional[str]:
+    from sglang.srt.layers.layernorm import RMSNorm
+
+    if not isinstance(norm, RMSNorm):
+        return f"a {type(norm).__name__}, not SGLang's RMSNorm"
+    if not getattr(norm, "has_weight", True):
+        return "an RMSNorm without weight"
+    if getattr(norm, "variance_size_override", None) is not None:
+        return "an RMSNorm with var_hidden_size"
+    if getattr(norm, "cast_x_before_out_mul", False):
+        return "an RMSNorm with cast_x_before_out_mul"
+    if getattr(norm, "override_orig_dtype", None) is not None:
+        return "an RMSNorm with override_orig_dtype"
+    return None
+
+
+def _norms_problem(norms) -> Optional[str]:
+    for n in norms:
+        why = _rmsnorm_problem(n)
+        if why is not None:
+            return why
+    eps = {float(n.variance_epsilon) for n in norms}
+    if len(eps) > 1:
+        return f"fc_norm eps differ across taps {sorted(eps)}"
+    return None
+
+
+def _linear_problem(fc) -> Optional[str]:
+    weight = getattr(fc, "weight", None)
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        return "an fc without a 2-D weight"
+    qm = getattr(fc, "quant_method", None)
+    if qm is not None and type(qm).__name__ != "UnquantizedLinearMethod":
+        return f"a quantized fc ({type(qm).__name__})"
+    return None
+
+
+def _tensor_problem(x, weight, what_h: int) -> Optional[str]:
+    if x.dim() != 2:
+        return f"{x.dim()}-D hidden states"
+    if x.dtype not in _DTYPES:
+        return f"dtype {x.dtype}"
+    if weight.dtype != x.dtype:
+        return f"fc weight {weight.dtype} != hidden states {x.dtype}"
+    if x.shape[1] > 0 and x.stride(1) != 1:
+        return "hidden states with a last stride other than 1"
+    if x.device.type not in _backends():
+        return f"device {x.device.type} (extension built for {_backends()})"
+    if what_h < 8 or what_h % 8:
+        return f"tap width {what_h} not a multiple of 8"
+    if weight.shape[1] != x.shape[1]:
+        return f"fc in_features {weight.shape[1]} != hidden states width {x.shape[1]}"
+    return None
+
+
+def _norm_stack(model, norms, dtype) -> torch.Tensor:
+    """The per-tap norm weights as one [K, H] tensor, cached on the model while the weights are unchanged
+    (never stored from inside a CUDA-graph capture, whose memory pool it would outlive)."""
+    key = tuple((n.weight.data_ptr(), n.weight._version) for n in norms) + (dtype,)
+    cached = model.__dict__.get(_CACHE_ATTR)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    stack = torch.stack([n.weight.detach().to(dtype) for n in norms])
+    capturing = stack.is_cuda and torch.cuda.is_current_stream_capturing()
+    if not capturing:
+        model.__dict__[_CACHE_ATTR] = (key, stack)
+    return stack
+
+
+def _fall_back(cls: str, why: str) -> None:
+    key = (cls, why)
+    if key not in _fallback_logged:
+        _fallback_logged.add(key)
+        logger.warning("eagle3_capture: %s fc runs SGLang's own code: %s", cls, why)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The fused fc for each draft model
+# ----------------------------------------------------------------------------------------------------------------
+
+def _mla_fc(model, x) -> Optional[torch.Tensor]:
+    """Eagle3MLAModel: cat(fc_norm_k(x_k)) -> ColumnParallelLinear -> _fc_gatherer."""
+    fc = model.fc
+    why = _linear_problem(fc)
+    norms = list(model.fc_norm) if model.fc_norm is not None else None
+    K = int(model.num_aux_hidden_states)
+    if why is None and norms is not None:
+        why = _norms_problem(norms)
+        if why is None and len(norms) != K:
+            why = f"{len(norms)} fc_norm modules for {K} taps"
+    if why is None:
+        why = _tensor_problem(x, fc.weight, x.shape[1] // K if norms is not None else x.shape[1])
+    if why is not None:
+        _fall_back(type(model).__name__, why)
+        return None
+    bias = None if getattr(fc, "skip_bias_add", False) else fc.bias
+    g = _norm_stack(model, norms, x.dtype) if norms is not None else None
+    eps = float(norms[0].variance_epsilon) if norms is not None else 1e-6
+    y = _ops().draft_fc(x, fc.weight, g, eps, bias)
+    return model._fc_gatherer(y)
+
+
+def _llama_fc(model, x) -> Optional[torch.Tensor]:
+    """llama_eagle3.LlamaModel: [input_norm over the row] -> cat(fc_norm_k(x_k)) -> nn.Linear."""
+    fc = model.fc
+    why = _linear_problem(fc)
+    norms = list(model.fc_norm) if model.fc_norm is not None else None
+    input_norm = model.input_norm
+    K = int(model.num_aux_hidden_states)
+    if why is None and norms is not None:
+        why = _norms_problem(norms)
+        if why is None and len(norms) != K:
+            why = f"{len(norms)} fc_norm modules for {K} taps"
+    if why is None and input_norm is not None:
+        why = _rmsnorm_problem(input_norm)
+    if why is None:
+        why = _tensor_problem(x, fc.weight, x.shape[1] // K if norms is not None else x.shape[1])
+    if why is None and input_norm is not None and input_norm.weight.dtype != x.dtype:
+        why = f"input_norm weight {input_norm.weight.dtype} != hidden states {x.dtype}"
+    if why is not None:
+        _fall_back(type(model).__name__, why)
+        return None
+    bias = fc.bias
+    if norms is not None:
+        if input_norm is not None:
+            x = input_norm(x)  # SGLang's own module: the row norm the per-tap norms then see
+        g = _norm_stack(model, norms, x.dtype)
+        return _ops().draft_fc(x, fc.weight, g, float(norms[0].variance_epsilon), bias)
+    if input_norm is not None:  # one norm over the whole K*H row: the op's K=1 case
+        g = input_norm.weight.detach().view(1, -1)
+        return _ops().draft_fc(x, fc.weight, g, float(input_norm.variance_epsilon), bias)
+    return _ops().draft_fc(x, fc.weight, None, 1e-6, bias)
+
+
+def _fc_forward_hook(compute: Callable):
+    def hook(original, self, input_ids, positions, forward_batch, *args, **kwargs):
+        spec_info = getattr(forward_batch, "spec_info", None)
+        x = getattr(spec_info, "hidden_states", None)
+        embed_dim = getattr(getattr(self, "embed_tokens", None), "embedding_dim", None) or self.config.hidden_size
+        if not isinstance(x, torch.Tensor) or x.shape[-1] == embed_dim:
+            return original(self, input_ids, positions, forward_batch, *args, **kwargs)
+        y = compute(self, x)
+        if y is None:
+            return original(self, input_ids, positions, forward_batch, *args, **kwargs)
+        spec_info.hidden_states = y  # SGLang's forward then skips its own fc (already draft-wide)
+        try:
+            return original(self, input_ids, positions, forward_batch, *args, **kwargs)
+        finally:
+            spec_info.hidden_states = x
+
+    hook.__name__ = f"draft_fc_hook_{compute.__name__.strip('_')}"
+    return hook
+
+
+mla_forward_hook = _fc_forward_hook(_mla_fc)
+llama_forward_hook = _fc_forward_hook(_llama_fc)
+
+HOOKS: List[Tuple[str, Callable]] = [
+    (T_MLA_FORWARD, mla_forward_hook),
+    (T_LLAMA_FORWARD, llama_forward_hook),
+]
+
+__all__ = ["T_MLA_FORWARD", "T_LLAMA_FORWARD", "HOOKS", "unavailable", "mla_forward_hook", "llama_forward_hook"]
