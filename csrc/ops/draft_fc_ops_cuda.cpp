@@ -67,8 +67,10 @@ e3::DraftFcWorkspace decode_workspace(const at::Device& device, const e3::DraftF
 }
 
 void check_vector_aligned(const void* ptr, int64_t row_stride, const char* what) {
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(ptr) % 16 == 0, "eagle3_capture.draft_fc: the CUDA kernels read ", what,
-              " as 16-byte vectors, so it must start 16-byte aligned; got address ", ptr);
+  const auto addr = reinterpret_cast<uintptr_t>(ptr);
+  TORCH_CHECK(addr % 16 == 0, "eagle3_capture.draft_fc: the CUDA kernels read ", what,
+              " as 16-byte vectors, so it must start 16-byte aligned; got an address 16-byte misaligned by ",
+              addr % 16, " bytes");
   TORCH_CHECK(row_stride % 8 == 0, "eagle3_capture.draft_fc: the CUDA kernels read ", what,
               " rows as 16-byte vectors, so its row stride must be a multiple of 8 elements; got ", row_stride);
 }
@@ -79,17 +81,18 @@ void draft_fc_out_cuda(const std::vector<at::Tensor>& x, const at::Tensor& weigh
   TORCH_CHECK(!x.empty() && x[0].is_cuda(), "eagle3_capture.draft_fc: expected x on a CUDA device");
   e3::DType dtype;
   const e3::DraftFcParams p = draft_fc_params(x, weight, norm_weight, eps, bias, out, &dtype);
-  if (p.rows == 0) return;
-  const c10::cuda::CUDAGuard guard(x[0].device());
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+  // Every check happens before the device guard and the workspace: past this point nothing throws but a CUDA error.
   for (int k = 0; k < p.taps; ++k) {
     const std::string what = "tap " + std::to_string(k);
     check_vector_aligned(p.tap(k), p.tap_row_stride(k), what.c_str());
   }
   if (p.norm_weight != nullptr) check_vector_aligned(p.norm_weight, 8, "norm_weight");
   const bool decode = p.rows <= e3::kDraftFcDecodeMaxRows && dtype != e3::DType::F32;
+  if (decode) check_vector_aligned(p.weight, p.weight_row_stride, "weight");
+  if (p.rows == 0) return;
+  const c10::cuda::CUDAGuard guard(x[0].device());
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   if (decode) {
-    check_vector_aligned(p.weight, p.weight_row_stride, "weight");
     const e3::DraftFcWorkspace ws = decode_workspace(x[0].device(), p, stream);
     C10_CUDA_CHECK(static_cast<cudaError_t>(e3::draft_fc_decode_cuda(p, dtype, ws, stream)));
     return;
