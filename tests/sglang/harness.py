@@ -133,7 +133,8 @@ def build_sglang(cfg, hf_model):
 
     setup_process()
     torch.manual_seed(1234)
-    model = DeepseekV3ForCausalLM(cfg).to(torch.float32).eval()
+    with _default_dtype(torch.float32):
+        model = DeepseekV3ForCausalLM(cfg).eval()
     model.load_weights(list(hf_model.state_dict().items()))
     model.post_load_weights()
     return model
@@ -242,6 +243,14 @@ class SglangRunner:
 DRAFT_IDS = [-1, 1, 3, 5]  # K = 4 taps of the tiny 6-layer target
 
 
+def _default_dtype(dtype):
+    """SGLang's own model-construction context: parameters (and SGLang's process-wide cached RoPE modules, keyed by
+    dtype) are created in `dtype`."""
+    from sglang.srt.model_loader.utils import set_default_torch_dtype
+
+    return set_default_torch_dtype(dtype)
+
+
 def _fill(model, seed: int) -> None:
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -262,7 +271,8 @@ def build_mla_draft(fc_norm: bool = True, seed: int = 5, dtype=torch.float32):
     cfg.target_hidden_size = cfg.hidden_size
     cfg.eagle_config = {"eagle_aux_hidden_state_layer_ids": list(DRAFT_IDS)}
     cfg.draft_vocab_size = cfg.vocab_size
-    model = Eagle3DeepseekV2ForCausalLM(cfg).to(dtype).eval()
+    with _default_dtype(dtype):  # as SGLang's loader builds a model (a later .to() would convert shared RoPE caches)
+        model = Eagle3DeepseekV2ForCausalLM(cfg).eval()
     _fill(model, seed)
     model.post_load_weights()
     return cfg, model
@@ -283,7 +293,8 @@ def build_llama_draft(fc_norm: bool = False, norm_before_fc: bool = False, seed:
     cfg.target_hidden_size = cfg.hidden_size
     cfg.draft_vocab_size = cfg.vocab_size
     cfg.eagle_config = {"eagle_aux_hidden_state_layer_ids": list(DRAFT_IDS), "norm_before_fc": norm_before_fc}
-    model = LlamaForCausalLMEagle3(cfg).to(dtype).eval()
+    with _default_dtype(dtype):
+        model = LlamaForCausalLMEagle3(cfg).eval()
     _fill(model, seed)
     return cfg, model
 

@@ -59,14 +59,20 @@ def _why_not(hidden) -> Optional[str]:
     return None
 
 
+def write_slot(dst, hidden) -> None:
+    """The call the hook makes: `hidden` [T, H] into `dst`, one slot's [T, H] view of the packed [T, K*H] buffer
+    (row stride K*H; for the decode CUDA-graph buffer, a view into its first T rows)."""
+    load_ops().capture_(dst, 0, hidden)
+
+
 def packer_append_hook(original, self, hidden):
     """AROUND ``AuxHiddenStatePacker.append``: the write goes through ``eagle3_capture::capture_``."""
-    ops = load_ops()
+    load_ops()
     why = _why_not(hidden)
     if why is None:
         dst = self.slot(hidden)  # SGLang's bookkeeping: allocation / buffer checks / next slot
         if dst.dim() == 2 and (dst.shape[1] == 0 or dst.stride(1) == 1):
-            ops.capture_(dst, 0, hidden)
+            write_slot(dst, hidden)
             return None
         dst.copy_(hidden)
         return None
@@ -77,4 +83,4 @@ def packer_append_hook(original, self, hidden):
     return original(self, hidden)
 
 
-__all__ = ["T_PACKER_APPEND", "packer_append_hook", "load_ops"]
+__all__ = ["T_PACKER_APPEND", "packer_append_hook", "write_slot", "load_ops"]

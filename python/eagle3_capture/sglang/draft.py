@@ -140,6 +140,17 @@ def _fall_back(cls: str, why: str) -> None:
         logger.warning("eagle3_capture: %s fc runs SGLang's own code: %s", cls, why)
 
 
+def fused_fc(x, weight, norm_weights, eps: float, bias, row_norm_weight=None, row_eps: float = 1e-6):
+    """The op calls the hooks make, in one place: `x` the packed [T, K*H] capture, `weight` [N, K*H], `norm_weights`
+    the per-tap fc_norm weights [K, H] or None, `bias` [N] or None; `row_norm_weight` [K*H] an RMSNorm over the
+    whole row (llama_eagle3's input_norm, norm_before_fc). A row norm alone is the op's K=1 case; with per-tap norms
+    as well, the hook applies it first with SGLang's own input_norm module and passes the result as `x`."""
+    ops = _ops()
+    if row_norm_weight is not None and norm_weights is None:
+        return ops.draft_fc(x, weight, row_norm_weight.view(1, -1), row_eps, bias)
+    return ops.draft_fc(x, weight, norm_weights, eps, bias)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The fused fc for each draft model
 # ----------------------------------------------------------------------------------------------------------------
@@ -162,7 +173,7 @@ def _mla_fc(model, x) -> Optional[torch.Tensor]:
     bias = None if getattr(fc, "skip_bias_add", False) else fc.bias
     g = _norm_stack(model, norms, x.dtype) if norms is not None else None
     eps = float(norms[0].variance_epsilon) if norms is not None else 1e-6
-    y = _ops().draft_fc(x, fc.weight, g, eps, bias)
+    y = fused_fc(x, fc.weight, g, eps, bias)
     return model._fc_gatherer(y)
 
 
@@ -191,11 +202,11 @@ def _llama_fc(model, x) -> Optional[torch.Tensor]:
         if input_norm is not None:
             x = input_norm(x)  # SGLang's own module: the row norm the per-tap norms then see
         g = _norm_stack(model, norms, x.dtype)
-        return _ops().draft_fc(x, fc.weight, g, float(norms[0].variance_epsilon), bias)
+        return fused_fc(x, fc.weight, g, float(norms[0].variance_epsilon), bias)
     if input_norm is not None:  # one norm over the whole K*H row: the op's K=1 case
-        g = input_norm.weight.detach().view(1, -1)
-        return _ops().draft_fc(x, fc.weight, g, float(input_norm.variance_epsilon), bias)
-    return _ops().draft_fc(x, fc.weight, None, 1e-6, bias)
+        return fused_fc(x, fc.weight, None, 1e-6, bias, row_norm_weight=input_norm.weight.detach(),
+                        row_eps=float(input_norm.variance_epsilon))
+    return fused_fc(x, fc.weight, None, 1e-6, bias)
 
 
 def _fc_forward_hook(compute: Callable):
@@ -226,4 +237,5 @@ HOOKS: List[Tuple[str, Callable]] = [
     (T_LLAMA_FORWARD, llama_forward_hook),
 ]
 
-__all__ = ["T_MLA_FORWARD", "T_LLAMA_FORWARD", "HOOKS", "unavailable", "mla_forward_hook", "llama_forward_hook"]
+__all__ = ["T_MLA_FORWARD", "T_LLAMA_FORWARD", "HOOKS", "unavailable", "fused_fc", "mla_forward_hook",
+           "llama_forward_hook"]
