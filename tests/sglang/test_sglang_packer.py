@@ -115,3 +115,17 @@ def test_packer_values_the_op_does_not_take_use_sglangs_copy(sglang_plugin):
             p.extend(hiddens)
         assert torch.equal(p.finalize(), want)
         assert counter.counts["eagle3_capture.capture_.default"] == 0
+
+
+def test_packer_mixed_dtype_capture_converts_like_sglang(sglang_plugin):
+    """A float32 value (e.g. an fp32 residual) into a bf16 buffer: SGLang's converting copy_, same result."""
+    from sglang.srt.layers.aux_hidden_states import AuxHiddenStatePacker
+
+    g = torch.Generator().manual_seed(4)
+    hiddens = [torch.randn(5, H, generator=g).to(torch.bfloat16), torch.randn(5, H, generator=g),
+               torch.randn(5, H, generator=g).to(torch.bfloat16)]
+    want = _stock_pack(AuxHiddenStatePacker, hiddens)
+    p = AuxHiddenStatePacker(K)
+    p.extend(hiddens)
+    got = p.finalize()
+    assert got.dtype == torch.bfloat16 and torch.equal(got, want)

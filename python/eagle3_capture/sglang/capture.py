@@ -71,10 +71,10 @@ def packer_append_hook(original, self, hidden):
     why = _why_not(hidden)
     if why is None:
         dst = self.slot(hidden)  # SGLang's bookkeeping: allocation / buffer checks / next slot
-        if dst.dim() == 2 and (dst.shape[1] == 0 or dst.stride(1) == 1):
+        if dst.dim() == 2 and dst.dtype == hidden.dtype and (dst.shape[1] == 0 or dst.stride(1) == 1):
             write_slot(dst, hidden)
             return None
-        dst.copy_(hidden)
+        dst.copy_(hidden)  # e.g. an fp32 residual into a bf16 buffer: SGLang's converting copy
         return None
     if why not in _fallback_logged:
         _fallback_logged.add(why)

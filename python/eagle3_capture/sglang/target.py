@@ -317,7 +317,15 @@ def packer_init_hook(original, self, *args, **kwargs):
 
 
 def _capture_final(scope: _FinalScope, value) -> None:
-    scope.packer.capture(value)
+    try:
+        scope.packer.capture(value)
+    except (RuntimeError, ValueError) as e:
+        shape = tuple(value.shape) if hasattr(value, "shape") else type(value).__name__
+        raise RuntimeError(
+            f"eagle3_capture: capturing the final boundary LayerOutput({scope.num_layers - 1}) failed: the final "
+            f"norm's residual is {shape}, which does not fit the aux buffer of the layer-input captures (rows "
+            "scattered across attention-TP ranks at the final norm, e.g. DP attention, are not supported): "
+            f"{e}") from e
     scope.done = True
 
 
