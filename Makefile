@@ -20,7 +20,7 @@ demo: build
 	$(PY) -m eagle3_capture selfcheck
 
 test: build gate $(VENV)/.sglang-stamp
-	$(PY) -m pytest -m "not cuda" -q $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not cuda and not multigpu" -q $(PYTEST_ARGS)
 
 setup: $(VENV)/.deps-stamp
 

@@ -16,8 +16,9 @@ namespace kernels {
 constexpr int kFcWarps = 4;                  // warps per block, 16 weight rows each
 constexpr int kFcRowsPerBlock = kFcWarps * 16;
 constexpr int kFcChunk = 32;                 // k elements per lane group step (4 lanes x 8 elements)
-constexpr int kFcStepChunks = 2;             // 32-wide chunks per pipeline step
-constexpr int kFcStages = 4;                 // pipeline steps in flight per warp (cp.async into shared memory)
+// Weight chunks in flight per warp per step: all of a step's loads are issued before its MMAs. One token group
+// leaves registers for 8; more token groups (more accumulators) get 4.
+template <int TG> constexpr int fc_unroll() { return TG == 1 ? 8 : 4; }
 constexpr int kWsTokens = 64;                // workspace row pitch (max decode rows)
 
 template <typename T> struct Mma;
@@ -79,19 +80,8 @@ __device__ __forceinline__ uint4 scale8(uint4 xv, uint4 gv, float& sum_sq, bool 
   return make_uint4(o[0], o[1], o[2], o[3]);
 }
 
-// Weight stream: cp.async (L2 only) into a warp-private shared-memory ring, kFcStages steps deep, so each warp keeps
-// kFcStages * kFcStepChunks KB of weights in flight without spending registers on them. Each lane reads back only
-// the bytes it copied itself, so the per-thread cp.async.wait_group is the only synchronisation needed.
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
+// Weight stream: read once, evict first, so the workspace and activations keep their L2 lines.
+__device__ __forceinline__ uint4 load_weight16(const void* p) { return __ldcs(static_cast<const uint4*>(p)); }
 
 struct DecodeTiling {
   int64_t n_tiles;
@@ -121,7 +111,8 @@ __global__ void __launch_bounds__(256) draft_fc_prepass_kernel(DraftFcParams p, 
 }
 
 // grid.x: column tiles of 64 weight rows; grid.y: K-splits (taps x splits_per_tap). TG token groups of 8 rows.
-// Each warp streams 16 weight rows over the block's k range through its cp.async ring.
+// Each warp streams 16 weight rows over the block's k range, kFcUnroll 32-wide chunks per step, all of a step's
+// weight loads issued before its MMAs.
 template <typename T, int TG, NormMode kMode>
 __global__ void __launch_bounds__(kFcWarps * 32, 4) draft_fc_decode_kernel(DraftFcParams p, DecodeTiling t,
                                                                              DraftFcWorkspace ws) {
@@ -133,8 +124,8 @@ __global__ void __launch_bounds__(kFcWarps * 32, 4) draft_fc_decode_kernel(Draft
   const int64_t k_end = k_begin + t.k_block < p.hidden ? k_begin + t.k_block : p.hidden;
   const int64_t row_a = tile * kFcRowsPerBlock + warp * 16 + g, row_b = row_a + 8;
   const bool has_a = row_a < p.out_features, has_b = row_b < p.out_features;
-  const T* w_a = static_cast<const T*>(p.weight) + (has_a ? row_a : 0) * p.weight_row_stride + tap * p.hidden;
-  const T* w_b = static_cast<const T*>(p.weight) + (has_b ? row_b : 0) * p.weight_row_stride + tap * p.hidden;
+  const T* w_a = static_cast<const T*>(p.weight) + row_a * p.weight_row_stride + tap * p.hidden;
+  const T* w_b = static_cast<const T*>(p.weight) + row_b * p.weight_row_stride + tap * p.hidden;
   // Activation rows: the input tap, or the pre-pass's x*g rows.
   const T* x = kMode == NormMode::kPrePass ? static_cast<const T*>(ws.xg) + tap * p.hidden
                                            : static_cast<const T*>(p.tap(tap));
@@ -149,50 +140,38 @@ __global__ void __launch_bounds__(kFcWarps * 32, 4) draft_fc_decode_kernel(Draft
   for (int i = 0; i < TG; ++i) sum_sq[i] = 0.f;
   const bool count_sq = kMode == NormMode::kFused && warp == 0;  // one warp per block: the k range is the same
 
-  __shared__ uint4 ring[kFcWarps][kFcStages][kFcStepChunks][32][2];  // 32 KB: [warp][stage][chunk][lane][row a|b]
-  const int64_t nchunks = (k_end - k_begin + kFcChunk - 1) / kFcChunk;
-  const int64_t nsteps = (nchunks + kFcStepChunks - 1) / kFcStepChunks;
-  const T* w_base = static_cast<const T*>(p.weight);
-  auto issue = [&](int64_t step) {
-    if (step < nsteps) {
+  constexpr int kFcUnroll = fc_unroll<TG>();
+  for (int64_t k0 = k_begin; k0 < k_end; k0 += kFcChunk * kFcUnroll) {
+    uint4 wa[kFcUnroll], wb[kFcUnroll], x1[kFcUnroll];
 #pragma unroll
-      for (int u = 0; u < kFcStepChunks; ++u) {
-        const int64_t k = k_begin + (step * kFcStepChunks + u) * kFcChunk + 8 * c;  // this lane's 8 elements
-        const bool in = k < k_end;
-        uint4* slot = ring[warp][step % kFcStages][u][lane];
-        cp_async16(slot, in && has_a ? w_a + k : w_base, in && has_a);  // zero-filled when out of range
-        cp_async16(slot + 1, in && has_b ? w_b + k : w_base, in && has_b);
-      }
-    }
-    cp_async_commit();  // an empty group past the end keeps the wait count uniform
-  };
-#pragma unroll
-  for (int st = 0; st < kFcStages - 1; ++st) issue(st);
-
-  for (int64_t step = 0; step < nsteps; ++step) {
-    issue(step + kFcStages - 1);
-    cp_async_wait<kFcStages - 1>();
-#pragma unroll
-    for (int u = 0; u < kFcStepChunks; ++u) {
-      const int64_t k = k_begin + (step * kFcStepChunks + u) * kFcChunk + 8 * c;
+    for (int u = 0; u < kFcUnroll; ++u) {
+      const int64_t k = k0 + u * kFcChunk + 8 * c;  // this lane's 8 contiguous elements
       const bool in = k < k_end;
-      const uint4* slot = ring[warp][step % kFcStages][u][lane];
-      const uint4 wa = slot[0], wb = slot[1];
+      wa[u] = in && has_a ? load_weight16(w_a + k) : make_uint4(0, 0, 0, 0);
+      wb[u] = in && has_b ? load_weight16(w_b + k) : make_uint4(0, 0, 0, 0);
+      if (TG == 1)  // one token group: its activations are loaded with the weights
+        x1[u] = in && g < p.rows ? __ldg(reinterpret_cast<const uint4*>(x + g * xs + k)) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kFcUnroll; ++u) {
+      const int64_t k = k0 + u * kFcChunk + 8 * c;
+      const bool in = k < k_end;
       uint4 gv = make_uint4(0, 0, 0, 0);
       if (kMode == NormMode::kFused && in) gv = __ldg(reinterpret_cast<const uint4*>(gw + k));
 #pragma unroll
       for (int tg = 0; tg < TG; ++tg) {
         const int64_t token = tg * 8 + g;
-        uint4 xv = in && token < p.rows ? __ldg(reinterpret_cast<const uint4*>(x + token * xs + k))
-                                        : make_uint4(0, 0, 0, 0);
+        uint4 xv = x1[u];
+        if (TG > 1)
+          xv = in && token < p.rows ? __ldg(reinterpret_cast<const uint4*>(x + token * xs + k))
+                                    : make_uint4(0, 0, 0, 0);
         if (kMode == NormMode::kFused) xv = scale8<T>(xv, gv, sum_sq[tg], count_sq);
         // Step s uses this lane's elements [4s, 4s+4): words 2s, 2s+1 of the weight and activation vectors.
-        Mma<T>::run(acc[tg], wa.x, wb.x, wa.y, wb.y, xv.x, xv.y);
-        Mma<T>::run(acc[tg], wa.z, wb.z, wa.w, wb.w, xv.z, xv.w);
+        Mma<T>::run(acc[tg], wa[u].x, wb[u].x, wa[u].y, wb[u].y, xv.x, xv.y);
+        Mma<T>::run(acc[tg], wa[u].z, wb[u].z, wa[u].w, wb[u].w, xv.z, xv.w);
       }
     }
   }
-  cp_async_wait<0>();
 
   // Partials to the workspace. acc[tg]: (row_a, tokens 2c, 2c+1), (row_b, tokens 2c, 2c+1).
   float* ws_acc = ws.acc + static_cast<int64_t>(tap) * p.out_features * kWsTokens;
@@ -315,7 +294,7 @@ DecodeTiling decode_tiling(int taps, int64_t hidden, int64_t out_features, int b
   DecodeTiling t;
   t.n_tiles = (out_features + kFcRowsPerBlock - 1) / kFcRowsPerBlock;
   // As many K-splits as fit in one wave of resident blocks (a second, partial wave would idle most SMs while it
-  // runs); every warp then streams its k range through a deep cp.async pipeline.
+  // runs); every warp then streams its k range, loads for a whole step issued before its MMAs.
   const int64_t target_blocks = static_cast<int64_t>(blocks_per_sm > 0 ? blocks_per_sm : 4) * sm_count();
   const int64_t max_splits = (hidden + kFcChunk - 1) / kFcChunk;
   int64_t spt = target_blocks / (t.n_tiles * taps);

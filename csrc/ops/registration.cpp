@@ -29,6 +29,12 @@ TORCH_LIBRARY(eagle3_capture, m) {
   m.def("draft_fc(Tensor[] x, Tensor weight, Tensor? norm_weight=None, float eps=1e-6, Tensor? bias=None) -> Tensor");
   m.def(
       "draft_fc_out(Tensor[] x, Tensor weight, Tensor? norm_weight, float eps, Tensor? bias, Tensor(a!) out) -> ()");
+  // One rank's part of a TP gather into every rank's registered packed buffer over peer-mapped memory
+  // (eagle3_capture.tp.PackedGatherer drives it; CUDA only).
+  m.def(
+      "gather_p2p_(Tensor(a!) out, Tensor local, int[] out_ptrs, int[] flag_ptrs, Tensor(b!) flags, "
+      "Tensor(c!) error, int rank, int dst_row_offset, int[] src_cols, int[] dst_cols, int seg_len, int blocks, "
+      "float timeout_s) -> ()");
 }
 
 namespace {

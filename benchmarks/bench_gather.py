@@ -1,0 +1,148 @@
+"""Two-GPU gather benchmark: PackedGatherer's p2p kernel against NCCL all_gather_into_tensor of the packed buffer
+(baseline) and NCCL per tap + copy into the packed slots (per_tap), measured in the same run on every rank.
+
+Rows layout, T rows per rank of K taps of H (bf16); each rank ends with all 2T rows. Times are CUDA-graph replays,
+median of many, each rank's own events; the row reports the slower rank. bytes_per_rank = bytes each rank sends.
+
+  python benchmarks/bench_gather.py --out benchmarks/results/gather-h200x2.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def timed_graph(fn, reps: int, samples: int) -> float:
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    times = []
+    for _ in range(samples):
+        dist.barrier()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / reps)
+    return statistics.median(times)
+
+
+def worker(rank, world, port, ts, k, h, samples, queue):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NCCL_NVLS_ENABLE="0",
+                      TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
+    from eagle3_capture.tp import PackedGatherer
+
+    rows = []
+    dt = torch.bfloat16
+    for t in ts:
+        gat = PackedGatherer(None, num_taps=k, hidden_size=h, dtype=dt, max_rows_per_rank=t, backend="p2p",
+                             device=f"cuda:{rank}", timeout_s=30.0)
+        local = torch.randn(t, k * h, device="cuda", dtype=torch.float32).to(dt)
+        taps = [local[:, j * h:(j + 1) * h].contiguous() for j in range(k)]
+        packed = torch.empty(world * t, k * h, device="cuda", dtype=dt)
+        tap_out = [torch.empty(world * t, h, device="cuda", dtype=dt) for _ in range(k)]
+        reps = 20 if t <= 512 else 3
+
+        def ours():
+            gat.gather(local)
+
+        def nccl_packed():
+            dist.all_gather_into_tensor(packed, local)
+
+        def nccl_per_tap():
+            for j in range(k):
+                dist.all_gather_into_tensor(tap_out[j], taps[j])
+                packed[:, j * h:(j + 1) * h].copy_(tap_out[j])
+
+        t_ours = timed_graph(ours, reps, samples)
+        gat.check()
+        t_nccl = timed_graph(nccl_packed, reps, samples)
+        t_tap = timed_graph(nccl_per_tap, reps, samples)
+        t_ours2 = timed_graph(ours, reps, samples)
+        gat.check()
+        # Correctness of what was timed: the gathered rows equal NCCL's.
+        gat.gather(local)
+        nccl_packed()
+        torch.cuda.synchronize()
+        same = bool(torch.equal(gat.output(world * t), packed))
+        rows.append(dict(T=t, H=h, K=k, dtype="bfloat16", world=world, ours_us=t_ours, ours_repeat_us=t_ours2,
+                         baseline_us=t_nccl, per_tap_us=t_tap, bytes_per_rank=t * k * h * 2, matches_nccl=same))
+        gat.close()
+        del gat
+        torch.cuda.empty_cache()
+    all_rows = [None] * world
+    dist.all_gather_object(all_rows, rows)
+    if rank == 0:
+        queue.put(all_rows)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--T", default="1,64,512,8192")
+    ap.add_argument("--H", type=int, default=7168)
+    ap.add_argument("--K", type=int, default=3)
+    ap.add_argument("--samples", type=int, default=30)
+    ap.add_argument("--out", default="benchmarks/results/gather-h200x2.json")
+    args = ap.parse_args()
+    world = torch.cuda.device_count()
+    if world < 2:
+        sys.exit("bench_gather.py needs at least two GPUs")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    ts = [int(v) for v in args.T.split(",")]
+    procs = [ctx.Process(target=worker, args=(r, world, port, ts, args.K, args.H, args.samples, q))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    per_rank = q.get(timeout=900)
+    for p in procs:
+        p.join()
+    import common
+
+    rows = []
+    for i, t in enumerate(ts):
+        rs = [per_rank[r][i] for r in range(world)]
+        row = dict(rs[0])
+        for key in ("ours_us", "ours_repeat_us", "baseline_us", "per_tap_us"):
+            row[key] = max(r[key] for r in rs)
+        row["matches_nccl"] = all(r["matches_nccl"] for r in rs)
+        row["speedup_vs_nccl"] = row["baseline_us"] / row["ours_us"]
+        row["per_rank"] = rs
+        rows.append(row)
+    cols = ["T", "world", "ours_us", "ours_repeat_us", "baseline_us", "per_tap_us", "speedup_vs_nccl", "matches_nccl"]
+    common.print_table(rows, cols)
+    print(common.markdown_table(rows, cols))
+    common.write_results(args.out, rows, {"baseline": "NCCL all_gather_into_tensor of the packed [T, K*H] buffer",
+                                          "per_tap": "NCCL all_gather per tap + copy_ into the packed slot",
+                                          "time": "slower rank's median over CUDA-graph replays"})
+    return 0 if all(r["matches_nccl"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+// TP shard gathering straight into every rank's packed [rows, K*H] buffer, over peer-mapped GPU memory. Torch-free.
+//
+// Each rank pushes its own rows (or its column shards) into every rank's registered output buffer, then tells each
+// peer through a counter in the peer's flag area; no host sync, so the call is CUDA-graph capturable. Per rank
+// flag area (u64, written by peers with system-scope atomics, read with acquire loads):
+//   entered[r]  how many gathers rank r has entered (so this rank's previous output is no longer being read)
+//   arrived[r]  how many blocks of rank r have finished writing into this rank's output (B per gather)
+// and a local state (completed gathers, blocks done in the current call). Counters only grow, so nothing is
+// reset between calls and replays of a captured graph keep counting.
+//
+// Protocol of gather n on rank me (grid of B blocks, B equal on every rank):
+//   1. block 0 adds 1 to entered[me] at every peer; every block waits until entered[p] >= n for all peers p,
+//      i.e. every peer has started gather n and so finished with its output of gather n-1.
+//   2. the blocks copy this rank's rows into every rank's output, fence (system scope), and each adds 1 to
+//      arrived[me] at every peer.
+//   3. the last block of this rank to finish waits until arrived[p] >= n*B for all peers, then records n.
+// A wait longer than the timeout stops the kernel and writes {code, peer, step, n} to a host-mapped error word.
+#pragma once
+
+#include <cstdint>
+
+namespace e3 {
+
+constexpr int kGatherMaxRanks = 16;
+constexpr int kGatherMaxSegments = 16;
+
+// Flag area layout (u64 words) inside each rank's registered buffer.
+constexpr int kGatherFlagEntered = 0;                     // [kGatherMaxRanks]
+constexpr int kGatherFlagArrived = kGatherMaxRanks;       // [kGatherMaxRanks]
+constexpr int kGatherFlagCompleted = 2 * kGatherMaxRanks; // local: gathers completed
+constexpr int kGatherFlagBlocksDone = 2 * kGatherMaxRanks + 1;  // local: blocks done in the current gather
+constexpr int kGatherFlagWords = 2 * kGatherMaxRanks + 2;
+
+// Error word codes written to GatherParams::error[0].
+constexpr int kGatherErrEnterTimeout = 1;   // a peer did not enter the gather
+constexpr int kGatherErrArriveTimeout = 2;  // a peer entered but its rows did not arrive
+
+struct GatherParams {
+  int world;
+  int rank;
+  void* out[kGatherMaxRanks];                 // every rank's output buffer (peer-mapped), row pitch out_row_stride
+  unsigned long long* flags[kGatherMaxRanks]; // every rank's flag area (peer-mapped)
+  int64_t out_row_stride;                     // elements
+  const void* local;                          // this rank's [local_rows, local_cols] rows
+  int64_t local_row_stride;
+  int64_t local_rows;
+  int64_t dst_row_offset;                     // where this rank's rows land in every output
+  // Column segments: local columns [src_col[s], src_col[s] + seg_len) go to output columns [dst_col[s], ...).
+  int segments;
+  int64_t seg_len;
+  int64_t src_col[kGatherMaxSegments];
+  int64_t dst_col[kGatherMaxSegments];
+  int elem_size;                              // bytes
+  int blocks;                                 // B, the same on every rank
+  unsigned long long timeout_ns;
+  int* error;                                 // host-mapped int[4]: code, peer, step, gather number
+};
+
+// Launches the gather kernel (grid p.blocks). Returns a cudaError_t value; 0 = launched.
+int gather_p2p_cuda(const GatherParams& p, void* stream);
+
+}  // namespace e3

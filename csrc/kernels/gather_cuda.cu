@@ -1,0 +1,140 @@
+// The P2P packed gather kernel (protocol in gather.h). Never uses NVLink multicast.
+#include "cuda_common.cuh"
+#include "gather.h"
+
+namespace e3 {
+namespace cuda {
+namespace kernels {
+
+constexpr int kGatherThreads = 512;
+
+__device__ __forceinline__ unsigned long long load_acquire_sys(const unsigned long long* p) {
+  unsigned long long v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ unsigned long long global_timer_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Spins until *p >= target; false on timeout (after writing the error word).
+__device__ bool wait_at_least(const unsigned long long* p, unsigned long long target, const GatherParams& g,
+                              int code, int peer, unsigned long long n) {
+  const unsigned long long start = global_timer_ns();
+  while (load_acquire_sys(p) < target) {
+    if (global_timer_ns() - start > g.timeout_ns) {
+      volatile int* e = g.error;
+      if (e[0] == 0) {
+        e[1] = peer;
+        e[2] = code;
+        e[3] = static_cast<int>(n);
+        __threadfence_system();
+        e[0] = code;
+      }
+      return false;
+    }
+    __nanosleep(100);
+  }
+  return true;
+}
+
+// V elements of T per access; the host picks V so every address is V*sizeof(T)-aligned.
+template <typename Vec>
+__global__ void __launch_bounds__(kGatherThreads) gather_p2p_kernel(GatherParams g, int64_t vec_elems) {
+  __shared__ unsigned long long n_shared;
+  unsigned long long* my_flags = g.flags[g.rank];
+  if (threadIdx.x == 0) {
+    const unsigned long long n =
+        *reinterpret_cast<volatile unsigned long long*>(my_flags + kGatherFlagCompleted) + 1;
+    if (blockIdx.x == 0) {
+      for (int p = 0; p < g.world; ++p)
+        if (p != g.rank) atomicAdd_system(g.flags[p] + kGatherFlagEntered + g.rank, 1ull);
+    }
+    bool ok = true;
+    for (int p = 0; p < g.world && ok; ++p)
+      if (p != g.rank) ok = wait_at_least(my_flags + kGatherFlagEntered + p, n, g, kGatherErrEnterTimeout, p, n);
+    n_shared = ok ? n : 0;
+  }
+  __syncthreads();
+  const unsigned long long n = n_shared;
+  if (n == 0) return;
+
+  // Copy: (destination rank, local row, segment, vector) flattened over the grid.
+  const int64_t vec_per_seg = g.seg_len / vec_elems;
+  const int64_t per_row = vec_per_seg * g.segments;
+  const int64_t per_dest = per_row * g.local_rows;
+  const int64_t total = per_dest * g.world;
+  const int64_t es = g.elem_size;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int dest = static_cast<int>(i / per_dest);
+    int64_t r = i - dest * per_dest;
+    const int64_t row = r / per_row;
+    r -= row * per_row;
+    const int seg = static_cast<int>(r / vec_per_seg);
+    const int64_t v = r - seg * vec_per_seg;
+    const char* src = static_cast<const char*>(g.local) +
+                      (row * g.local_row_stride + g.src_col[seg] + v * vec_elems) * es;
+    char* dst = static_cast<char*>(g.out[dest]) +
+                ((g.dst_row_offset + row) * g.out_row_stride + g.dst_col[seg] + v * vec_elems) * es;
+    *reinterpret_cast<Vec*>(dst) = *reinterpret_cast<const Vec*>(src);
+  }
+
+  __threadfence_system();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int p = 0; p < g.world; ++p)
+      if (p != g.rank) atomicAdd_system(g.flags[p] + kGatherFlagArrived + g.rank, 1ull);
+    const unsigned long long done = atomicAdd(my_flags + kGatherFlagBlocksDone, 1ull);
+    if (done == static_cast<unsigned long long>(g.blocks) - 1) {
+      // The last block of this rank: wait for every peer's rows, then record the gather as complete.
+      bool ok = true;
+      for (int p = 0; p < g.world && ok; ++p)
+        if (p != g.rank)
+          ok = wait_at_least(my_flags + kGatherFlagArrived + p, n * static_cast<unsigned long long>(g.blocks), g,
+                             kGatherErrArriveTimeout, p, n);
+      *reinterpret_cast<volatile unsigned long long*>(my_flags + kGatherFlagBlocksDone) = 0;
+      if (ok) *reinterpret_cast<volatile unsigned long long*>(my_flags + kGatherFlagCompleted) = n;
+      __threadfence_system();
+    }
+  }
+}
+
+}  // namespace kernels
+
+namespace {
+
+bool aligned_for(const GatherParams& p, int bytes) {
+  const int64_t e = bytes / p.elem_size;
+  if (e <= 1) return true;
+  if (reinterpret_cast<uintptr_t>(p.local) % bytes) return false;
+  for (int r = 0; r < p.world; ++r)
+    if (reinterpret_cast<uintptr_t>(p.out[r]) % bytes) return false;
+  if (p.out_row_stride % e || p.local_row_stride % e || p.seg_len % e) return false;
+  for (int s = 0; s < p.segments; ++s)
+    if (p.src_col[s] % e || p.dst_col[s] % e) return false;
+  return true;
+}
+
+}  // namespace
+}  // namespace cuda
+
+int gather_p2p_cuda(const GatherParams& p, void* stream) {
+  auto s = static_cast<cudaStream_t>(stream);
+  const dim3 grid(static_cast<unsigned>(p.blocks));
+  const int threads = cuda::kernels::kGatherThreads;
+  if (cuda::aligned_for(p, 16)) {
+    cuda::kernels::gather_p2p_kernel<uint4><<<grid, threads, 0, s>>>(p, 16 / p.elem_size);
+  } else if (cuda::aligned_for(p, 8)) {
+    cuda::kernels::gather_p2p_kernel<uint2><<<grid, threads, 0, s>>>(p, 8 / p.elem_size);
+  } else if (cuda::aligned_for(p, 4)) {
+    cuda::kernels::gather_p2p_kernel<uint32_t><<<grid, threads, 0, s>>>(p, 4 / p.elem_size);
+  } else {
+    cuda::kernels::gather_p2p_kernel<uint16_t><<<grid, threads, 0, s>>>(p, 2 / p.elem_size);
+  }
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace e3

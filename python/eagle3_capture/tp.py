@@ -1,0 +1,296 @@
+"""TP-aware gathering of the packed capture buffer over a torch.distributed process group.
+
+Under tensor parallelism with scattered rows (attention data parallel, a reduce-scattered residual) each rank holds
+only its own tokens' taps, yet the draft's fc needs every token's. `PackedGatherer` puts every rank's rows into
+every rank's packed [rows, K*H] buffer:
+
+- backend "p2p" (CUDA, every pair of GPUs peer-accessible): one kernel per rank pushes its rows into every rank's
+  registered output over peer-mapped memory (torch symmetric memory, multicast never used) and orders ranks with
+  counters in peer memory, not host syncs; CUDA-graph capturable; a peer that does not arrive within `timeout_s`
+  makes the kernel give up and `check()` raise, naming the rank and the step.
+- backend "nccl" (CUDA otherwise) and "gloo" (CPU tensors): the same API and results through all_gather.
+
+Layouts: "rows" — each rank holds [T_r, K*H] (uneven T_r allowed, given as rows_per_rank), rank r's rows land at
+row offset sum(T_q, q < r). "columns" — each rank holds H/tp columns of every tap, [T, K*H/tp], and the gather
+fills the strided column slots: out[:, k*H + r*H/tp : k*H + (r+1)*H/tp] = local[:, k*H/tp : (k+1)*H/tp].
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+ROWS = "rows"
+COLUMNS = "columns"
+_FLAG_WORDS = 64  # >= e3::kGatherFlagWords (34), padded
+_STEPS = {1: "waiting for the peer to enter the gather", 2: "waiting for the peer's rows to arrive"}
+
+
+class GatherTimeout(RuntimeError):
+    """A peer did not reach the gather within the timeout; the gatherer cannot be used again."""
+
+
+@dataclass(frozen=True)
+class _Config:
+    world: int
+    dtype: str
+    num_taps: int
+    hidden_size: int
+    max_rows_per_rank: int
+    layout: str
+    device_type: str
+
+
+def _no_multicast_env() -> None:
+    # NVLink multicast can take a shared host's GPUs out of service: never let torch or NCCL use it.
+    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+
+
+class PackedGatherer:
+    """Gathers every rank's packed taps into every rank's [rows, K*H] buffer. Collective: construct on all ranks."""
+
+    def __init__(self, group: Optional[dist.ProcessGroup], *, num_taps: int, hidden_size: int, dtype: torch.dtype,
+                 max_rows_per_rank: int, device: Optional[torch.device] = None, layout: str = ROWS,
+                 timeout_s: float = 10.0, backend: str = "auto", blocks: int = 64):
+        if layout not in (ROWS, COLUMNS):
+            raise ValueError(f"layout must be {ROWS!r} or {COLUMNS!r}, got {layout!r}")
+        if num_taps < 1 or hidden_size < 1 or max_rows_per_rank < 0:
+            raise ValueError(f"num_taps and hidden_size must be >= 1 and max_rows_per_rank >= 0, got "
+                             f"{num_taps}, {hidden_size}, {max_rows_per_rank}")
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        self.group = group
+        self.world = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        if self.world > 16:
+            raise ValueError(f"at most 16 ranks are supported, the group has {self.world}")
+        self.device = torch.device(device) if device is not None else (
+            torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() and
+            dist.get_backend(group) != "gloo" else torch.device("cpu"))
+        if layout == COLUMNS and hidden_size % self.world:
+            raise ValueError(f"layout 'columns' needs hidden_size {hidden_size} divisible by the world size {self.world}")
+        self.num_taps, self.hidden_size, self.dtype, self.layout = num_taps, hidden_size, dtype, layout
+        self.max_rows_per_rank = max_rows_per_rank
+        self.width = num_taps * hidden_size
+        self.timeout_s, self.blocks = float(timeout_s), int(blocks)
+        self._check_same_config()
+        self.backend = self._choose_backend(backend)
+        self._broken: Optional[str] = None
+        if self.backend == "p2p":
+            self._setup_p2p()
+
+    # ------------------------------------------------------------------ setup
+
+    def _check_same_config(self) -> None:
+        mine = _Config(self.world, str(self.dtype), self.num_taps, self.hidden_size, self.max_rows_per_rank,
+                       self.layout, self.device.type)
+        everyone: list = [None] * self.world
+        dist.all_gather_object(everyone, mine, group=self.group)
+        bad = [(r, c) for r, c in enumerate(everyone) if c != mine]
+        if bad:
+            diffs = "; ".join(f"rank {r}: {c}" for r, c in bad)
+            raise ValueError(f"PackedGatherer configuration differs across ranks (rank {self.rank} has {mine}); {diffs}")
+
+    def _choose_backend(self, backend: str) -> str:
+        if self.device.type == "cpu":
+            if backend not in ("auto", "gloo"):
+                raise ValueError(f"backend {backend!r} needs CUDA tensors; this gatherer is on CPU (gloo)")
+            return "gloo"
+        if backend not in ("auto", "p2p", "nccl"):
+            raise ValueError(f"backend must be 'auto', 'p2p', 'nccl' or 'gloo', got {backend!r}")
+        p2p_ok, why = self._p2p_possible()
+        if backend == "p2p" and not p2p_ok:
+            raise RuntimeError(f"backend 'p2p' requested but not possible: {why}")
+        if backend == "nccl" or not p2p_ok:
+            return "nccl"
+        return "p2p"
+
+    def _p2p_possible(self) -> tuple[bool, str]:
+        from .native import build_info
+
+        if "cuda" not in build_info()["backends"]:
+            return False, "the extension was built without CUDA"
+        devices: list = [None] * self.world
+        dist.all_gather_object(devices, torch.cuda.current_device() if self.device.index is None else self.device.index,
+                               group=self.group)
+        # Every rank checks its own access to every peer, then all agree.
+        mine = all(p == devices[self.rank] or torch.cuda.can_device_access_peer(devices[self.rank], p)
+                   for p in devices)
+        votes: list = [None] * self.world
+        dist.all_gather_object(votes, mine, group=self.group)
+        if not all(votes):
+            return False, f"peer access is missing on ranks {[r for r, v in enumerate(votes) if not v]}"
+        try:
+            import torch.distributed._symmetric_memory  # noqa: F401
+        except ImportError as e:
+            return False, f"torch symmetric memory unavailable ({e})"
+        return True, ""
+
+    def _setup_p2p(self) -> None:
+        _no_multicast_env()
+        import torch.distributed._symmetric_memory as symm_mem
+
+        from . import native
+
+        native.load()
+        try:
+            symm_mem.set_backend("CUDA")
+        except Exception:  # older torch: the CUDA backend is the only one
+            pass
+        out_rows = self.world * self.max_rows_per_rank if self.layout == ROWS else self.max_rows_per_rank
+        es = torch.tensor([], dtype=self.dtype).element_size()
+        data_bytes = max(out_rows, 1) * self.width * es
+        data_bytes = (data_bytes + 255) // 256 * 256
+        buf = symm_mem.empty(data_bytes + _FLAG_WORDS * 8, dtype=torch.uint8, device=self.device)
+        self._flags = buf[data_bytes:].view(torch.int64)
+        self._flags.zero_()
+        torch.cuda.synchronize(self.device)
+        handle = symm_mem.rendezvous(buf, self.group)
+        base = buf.data_ptr()
+        self._buf, self._handle = buf, handle
+        self._out = buf[:data_bytes].view(self.dtype)[: max(out_rows, 1) * self.width].view(max(out_rows, 1), self.width)
+        self._out_ptrs = [int(p) for p in handle.buffer_ptrs]
+        self._flag_ptrs = [p + data_bytes for p in self._out_ptrs]
+        if self._out_ptrs[self.rank] != base:
+            raise RuntimeError("symmetric memory returned a local pointer that differs from the buffer")
+        self._error = torch.zeros(4, dtype=torch.int32).pin_memory()
+        dist.barrier(group=self.group)  # every rank's flags are zero before anyone signals
+
+    # ------------------------------------------------------------------ use
+
+    def output(self, total_rows: Optional[int] = None) -> torch.Tensor:
+        """The gathered buffer: for p2p, a view of the registered output (peers write into it directly)."""
+        if self.backend != "p2p":
+            raise RuntimeError("output() is the registered buffer of the p2p backend; with nccl/gloo pass any out")
+        rows = self._out.shape[0] if total_rows is None else total_rows
+        return self._out[:rows]
+
+    def _layout_rows(self, local: torch.Tensor, rows_per_rank: Optional[Sequence[int]]) -> tuple[list[int], int]:
+        if self.layout == COLUMNS:
+            rows = [local.shape[0]] * self.world
+        elif rows_per_rank is None:
+            rows = [local.shape[0]] * self.world
+        else:
+            rows = [int(r) for r in rows_per_rank]
+            if len(rows) != self.world:
+                raise ValueError(f"rows_per_rank has {len(rows)} entries for {self.world} ranks")
+            if rows[self.rank] != local.shape[0]:
+                raise ValueError(f"rows_per_rank[{self.rank}] = {rows[self.rank]} but the local tensor has "
+                                 f"{local.shape[0]} rows")
+        if any(r < 0 or r > self.max_rows_per_rank for r in rows):
+            raise ValueError(f"rows_per_rank {rows} outside 0..max_rows_per_rank={self.max_rows_per_rank}")
+        total = rows[0] if self.layout == COLUMNS else sum(rows)
+        return rows, total
+
+    def _check_local(self, local: torch.Tensor) -> None:
+        want_cols = self.width if self.layout == ROWS else self.width // self.world
+        if local.dim() != 2 or local.shape[1] != want_cols:
+            raise ValueError(f"local must be [rows, {want_cols}] for layout {self.layout!r} (K={self.num_taps}, "
+                             f"H={self.hidden_size}, world={self.world}), got {tuple(local.shape)}")
+        if local.dtype != self.dtype or local.device.type != self.device.type:
+            raise ValueError(f"local must be {self.dtype} on {self.device}, got {local.dtype} on {local.device}")
+
+    def gather(self, local: torch.Tensor, out: Optional[torch.Tensor] = None,
+               rows_per_rank: Optional[Sequence[int]] = None) -> torch.Tensor:
+        """Every rank's rows (or column shards) into `out` ([total_rows, K*H]); returns out.
+
+        rows_per_rank: every rank's row count (layout "rows"); None means all equal to this rank's. With p2p,
+        `out` must be None or `output(...)`: peers write straight into the registered buffer.
+        """
+        if self.backend == "p2p" and not self._broken and int(self._error[0]) != 0:
+            self.check()  # an earlier gather gave up: raise now rather than hang on a broken protocol
+        if self._broken:
+            raise GatherTimeout(f"this gatherer is unusable after an earlier failure: {self._broken}")
+        self._check_local(local)
+        rows, total = self._layout_rows(local, rows_per_rank)
+        if self.backend == "p2p":
+            return self._gather_p2p(local, out, rows, total)
+        if out is None:
+            out = torch.empty(total, self.width, dtype=self.dtype, device=self.device)
+        if out.shape != (total, self.width):
+            raise ValueError(f"out must be [{total}, {self.width}], got {tuple(out.shape)}")
+        return self._gather_collective(local, out, rows)
+
+    def _segments(self) -> tuple[list[int], list[int], int]:
+        if self.layout == ROWS:
+            return [0], [0], self.width
+        hs = self.hidden_size // self.world
+        return ([k * hs for k in range(self.num_taps)],
+                [k * self.hidden_size + self.rank * hs for k in range(self.num_taps)], hs)
+
+    def _gather_p2p(self, local, out, rows, total) -> torch.Tensor:
+        view = self._out[:total]
+        if out is not None and (out.data_ptr() != view.data_ptr() or out.shape != view.shape):
+            raise ValueError("with the p2p backend, out must be gatherer.output(total_rows): peers write into the "
+                             "registered buffer directly")
+        if self.layout == ROWS:
+            offset = sum(rows[: self.rank])
+        else:
+            offset = 0
+        src, dst, seg_len = self._segments()
+        local = local if local.stride(-1) == 1 else local.contiguous()
+        torch.ops.eagle3_capture.gather_p2p_(self._out, local, self._out_ptrs, self._flag_ptrs, self._flags,
+                                             self._error, self.rank, offset, src, dst, seg_len, self.blocks,
+                                             self.timeout_s)
+        return view
+
+    def _gather_collective(self, local, out, rows) -> torch.Tensor:
+        m = max(rows) if rows else 0
+        padded = local
+        if local.shape[0] != m:
+            padded = torch.zeros(m, local.shape[1], dtype=local.dtype, device=local.device)
+            padded[: local.shape[0]] = local
+        padded = padded.contiguous()
+        staging = torch.empty(self.world * m, local.shape[1], dtype=local.dtype, device=local.device)
+        if self.backend == "nccl":
+            dist.all_gather_into_tensor(staging, padded, group=self.group)
+        else:
+            dist.all_gather(list(staging.chunk(self.world)) if m else [staging] * self.world, padded,
+                            group=self.group)
+        parts = staging.view(self.world, m, local.shape[1])
+        if self.layout == ROWS:
+            start = 0
+            for r, n in enumerate(rows):
+                out[start:start + n].copy_(parts[r, :n])
+                start += n
+        else:
+            hs = self.hidden_size // self.world
+            out.view(m, self.num_taps, self.world, hs).copy_(
+                parts.view(self.world, m, self.num_taps, hs).permute(1, 2, 0, 3))
+        return out
+
+    def check(self) -> None:
+        """Waits for this rank's gathers so far and raises GatherTimeout if one gave up (p2p)."""
+        if self.backend != "p2p":
+            return
+        torch.cuda.current_stream(self.device).synchronize()
+        code, peer, step, n = (int(v) for v in self._error.tolist())
+        if code:
+            self._broken = (f"rank {self.rank} timed out after {self.timeout_s:g} s in gather #{n}, "
+                            f"{_STEPS.get(step, f'step {step}')} (rank {peer})")
+            raise GatherTimeout(self._broken)
+
+    def close(self) -> None:
+        if self.backend == "p2p":
+            torch.cuda.synchronize(self.device)
+            self._handle = None
+            self._buf = self._out = self._flags = None
+
+
+def reference_gather(locals_: Sequence[torch.Tensor], layout: str, num_taps: int, hidden_size: int) -> torch.Tensor:
+    """What every rank's output must hold, given every rank's local tensor (the test oracle)."""
+    world = len(locals_)
+    if layout == ROWS:
+        return torch.cat(list(locals_), dim=0)
+    hs = hidden_size // world
+    t = locals_[0].shape[0]
+    out = torch.empty(t, num_taps * hidden_size, dtype=locals_[0].dtype)
+    for r, loc in enumerate(locals_):
+        for k in range(num_taps):
+            out[:, k * hidden_size + r * hs: k * hidden_size + (r + 1) * hs] = loc[:, k * hs:(k + 1) * hs]
+    return out

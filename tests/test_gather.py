@@ -1,0 +1,82 @@
+"""PackedGatherer on CPU with gloo: 2, 3 and 8 ranks; equal, uneven and empty rows; the column-sharded layout; the
+configuration check across ranks."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import socket
+import traceback
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import gather_worker
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn(world: int, target, *args, timeout: float = 240.0):
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=target, args=(r, world, port, *args, q)) for r in range(world)]
+    for p in procs:
+        p.start()
+    out = {}
+    try:
+        for _ in range(world):
+            rank, status, payload = q.get(timeout=timeout)
+            out[rank] = (status, payload)
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 3, 8])
+def test_gloo_gather_matches_reference(world):
+    res = spawn(world, gather_worker.entry, "cpu", "auto")
+    errors = {r: p for r, (s, p) in res.items() if s != "ok"}
+    assert not errors, "\n".join(f"rank {r}:\n{p}" for r, p in errors.items())
+    for r, (_, results) in res.items():
+        assert len(results) == len(gather_worker.CASES) and all(b == "gloo" for _, _, b in results)
+
+
+def _mismatch_entry(rank, world, port, queue):
+    try:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        from eagle3_capture.tp import PackedGatherer
+
+        try:
+            PackedGatherer(None, num_taps=3, hidden_size=16 if rank else 32, dtype=torch.bfloat16,
+                           max_rows_per_rank=4, device="cpu")
+            queue.put((rank, "no error", ""))
+        except ValueError as e:
+            queue.put((rank, "ok", str(e)))
+        dist.destroy_process_group()
+    except BaseException:
+        queue.put((rank, "error", traceback.format_exc()))
+
+
+def test_mismatched_configuration_is_an_error_on_every_rank():
+    res = spawn(2, _mismatch_entry)
+    for r, (status, msg) in res.items():
+        assert status == "ok", f"rank {r}: {status} {msg}"
+        assert "differs across ranks" in msg and "hidden_size=32" in msg and "hidden_size=16" in msg
+
+
+def test_reference_gather_columns_layout():
+    from eagle3_capture.tp import reference_gather
+
+    a = torch.arange(2 * 4).view(2, 4).float()       # rank 0: K=2 taps of H/2 = 2 columns
+    b = 100 + torch.arange(2 * 4).view(2, 4).float()  # rank 1
+    out = reference_gather([a, b], "columns", 2, 4)
+    assert out[0].tolist() == [0, 1, 100, 101, 2, 3, 102, 103]
