@@ -389,6 +389,22 @@ def bare_model(num_layers: Optional[int] = None, hidden_size: Optional[int] = No
     return m
 
 
+_TINY_TARGET = None
+
+
+def tiny_target():
+    """Once per process: the tiny DeepseekV3 (HF and SGLang, same weights) and the HF taps for PROMPT+DECODE_TOKEN:
+    dict(cfg, hf, model, taps, logits)."""
+    global _TINY_TARGET
+    if _TINY_TARGET is None:
+        cfg = tiny_config()
+        hf = build_hf(cfg)
+        model = build_sglang(cfg, hf)
+        taps, logits = hf_taps(hf, torch.tensor(PROMPT + [DECODE_TOKEN]))
+        _TINY_TARGET = {"cfg": cfg, "hf": hf, "model": model, "taps": taps, "logits": logits}
+    return _TINY_TARGET
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Subprocess scenarios
 # ----------------------------------------------------------------------------------------------------------------

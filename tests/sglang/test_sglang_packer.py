@@ -7,6 +7,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from sglang_fixtures import harness, require_sglang, sglang_plugin, tiny  # noqa: F401  (fixtures)
+
 pytestmark = pytest.mark.sglang
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]

@@ -4,6 +4,8 @@ import pkgutil
 
 import pytest
 
+from sglang_fixtures import harness, require_sglang, sglang_plugin, tiny  # noqa: F401  (fixtures)
+
 pytestmark = pytest.mark.sglang
 
 

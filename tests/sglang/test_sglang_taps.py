@@ -4,6 +4,8 @@ import os
 
 import pytest
 
+from sglang_fixtures import harness, require_sglang, sglang_plugin, tiny  # noqa: F401  (fixtures)
+
 pytestmark = pytest.mark.sglang
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "configs")

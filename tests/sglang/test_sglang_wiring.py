@@ -8,6 +8,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from sglang_fixtures import harness, require_sglang, sglang_plugin, tiny  # noqa: F401  (fixtures)
+
 pytestmark = pytest.mark.sglang
 
 # [embedding, two middle layers, the final boundary] of the 6-layer tiny model, as EAGLE draft ids

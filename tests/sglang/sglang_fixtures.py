@@ -1,8 +1,11 @@
-"""Shared setup of the SGLang plugin tests (every test under tests/sglang is marked `sglang`, except the `cuda` tests
-of test_hook_calls_cuda.py, which call the hooks' ops on CUDA tensors without SGLang).
+"""Fixtures of the SGLang plugin tests, imported by each test module (`from sglang_fixtures import ...`).
 
-- They FAIL, never skip, when SGLang 0.5.23 is missing: deselect them with `-m "not sglang"` where it is not
-  installed (e.g. the GPU machine).
+(Not a conftest.py: pytest imports every directory's conftest.py as the module `conftest`, and the last one
+imported would shadow tests/conftest.py for the modules that do `from conftest import ...`.)
+
+- Every test module here is marked `sglang`, and its tests FAIL, never skip, when SGLang 0.5.23 is missing
+  (`require_sglang`, autouse): deselect them with `-m "not sglang"` where it is not installed (e.g. the GPU machine,
+  which runs only test_hook_calls_cuda.py's `cuda` tests, which need no SGLang).
 - The in-process tests run with the plugin loaded through SGLang's own `load_plugins()` (once per process, and
   SGLang cannot undo it); what needs a process without the plugin, or another environment, runs in a subprocess
   (harness.py as a script).
@@ -11,7 +14,6 @@ of test_hook_calls_cuda.py, which call the hooks' ops on CUDA tensors without SG
 import importlib.metadata
 import importlib.util
 import os
-import sys
 
 import pytest
 
@@ -20,14 +22,6 @@ SGLANG_VERSION = "0.5.23"
 
 # Before anything imports torch._dynamo users (SGLang's MoE top-k is torch.compile'd; on CPU that is slow).
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
-
-
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        # test_*_cuda.py here holds `cuda` tests of the hooks' op calls that need no SGLang (the GPU machine has
-        # none); everything else in this directory runs SGLang's code.
-        if str(item.fspath).startswith(HERE + os.sep) and item.get_closest_marker("cuda") is None:
-            item.add_marker(pytest.mark.sglang)
 
 
 def _sglang_problem():
@@ -43,18 +37,17 @@ def _sglang_problem():
     return None
 
 
-def pytest_runtest_setup(item):
-    if item.get_closest_marker("sglang") is not None:
-        why = _sglang_problem()
-        if why is not None:
-            pytest.fail(f"this test is marked `sglang`: {why} (install it with `make test`, which runs "
-                        f"pip install --no-deps sglang=={SGLANG_VERSION} plus its light deps; deselect with "
-                        "-m 'not sglang')")
+@pytest.fixture(autouse=True)
+def require_sglang():
+    why = _sglang_problem()
+    if why is not None:
+        pytest.fail(f"this test is marked `sglang`: {why} (install it with `make test`, which runs "
+                    f"pip install --no-deps sglang=={SGLANG_VERSION} plus its light deps; deselect with "
+                    "-m 'not sglang')")
 
 
 @pytest.fixture(scope="session")
 def harness():
-    sys.path.insert(0, HERE)
     import harness as h
 
     h.setup_process()
@@ -79,11 +72,5 @@ def sglang_plugin(harness):
 @pytest.fixture(scope="session")
 def tiny(harness, sglang_plugin):
     """A seeded tiny DeepseekV3: the HF model, SGLang's model loaded from its weights (plugin installed), and the
-    HF reference hidden states at every tap for PROMPT + [DECODE_TOKEN]."""
-    import torch
-
-    cfg = harness.tiny_config()
-    hf = harness.build_hf(cfg)
-    model = harness.build_sglang(cfg, hf)
-    taps, logits = harness.hf_taps(hf, torch.tensor(harness.PROMPT + [harness.DECODE_TOKEN]))
-    return {"cfg": cfg, "hf": hf, "model": model, "taps": taps, "logits": logits}
+    HF reference hidden states at every tap for PROMPT + [DECODE_TOKEN] (built once per process)."""
+    return harness.tiny_target()
