@@ -49,26 +49,42 @@ def _stub_vllm() -> None:
     sys.modules["vllm._custom_ops"] = ops
 
 
-def setup_process() -> None:
-    """Once per process: single-rank gloo parallel state and a published ServerArgs (tp=pp=ep=1)."""
+def setup_process(world_size: int = 1, rank: int = 0, port: Optional[int] = None) -> None:
+    """Once per process: gloo parallel state (tp = world_size, pp = ep = 1) and a published ServerArgs. For
+    world_size > 1, every rank's process calls it with the same `port`."""
     global _SETUP_DONE
     if _SETUP_DONE:
         return
     _stub_vllm()
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = str(_free_port())
+    os.environ["MASTER_PORT"] = str(port if port is not None else _free_port())
     from sglang.srt import runtime_context
     from sglang.srt.distributed import parallel_state
     from sglang.srt.runtime_context import SpawnRanks, get_parallel
     from sglang.srt.server_args import ServerArgs
 
-    parallel_state.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo")
+    parallel_state.init_distributed_environment(world_size=world_size, rank=rank, local_rank=rank, backend="gloo")
     runtime_context.reset_context()
     runtime_context.publish(
-        ServerArgs(model_path="dummy", tp_size=1, pp_size=1, ep_size=1, attention_backend="torch_native"),
-        role="test", ranks=SpawnRanks(world_rank=0))
+        ServerArgs(model_path="dummy", tp_size=world_size, pp_size=1, ep_size=1, attention_backend="torch_native"),
+        role="test", ranks=SpawnRanks(world_rank=rank))
     get_parallel().override_permanently(world_group=parallel_state._WORLD)
-    parallel_state.initialize_model_parallel(backend="gloo")
+    if world_size == 1:
+        parallel_state.initialize_model_parallel(backend="gloo")
+    else:
+        # CPU-only workaround for world > 1: SGLang's group coordinators default to PyNccl and the custom
+        # all-reduce, which need a GPU; over gloo, plain torch.distributed collectives are what is left.
+        from unittest import mock
+
+        original = parallel_state.init_model_parallel_group
+
+        def no_gpu_comms(*args, **kwargs):
+            kwargs.update(use_pynccl=False, use_custom_allreduce=False, use_mscclpp=False,
+                          use_torch_symm_mem_allreduce=False)
+            return original(*args, **kwargs)
+
+        with mock.patch.object(parallel_state, "init_model_parallel_group", no_gpu_comms):
+            parallel_state.initialize_model_parallel(backend="gloo")
 
     # torch_native has no DeepSeek handler and would fall back to an MHA path that cannot read the MLA cache.
     from sglang.srt.models.deepseek_common.attention_backend_handler import AttentionBackendRegistry
@@ -261,7 +277,7 @@ def _fill(model, seed: int) -> None:
                 p.copy_(0.05 * torch.randn(p.shape, generator=g))
 
 
-def build_mla_draft(fc_norm: bool = True, seed: int = 5, dtype=torch.float32):
+def build_mla_draft(fc_norm: bool = True, seed: int = 5, dtype=torch.float32, fill: bool = True):
     """SGLang's kimi_k25_eagle3.Eagle3DeepseekV2ForCausalLM: fc_norm ModuleList + ColumnParallelLinear fc."""
     from sglang.srt.models.kimi_k25_eagle3 import Eagle3DeepseekV2ForCausalLM
 
@@ -273,8 +289,9 @@ def build_mla_draft(fc_norm: bool = True, seed: int = 5, dtype=torch.float32):
     cfg.draft_vocab_size = cfg.vocab_size
     with _default_dtype(dtype):  # as SGLang's loader builds a model (a later .to() would convert shared RoPE caches)
         model = Eagle3DeepseekV2ForCausalLM(cfg).eval()
-    _fill(model, seed)
-    model.post_load_weights()
+    if fill:
+        _fill(model, seed)
+        model.post_load_weights()
     return cfg, model
 
 
@@ -483,6 +500,117 @@ def _hooks(out_path: str) -> None:
                    "status": plugin.hook_status(), "set_layers": set_layers}, f)
 
 
+def _draft_tp_rank(out_dir: str, rank: str, world: str, port: str) -> None:
+    """One TP rank of the draft fc at TP = world on CPU (gloo): SGLang's Eagle3MLAModel with its fc column-sharded,
+    full weights loaded through the parameters' own weight loaders, run with the plugin (fused fc + the project's
+    gatherer) and with SGLang's own forward, up to the draft layer's input (the fc output: everything after it is
+    SGLang's attention, unchanged by the plugin)."""
+    import json
+
+    rank, world = int(rank), int(world)
+    setup_process(world_size=world, rank=rank, port=int(port))
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    from eagle3_capture import reference
+    from eagle3_capture.sglang import draft
+    from eagle3_capture.tp import PackedGatherer
+
+    cfg, model = build_mla_draft(fc_norm=True, fill=False)
+    K, H = len(DRAFT_IDS), cfg.hidden_size
+    g = torch.Generator().manual_seed(21)  # same full weights on every rank; each rank's loader takes its shard
+    full = {}
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            loader = getattr(p, "weight_loader", None)
+            if name == "model.fc.weight":
+                w = torch.randn(H, K * H, generator=g) / (K * H) ** 0.5
+            elif name == "model.embed_tokens.weight":
+                w = 0.05 * torch.randn(cfg.vocab_size, H, generator=g)
+            elif "norm" in name:
+                w = 1.0 + 0.2 * torch.randn(p.shape, generator=g)
+            else:
+                p.copy_(0.05 * torch.randn(p.shape, generator=g))
+                continue
+            full[name] = w
+            loader(p, w) if loader is not None else p.copy_(w)
+    model.post_load_weights()
+    assert tuple(model.model.fc.weight.shape) == (H // world, K * H), tuple(model.model.fc.weight.shape)
+    x = target_features(len(PROMPT), H, K)
+    seen = {}
+
+    def pre(module, args):
+        seen["h"] = args[2].clone()
+        raise _StopAtDraftLayer
+
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+    from sglang.srt.speculative.eagle_info import EagleDraftInput
+
+    handle = model.model.midlayer.register_forward_pre_hook(pre)
+    results = {}
+    try:
+        for label, fwd in (("plugin", type(model.model).forward), ("sglang", type(model.model).forward.__wrapped__)):
+            ids = torch.tensor(PROMPT)
+            n = len(PROMPT)
+            fb = ForwardBatch(forward_mode=ForwardMode.EXTEND, batch_size=1, input_ids=ids,
+                              req_pool_indices=torch.zeros(1, dtype=torch.int32),
+                              seq_lens=torch.tensor([n], dtype=torch.int32),
+                              seq_lens_cpu=torch.tensor([n], dtype=torch.int32), out_cache_loc=torch.arange(n),
+                              seq_lens_sum=n, positions=torch.arange(n))
+            fb.spec_info = EagleDraftInput(hidden_states=x)
+            try:
+                with torch.no_grad():
+                    fwd(model.model, ids, fb.positions, fb)
+            except _StopAtDraftLayer:
+                pass
+            results[label] = seen.pop("h")
+    finally:
+        handle.remove()
+    g_norm = torch.stack([full[f"model.fc_norm.{k}.weight"] for k in range(K)]).double()
+    want = reference.draft_fc(x.double(), full["model.fc.weight"].double(), g_norm, cfg.rms_norm_eps)
+    gatherer = model.model.__dict__.get(draft._GATHER_ATTR)
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump({
+            "plugin_vs_reference": float((results["plugin"].double() - want).abs().max()),
+            "sglang_vs_reference": float((results["sglang"].double() - want).abs().max()),
+            "plugin_vs_sglang": float((results["plugin"] - results["sglang"]).abs().max()),
+            "shape": list(results["plugin"].shape),
+            "gatherer": type(gatherer).__name__ if isinstance(gatherer, PackedGatherer) else repr(gatherer),
+            "backend": getattr(gatherer, "backend", None),
+            "fc_shard": list(model.model.fc.weight.shape),
+        }, f)
+
+
+class _StopAtDraftLayer(Exception):
+    pass
+
+
+def run_ranks(scenario: str, out_dir, world: int, env_extra: Optional[Dict[str, str]] = None, timeout: int = 300):
+    """Run `harness.py SCENARIO OUT_DIR RANK WORLD PORT` for every rank at once; raise with stderr on failure."""
+    import subprocess
+
+    env = dict(os.environ)
+    env.update(env_extra or {})
+    env["TORCHDYNAMO_DISABLE"] = "1"
+    port = str(_free_port())
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), scenario, str(out_dir), str(r), str(world),
+                               port], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(world)]
+    outs = []
+    for r, p in enumerate(procs):
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise AssertionError(f"harness.py {scenario} rank {r} timed out after {timeout} s")
+        outs.append((p.returncode, err))
+    bad = [(r, rc, err) for r, (rc, err) in enumerate(outs) if rc != 0]
+    if bad:
+        r, rc, err = bad[0]
+        raise AssertionError(f"harness.py {scenario} rank {r} failed (rc {rc}):\n{err[-6000:]}")
+
+
 def run_script(scenario: str, out_path, env_extra: Optional[Dict[str, str]] = None, timeout: int = 300):
     """Run this file as `harness.py SCENARIO OUT` in a fresh process (the caller's environment plus env_extra);
     returns the CompletedProcess, raising with its stderr if it failed."""
@@ -499,5 +627,5 @@ def run_script(scenario: str, out_path, env_extra: Optional[Dict[str, str]] = No
 
 
 if __name__ == "__main__":
-    scenario, out = sys.argv[1], sys.argv[2]
-    {"native": _native, "hooks": _hooks}[scenario](out)
+    scenario, args = sys.argv[1], sys.argv[2:]
+    {"native": _native, "hooks": _hooks, "draft_tp": _draft_tp_rank}[scenario](*args)

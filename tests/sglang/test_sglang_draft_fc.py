@@ -120,3 +120,20 @@ def test_draft_decode_inputs_skip_the_fc(harness, draft_hooks_on):
         got, _, spec_info = _fc_input_of_layer(harness, model, cfg, x, "mla")
     assert counter.counts["eagle3_capture.draft_fc.default"] == 0
     assert torch.equal(got, x) and spec_info.hidden_states is x
+
+
+def test_draft_fc_at_tp2_gathers_column_shards_with_the_projects_gatherer(harness, tmp_path):
+    """TP = 2 on the CPU (two processes, gloo): SGLang's Eagle3MLAModel with its fc column-sharded ([N/2, K*H] per
+    rank, full weights loaded through the parameters' own weight loaders). With the plugin, the fused fc's [T, N/2]
+    shards are gathered by eagle3_capture.tp.PackedGatherer (layout "columns"); the result equals the float64
+    reference of the whole fc and SGLang's own path (its _fc_gatherer) on every rank."""
+    import json
+
+    harness.run_ranks("draft_tp", tmp_path, 2)
+    for rank in range(2):
+        rep = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert rep["fc_shard"] == [32, 256], rep
+        assert rep["gatherer"] == "PackedGatherer" and rep["backend"] == "gloo", rep
+        assert rep["shape"] == [len(harness.PROMPT), 64], rep
+        assert rep["plugin_vs_reference"] < 2e-5 and rep["sglang_vs_reference"] < 2e-5, rep
+        assert rep["plugin_vs_sglang"] < 2e-5, rep

@@ -19,7 +19,7 @@ def _expected_groups(plugin):
 
     groups = [switches.TAPS, switches.FINAL_BOUNDARY, switches.CAPTURE]
     if draft.unavailable() is None:
-        groups.append(switches.DRAFT_FC)
+        groups += [switches.DRAFT_FC, switches.GATHER]  # gather: no hook of its own, used by the draft fc hooks
     return groups
 
 

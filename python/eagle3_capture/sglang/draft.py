@@ -19,7 +19,9 @@ plain weighted RMSNorm with one eps, a dtype other than float32/float16/bfloat16
 and weights, H not a multiple of 8, a device the extension was not built for. ``norm_before_fc`` together with
 ``fc_norm`` applies SGLang's ``input_norm`` module first, then the fused fc with the per-tap norms.
 
-The column-shard gather stays SGLang's ``_fc_gatherer`` until the project's gatherer lands.
+At TP > 1 the fc's column shards ([T, N/tp] per rank) are gathered by the project's ``tp.PackedGatherer``
+(layout "columns": peer-to-peer kernel on CUDA where every GPU pair has peer access, NCCL otherwise, gloo on CPU)
+instead of SGLang's ``_fc_gatherer`` (NVLink multicast, else NCCL); switch ``gather`` turns that off.
 """
 from __future__ import annotations
 
@@ -174,7 +176,7 @@ def _mla_fc(model, x) -> Optional[torch.Tensor]:
     g = _norm_stack(model, norms, x.dtype) if norms is not None else None
     eps = float(norms[0].variance_epsilon) if norms is not None else 1e-6
     y = fused_fc(x, fc.weight, g, eps, bias)
-    return model._fc_gatherer(y)
+    return gather_columns(model, fc, y)
 
 
 def _llama_fc(model, x) -> Optional[torch.Tensor]:
@@ -209,6 +211,82 @@ def _llama_fc(model, x) -> Optional[torch.Tensor]:
     return fused_fc(x, fc.weight, None, 1e-6, bias)
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# Column-shard gather of the fc output at TP > 1: the project's PackedGatherer
+# ----------------------------------------------------------------------------------------------------------------
+
+_GATHER_ATTR = "_eagle3_capture_fc_gatherer"
+_GATHER_OFF = "off"
+
+
+def gather_unavailable() -> Optional[str]:
+    try:
+        from .. import tp  # noqa: F401
+    except Exception as e:
+        return f"eagle3_capture.tp does not import: {e}"
+    return None
+
+
+def _max_rows() -> int:
+    """Rows the gatherer is sized for: SGLang's own sizing of its fc gatherer (decode batch x draft tokens, or a
+    prefill chunk; at least 512); larger batches use SGLang's gather."""
+    try:
+        from sglang.srt.distributed.device_communicators import triton_symm_mem_ag
+
+        return int(triton_symm_mem_ag.recommended_max_tokens(include_prefill=True, floor=512))
+    except Exception:
+        return 512
+
+
+def _capturing(t: torch.Tensor) -> bool:
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def gather_columns(model, fc, y: torch.Tensor) -> torch.Tensor:
+    """[T, N/tp] column shard of every TP rank -> [T, N] on every rank, through ``tp.PackedGatherer`` (layout
+    "columns": one tap of width N); SGLang's ``model._fc_gatherer`` at tp=1 (the identity), when the switch is off,
+    for more rows than the gatherer holds, or while a CUDA graph is being captured before the gatherer exists
+    (building it is collective and cannot run inside a capture). Every TP rank runs the same batch, so every rank
+    takes the same branch."""
+    from . import switches
+
+    group = getattr(fc, "tp_group", None)
+    world = int(getattr(group, "world_size", 1) or 1)
+    if world <= 1 or not switches.enabled(switches.GATHER) or y.dim() != 2:
+        return model._fc_gatherer(y)
+    state = model.__dict__.get(_GATHER_ATTR)
+    if state is None:
+        if _capturing(y):
+            return model._fc_gatherer(y)
+        state = _build_gatherer(model, group, y, world)
+        model.__dict__[_GATHER_ATTR] = state
+    if state == _GATHER_OFF or y.shape[0] > state.max_rows_per_rank or y.dtype != state.dtype:
+        return model._fc_gatherer(y)
+    if y.shape[0] == 0:
+        return y.new_empty((0, state.hidden_size))
+    return state.gather(y if y.stride(-1) == 1 else y.contiguous())
+
+
+def _build_gatherer(model, group, y: torch.Tensor, world: int):
+    from ..tp import COLUMNS, PackedGatherer
+
+    pg = getattr(group, "device_group", None)
+    if pg is None:
+        logger.warning("eagle3_capture: %s: TP group without a device group; the fc gather stays SGLang's",
+                       type(model).__name__)
+        return _GATHER_OFF
+    try:
+        g = PackedGatherer(pg, num_taps=1, hidden_size=int(y.shape[1]) * world, dtype=y.dtype,
+                           max_rows_per_rank=_max_rows(), device=y.device, layout=COLUMNS)
+    except Exception as e:  # raised on every rank alike (its checks are collective)
+        logger.warning("eagle3_capture: %s: the project's gatherer could not be set up (%s); the fc gather stays "
+                       "SGLang's", type(model).__name__, e)
+        return _GATHER_OFF
+    logger.info("eagle3_capture: %s fc column shards gathered by PackedGatherer (backend %s, tp=%d, N=%d, up to "
+                "%d rows)", type(model).__name__, g.backend, world, g.hidden_size, g.max_rows_per_rank)
+    return g
+
+
 def _fc_forward_hook(compute: Callable):
     def hook(original, self, input_ids, positions, forward_batch, *args, **kwargs):
         spec_info = getattr(forward_batch, "spec_info", None)
@@ -237,5 +315,5 @@ HOOKS: List[Tuple[str, Callable]] = [
     (T_LLAMA_FORWARD, llama_forward_hook),
 ]
 
-__all__ = ["T_MLA_FORWARD", "T_LLAMA_FORWARD", "HOOKS", "unavailable", "fused_fc", "mla_forward_hook",
-           "llama_forward_hook"]
+__all__ = ["T_MLA_FORWARD", "T_LLAMA_FORWARD", "HOOKS", "unavailable", "gather_unavailable", "fused_fc",
+           "gather_columns", "mla_forward_hook", "llama_forward_hook"]

@@ -30,6 +30,8 @@ HOOKS: Dict[str, List[Tuple[str, Callable]]] = {
         (capture.T_PACKER_APPEND, capture.packer_append_hook),
     ],
     switches.DRAFT_FC: draft.HOOKS,
+    # no hook of its own: used inside the draft fc hooks, for the column-shard gather at TP > 1
+    switches.GATHER: [],
 }
 
 # Filled by register(): what was registered, and why a group was not.
@@ -46,6 +48,10 @@ def _group_unavailable(group: str) -> Optional[str]:
             return f"the capture op does not load: {e}"
     if group == switches.DRAFT_FC:
         return draft.unavailable()
+    if group == switches.GATHER:
+        if switches.DRAFT_FC in switches.disabled_hooks():
+            return "used only by the draft_fc hooks, which are off"
+        return draft.unavailable() or draft.gather_unavailable()
     return None
 
 

@@ -13,6 +13,8 @@ name               what it turns off
                    draft that declares that tap then fails at model load instead of losing it
 ``capture``        writing captures through ``eagle3_capture::capture_`` (SGLang's ``copy_`` is used instead)
 ``draft_fc``       the fused draft fc (``ops.draft_fc``) in the EAGLE-3 drafts
+``gather``         the project's gatherer (``tp.PackedGatherer``) for the draft fc's column shards at TP > 1
+                   (SGLang's ``_fc_gatherer`` is used instead); has no effect when ``draft_fc`` is off
 ``all``            every hook: the plugin registers nothing (same as ``SGLANG_PLUGINS`` without it)
 =================  =================================================================================================
 
@@ -36,7 +38,8 @@ TAPS = "taps"
 FINAL_BOUNDARY = "final_boundary"
 CAPTURE = "capture"
 DRAFT_FC = "draft_fc"
-HOOKS = (TAPS, FINAL_BOUNDARY, CAPTURE, DRAFT_FC)
+GATHER = "gather"
+HOOKS = (TAPS, FINAL_BOUNDARY, CAPTURE, DRAFT_FC, GATHER)
 ALL = "all"
 
 logger = logging.getLogger("eagle3_capture.sglang")
