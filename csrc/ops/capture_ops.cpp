@@ -19,14 +19,14 @@ void* packed_slot_ptr(const at::Tensor& packed, int64_t slot, int64_t rows, int6
   check_dim(packed, 2, op, "packed", "[T, K*H]");
   check_same_dtype(packed, tap, op, "packed", tap_arg);
   check_same_device(packed, tap, op, "packed", tap_arg);
-  TORCH_CHECK(packed.size(0) == rows, "eagle3_capture.", op, ": expected packed to have T=", rows,
+  E3_CHECK(packed.size(0) == rows, "eagle3_capture.", op, ": expected packed to have T=", rows,
               " rows like ", tap_arg, ", got shape ", shape_str(packed));
   const int64_t width = packed.size(1);
-  TORCH_CHECK(width >= cols && width % cols == 0, "eagle3_capture.", op,
+  E3_CHECK(width >= cols && width % cols == 0, "eagle3_capture.", op,
               ": expected packed width to be K*H for H=", cols, " (a positive multiple of ", cols, "), got ",
               width, " (shape ", shape_str(packed), ")");
   const int64_t k = width / cols;
-  TORCH_CHECK(slot >= 0 && slot < k, "eagle3_capture.", op, ": slot ", slot, " is out of range for a packed ",
+  E3_CHECK(slot >= 0 && slot < k, "eagle3_capture.", op, ": slot ", slot, " is out of range for a packed ",
               "buffer of K=", k, " taps of H=", cols, " (valid slots 0..", k - 1, ")");
   check_rows(packed, op, "packed");
   check_element_aligned(packed, op, "packed");
@@ -48,7 +48,7 @@ e3::CaptureParams capture_params(const at::Tensor& packed, int64_t slot, const a
   check_tap(hidden, op, "hidden");
   *dtype = to_e3_dtype(hidden, op, "hidden");
   const int64_t rows = hidden.size(0), cols = hidden.size(1);
-  TORCH_CHECK(cols >= 1, "eagle3_capture.capture_: expected hidden size H >= 1, got shape ", shape_str(hidden));
+  E3_CHECK(cols >= 1, "eagle3_capture.capture_: expected hidden size H >= 1, got shape ", shape_str(hidden));
   e3::CaptureParams p{};
   p.packed = packed_slot_ptr(packed, slot, rows, cols, op, hidden, "hidden");
   p.packed_row_stride = packed.stride(0);
@@ -61,7 +61,7 @@ e3::CaptureParams capture_params(const at::Tensor& packed, int64_t slot, const a
     check_tap(r, op, "residual");
     check_same_dtype(r, hidden, op, "residual", "hidden");
     check_same_device(r, hidden, op, "residual", "hidden");
-    TORCH_CHECK(r.sizes() == hidden.sizes(), "eagle3_capture.capture_: expected residual to have the shape of ",
+    E3_CHECK(r.sizes() == hidden.sizes(), "eagle3_capture.capture_: expected residual to have the shape of ",
                 "hidden ", shape_str(hidden), ", got ", shape_str(r));
     check_no_overlap(packed.narrow(1, slot * cols, cols), r, op, "packed slot", "residual");
     p.residual = r.data_ptr();
@@ -79,21 +79,21 @@ e3::FusedAddRmsnormCaptureParams fused_add_rmsnorm_capture_params(const at::Tens
   check_tap(hidden, op, "hidden");
   *dtype = to_e3_dtype(hidden, op, "hidden");
   const int64_t rows = hidden.size(0), cols = hidden.size(1);
-  TORCH_CHECK(cols >= 1, "eagle3_capture.", op, ": expected hidden size H >= 1, got shape ", shape_str(hidden));
+  E3_CHECK(cols >= 1, "eagle3_capture.", op, ": expected hidden size H >= 1, got shape ", shape_str(hidden));
   check_tap(residual, op, "residual");
   check_same_dtype(residual, hidden, op, "residual", "hidden");
   check_same_device(residual, hidden, op, "residual", "hidden");
-  TORCH_CHECK(residual.sizes() == hidden.sizes(), "eagle3_capture.", op,
+  E3_CHECK(residual.sizes() == hidden.sizes(), "eagle3_capture.", op,
               ": expected residual to have the shape of hidden ", shape_str(hidden), ", got ",
               shape_str(residual));
   check_dim(weight, 1, op, "weight", "[H]");
   check_same_dtype(weight, hidden, op, "weight", "hidden");
   check_same_device(weight, hidden, op, "weight", "hidden");
-  TORCH_CHECK(weight.size(0) == cols, "eagle3_capture.", op, ": expected weight of shape [", cols,
+  E3_CHECK(weight.size(0) == cols, "eagle3_capture.", op, ": expected weight of shape [", cols,
               "] (H of hidden), got ", shape_str(weight));
   check_contiguous(weight, op, "weight");
   check_element_aligned(weight, op, "weight");
-  TORCH_CHECK(std::isfinite(eps) && eps >= 0.0, "eagle3_capture.", op, ": expected eps finite and >= 0, got ",
+  E3_CHECK(std::isfinite(eps) && eps >= 0.0, "eagle3_capture.", op, ": expected eps finite and >= 0, got ",
               eps);
   check_no_overlap(hidden, residual, op, "hidden", "residual");
   check_no_overlap(hidden, weight, op, "hidden", "weight");

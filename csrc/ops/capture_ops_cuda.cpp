@@ -13,7 +13,7 @@ namespace {
 
 void capture_cuda(at::Tensor& packed, int64_t slot, const at::Tensor& hidden,
                   const std::optional<at::Tensor>& residual) {
-  TORCH_CHECK(hidden.is_cuda(), "eagle3_capture.capture_: expected hidden on a CUDA device, got ",
+  E3_CHECK(hidden.is_cuda(), "eagle3_capture.capture_: expected hidden on a CUDA device, got ",
               hidden.device());
   e3::DType dtype;
   const e3::CaptureParams p = capture_params(packed, slot, hidden, residual, &dtype);
@@ -25,7 +25,7 @@ void capture_cuda(at::Tensor& packed, int64_t slot, const at::Tensor& hidden,
 
 void fused_add_rmsnorm_capture_cuda(at::Tensor& hidden, at::Tensor& residual, const at::Tensor& weight,
                                     double eps, at::Tensor& packed, int64_t slot) {
-  TORCH_CHECK(hidden.is_cuda(), "eagle3_capture.fused_add_rmsnorm_capture_: expected hidden on a CUDA device, ",
+  E3_CHECK(hidden.is_cuda(), "eagle3_capture.fused_add_rmsnorm_capture_: expected hidden on a CUDA device, ",
               "got ", hidden.device());
   e3::DType dtype;
   const e3::FusedAddRmsnormCaptureParams p =
@@ -33,7 +33,7 @@ void fused_add_rmsnorm_capture_cuda(at::Tensor& hidden, at::Tensor& residual, co
   if (p.rows == 0) return;
   const c10::cuda::CUDAGuard guard(hidden.device());
   const int64_t max_cols = e3::fused_add_rmsnorm_capture_cuda_max_cols();
-  TORCH_CHECK(p.cols <= max_cols, "eagle3_capture.fused_add_rmsnorm_capture_: H=", p.cols,
+  E3_CHECK(p.cols <= max_cols, "eagle3_capture.fused_add_rmsnorm_capture_: H=", p.cols,
               " exceeds the CUDA kernel's limit of ", max_cols,
               " on this device (the fp32 row is cached in shared memory)");
   C10_CUDA_CHECK(static_cast<cudaError_t>(

@@ -7,11 +7,9 @@ namespace e3ops {
 
 namespace {
 std::string join(c10::IntArrayRef v) {
-  std::ostringstream s;
-  s << "[";
-  for (size_t i = 0; i < v.size(); ++i) s << (i ? ", " : "") << v[i];
-  s << "]";
-  return s.str();
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
 }
 }  // namespace
 
@@ -24,48 +22,49 @@ e3::DType to_e3_dtype(const at::Tensor& t, const char* op, const char* arg) {
     case at::kHalf: return e3::DType::F16;
     case at::kBFloat16: return e3::DType::BF16;
     default:
-      TORCH_CHECK(false, "eagle3_capture.", op, ": expected ", arg,
+      E3_CHECK(false, "eagle3_capture.", op, ": expected ", arg,
                   " to be float32, float16 or bfloat16, got ", t.scalar_type());
   }
 }
 
 void check_dim(const at::Tensor& t, int64_t dim, const char* op, const char* arg, const char* layout) {
-  TORCH_CHECK(t.dim() == dim, "eagle3_capture.", op, ": expected ", arg, " to be ", dim, "-D ", layout,
+  E3_CHECK(t.dim() == dim, "eagle3_capture.", op, ": expected ", arg, " to be ", dim, "-D ", layout,
               ", got shape ", shape_str(t));
 }
 
 void check_same_dtype(const at::Tensor& t, const at::Tensor& ref, const char* op, const char* arg,
                       const char* ref_arg) {
-  TORCH_CHECK(t.scalar_type() == ref.scalar_type(), "eagle3_capture.", op, ": expected ", arg,
+  E3_CHECK(t.scalar_type() == ref.scalar_type(), "eagle3_capture.", op, ": expected ", arg,
               " to have the dtype of ", ref_arg, " (", ref.scalar_type(), "), got ", t.scalar_type());
 }
 
 void check_same_device(const at::Tensor& t, const at::Tensor& ref, const char* op, const char* arg,
                        const char* ref_arg) {
-  TORCH_CHECK(t.device() == ref.device(), "eagle3_capture.", op, ": expected ", arg, " on ", ref_arg,
+  E3_CHECK(t.device() == ref.device(), "eagle3_capture.", op, ": expected ", arg, " on ", ref_arg,
               "'s device (", ref.device(), "), got ", t.device());
 }
 
 void check_rows(const at::Tensor& t, const char* op, const char* arg) {
-  TORCH_CHECK(t.size(-1) <= 1 || t.stride(-1) == 1, "eagle3_capture.", op, ": expected ", arg,
+  E3_CHECK(t.size(-1) <= 1 || t.stride(-1) == 1, "eagle3_capture.", op, ": expected ", arg,
               " to have contiguous rows (last stride 1), got shape ", shape_str(t), " strides ", strides_str(t),
               "; call .contiguous() on it first");
   if (t.dim() == 2 && t.size(0) > 1) {
-    TORCH_CHECK(t.stride(0) >= t.size(1), "eagle3_capture.", op, ": expected ", arg,
+    E3_CHECK(t.stride(0) >= t.size(1), "eagle3_capture.", op, ": expected ", arg,
                 " rows not to overlap (row stride >= row length ", t.size(1), "), got strides ",
                 strides_str(t));
   }
 }
 
 void check_contiguous(const at::Tensor& t, const char* op, const char* arg) {
-  TORCH_CHECK(t.is_contiguous(), "eagle3_capture.", op, ": expected ", arg,
+  E3_CHECK(t.is_contiguous(), "eagle3_capture.", op, ": expected ", arg,
               " to be contiguous, got shape ", shape_str(t), " strides ", strides_str(t));
 }
 
 void check_element_aligned(const at::Tensor& t, const char* op, const char* arg) {
   const auto addr = reinterpret_cast<uintptr_t>(t.data_ptr());
-  TORCH_CHECK(addr % t.element_size() == 0, "eagle3_capture.", op, ": expected ", arg, " aligned to its ",
-              t.element_size(), "-byte element size, got address 0x", std::hex, addr);
+  E3_CHECK(addr % t.element_size() == 0, "eagle3_capture.", op, ": expected ", arg, " aligned to its ",
+           t.element_size(), "-byte element size, got an address ", addr % t.element_size(),
+           " bytes past a multiple of it");
 }
 
 void check_no_overlap(const at::Tensor& a, const at::Tensor& b, const char* op, const char* a_arg,
@@ -81,7 +80,7 @@ void check_no_overlap(const at::Tensor& a, const at::Tensor& b, const char* op, 
   };
   const auto sa = span(a), sb = span(b);
   const bool disjoint = sa.second <= sb.first || sb.second <= sa.first;
-  TORCH_CHECK(disjoint, "eagle3_capture.", op, ": ", a_arg, " and ", b_arg,
+  E3_CHECK(disjoint, "eagle3_capture.", op, ": ", a_arg, " and ", b_arg,
               " share memory; the op reads one while writing the other, so they must not overlap");
 }
 

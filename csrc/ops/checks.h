@@ -6,11 +6,48 @@
 #include <c10/util/Exception.h>
 
 #include <cstdint>
+#include <cstdio>
+#include <sstream>
 #include <string>
+#include <type_traits>
 
 #include "../kernels/dtype.h"
 
 namespace e3ops {
+
+// Error messages are assembled here rather than by streaming numbers into an ostream inside this library: on a
+// machine whose compiler differs from the one torch was built with, `ostream << long` instantiated in this .so
+// crashed inside libstdc++'s locale code (seen on the H200 image, g++ 13). Numbers go through to_string/snprintf;
+// strings and torch types (whose operator<< lives in torch) are streamed as before.
+inline void msg_part(std::string& out, const char* v) { out += v; }
+inline void msg_part(std::string& out, const std::string& v) { out += v; }
+inline void msg_part(std::string& out, bool v) { out += v ? "true" : "false"; }
+inline void msg_part(std::string& out, char v) { out += v; }
+template <typename T>
+inline void msg_part(std::string& out, const T& v) {
+  if constexpr (std::is_integral_v<T>) {
+    out += std::to_string(v);
+  } else if constexpr (std::is_floating_point_v<T>) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%g", static_cast<double>(v));
+    out += buf;
+  } else if constexpr (std::is_pointer_v<T>) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%p", static_cast<const void*>(v));
+    out += buf;
+  } else {
+    std::ostringstream s;  // torch types: their operator<< is compiled in torch
+    s << v;
+    out += s.str();
+  }
+}
+template <typename... Args>
+inline std::string msg(const Args&... args) {
+  std::string out;
+  (msg_part(out, args), ...);
+  return out;
+}
+
 
 // "[2, 3]"
 std::string shape_str(const at::Tensor& t);
@@ -35,3 +72,6 @@ void check_no_overlap(const at::Tensor& a, const at::Tensor& b, const char* op, 
                       const char* b_arg);
 
 }  // namespace e3ops
+
+// TORCH_CHECK with the message built by e3ops::msg (only evaluated when the check fails).
+#define E3_CHECK(cond, ...) TORCH_CHECK(cond, ::e3ops::msg(__VA_ARGS__))

@@ -24,9 +24,9 @@ void check_x_tensor(const at::Tensor& t, const at::Tensor& ref, const char* what
 }  // namespace
 
 at::Tensor draft_fc_empty_out(const std::vector<at::Tensor>& x, const at::Tensor& weight) {
-  TORCH_CHECK(!x.empty(), "eagle3_capture.draft_fc: expected x to be a packed [M, K*H] tensor or a list of K [M, H] "
+  E3_CHECK(!x.empty(), "eagle3_capture.draft_fc: expected x to be a packed [M, K*H] tensor or a list of K [M, H] "
               "tensors, got an empty list");
-  TORCH_CHECK(x[0].dim() == 2 && weight.dim() == 2, "eagle3_capture.draft_fc: expected 2-D x and weight, got x ",
+  E3_CHECK(x[0].dim() == 2 && weight.dim() == 2, "eagle3_capture.draft_fc: expected 2-D x and weight, got x ",
               shape_str(x[0]), " and weight ", shape_str(weight));
   return at::empty({x[0].size(0), weight.size(0)}, x[0].options());
 }
@@ -34,7 +34,7 @@ at::Tensor draft_fc_empty_out(const std::vector<at::Tensor>& x, const at::Tensor
 e3::DraftFcParams draft_fc_params(const std::vector<at::Tensor>& x, const at::Tensor& weight,
                                   const std::optional<at::Tensor>& norm_weight, double eps,
                                   const std::optional<at::Tensor>& bias, const at::Tensor& out, e3::DType* dtype) {
-  TORCH_CHECK(!x.empty(), "eagle3_capture.draft_fc: expected x to be a packed [M, K*H] tensor or a list of K [M, H] "
+  E3_CHECK(!x.empty(), "eagle3_capture.draft_fc: expected x to be a packed [M, K*H] tensor or a list of K [M, H] "
               "tensors, got an empty list");
   const at::Tensor& x0 = x[0];
   check_x_tensor(x0, x0, "x[0]");
@@ -44,7 +44,7 @@ e3::DraftFcParams draft_fc_params(const std::vector<at::Tensor>& x, const at::Te
   p.rows = x0.size(0);
   if (x.size() == 1) {
     const int64_t k = norm_weight.has_value() ? norm_weight->size(0) : 1;
-    TORCH_CHECK(k >= 1 && x0.size(1) % k == 0, "eagle3_capture.draft_fc: packed x of width ", x0.size(1),
+    E3_CHECK(k >= 1 && x0.size(1) % k == 0, "eagle3_capture.draft_fc: packed x of width ", x0.size(1),
                 " cannot hold the K=", k, " taps that norm_weight ", shape_str(*norm_weight), " declares");
     p.taps = static_cast<int>(k);
     p.hidden = x0.size(1) / k;
@@ -52,7 +52,7 @@ e3::DraftFcParams draft_fc_params(const std::vector<at::Tensor>& x, const at::Te
     p.x_tap_stride = p.hidden;
     p.x_row_stride[0] = x0.stride(0);
   } else {
-    TORCH_CHECK(static_cast<int64_t>(x.size()) <= e3::DraftFcParams::kMaxListTaps, "eagle3_capture.draft_fc: at most ",
+    E3_CHECK(static_cast<int64_t>(x.size()) <= e3::DraftFcParams::kMaxListTaps, "eagle3_capture.draft_fc: at most ",
                 e3::DraftFcParams::kMaxListTaps, " taps as a list, got ", x.size(),
                 "; pass them packed as one [M, K*H] tensor instead");
     p.taps = static_cast<int>(x.size());
@@ -60,20 +60,20 @@ e3::DraftFcParams draft_fc_params(const std::vector<at::Tensor>& x, const at::Te
     for (size_t k = 0; k < x.size(); ++k) {
       const std::string what = "x[" + std::to_string(k) + "]";
       check_x_tensor(x[k], x0, what.c_str());
-      TORCH_CHECK(x[k].sizes() == x0.sizes(), "eagle3_capture.draft_fc: expected every tap to have the shape of x[0] ",
+      E3_CHECK(x[k].sizes() == x0.sizes(), "eagle3_capture.draft_fc: expected every tap to have the shape of x[0] ",
                   shape_str(x0), ", got ", what, " ", shape_str(x[k]));
       p.x[k] = x[k].data_ptr();
       p.x_row_stride[k] = x[k].stride(0);
     }
   }
-  TORCH_CHECK(p.hidden >= 8 && p.hidden % 8 == 0, "eagle3_capture.draft_fc: H must be a positive multiple of 8 ",
+  E3_CHECK(p.hidden >= 8 && p.hidden % 8 == 0, "eagle3_capture.draft_fc: H must be a positive multiple of 8 ",
               "(rows are moved as 16-byte vectors of 8 bf16/fp16 elements), got H=", p.hidden);
   const int64_t in_features = p.taps * p.hidden;
 
   check_dim(weight, 2, kOp, "weight", "[N, K*H]");
   check_same_dtype(weight, x0, kOp, "weight", "x");
   check_same_device(weight, x0, kOp, "weight", "x");
-  TORCH_CHECK(weight.size(1) == in_features, "eagle3_capture.draft_fc: expected weight in_features K*H = ",
+  E3_CHECK(weight.size(1) == in_features, "eagle3_capture.draft_fc: expected weight in_features K*H = ",
               p.taps, "*", p.hidden, " = ", in_features, ", got weight ", shape_str(weight));
   check_contiguous(weight, kOp, "weight");
   check_element_aligned(weight, kOp, "weight");
@@ -86,19 +86,19 @@ e3::DraftFcParams draft_fc_params(const std::vector<at::Tensor>& x, const at::Te
     check_dim(g, 2, kOp, "norm_weight", "[K, H]");
     check_same_dtype(g, x0, kOp, "norm_weight", "x");
     check_same_device(g, x0, kOp, "norm_weight", "x");
-    TORCH_CHECK(g.size(0) == p.taps && g.size(1) == p.hidden, "eagle3_capture.draft_fc: expected norm_weight [K, H] = [",
+    E3_CHECK(g.size(0) == p.taps && g.size(1) == p.hidden, "eagle3_capture.draft_fc: expected norm_weight [K, H] = [",
                 p.taps, ", ", p.hidden, "], got ", shape_str(g));
     check_contiguous(g, kOp, "norm_weight");
     p.norm_weight = g.data_ptr();
   }
-  TORCH_CHECK(std::isfinite(eps) && eps >= 0.0, "eagle3_capture.draft_fc: expected eps finite and >= 0, got ", eps);
+  E3_CHECK(std::isfinite(eps) && eps >= 0.0, "eagle3_capture.draft_fc: expected eps finite and >= 0, got ", eps);
   p.eps = static_cast<float>(eps);
   if (bias.has_value()) {
     const at::Tensor& b = *bias;
     check_dim(b, 1, kOp, "bias", "[N]");
     check_same_dtype(b, x0, kOp, "bias", "x");
     check_same_device(b, x0, kOp, "bias", "x");
-    TORCH_CHECK(b.size(0) == p.out_features, "eagle3_capture.draft_fc: expected bias [N] = [", p.out_features,
+    E3_CHECK(b.size(0) == p.out_features, "eagle3_capture.draft_fc: expected bias [N] = [", p.out_features,
                 "], got ", shape_str(b));
     check_contiguous(b, kOp, "bias");
     p.bias = b.data_ptr();
@@ -106,7 +106,7 @@ e3::DraftFcParams draft_fc_params(const std::vector<at::Tensor>& x, const at::Te
   check_dim(out, 2, kOp, "out", "[M, N]");
   check_same_dtype(out, x0, kOp, "out", "x");
   check_same_device(out, x0, kOp, "out", "x");
-  TORCH_CHECK(out.size(0) == p.rows && out.size(1) == p.out_features, "eagle3_capture.draft_fc: expected out [M, N] = [",
+  E3_CHECK(out.size(0) == p.rows && out.size(1) == p.out_features, "eagle3_capture.draft_fc: expected out [M, N] = [",
               p.rows, ", ", p.out_features, "], got ", shape_str(out));
   check_contiguous(out, kOp, "out");
   for (size_t k = 0; k < x.size(); ++k) check_no_overlap(out, x[k], kOp, "out", "x");

@@ -68,17 +68,17 @@ e3::DraftFcWorkspace decode_workspace(const at::Device& device, const e3::DraftF
 
 void check_vector_aligned(const void* ptr, int64_t row_stride, const char* what) {
   const auto addr = reinterpret_cast<uintptr_t>(ptr);
-  TORCH_CHECK(addr % 16 == 0, "eagle3_capture.draft_fc: the CUDA kernels read ", what,
+  E3_CHECK(addr % 16 == 0, "eagle3_capture.draft_fc: the CUDA kernels read ", what,
               " as 16-byte vectors, so it must start 16-byte aligned; got an address 16-byte misaligned by ",
               addr % 16, " bytes");
-  TORCH_CHECK(row_stride % 8 == 0, "eagle3_capture.draft_fc: the CUDA kernels read ", what,
+  E3_CHECK(row_stride % 8 == 0, "eagle3_capture.draft_fc: the CUDA kernels read ", what,
               " rows as 16-byte vectors, so its row stride must be a multiple of 8 elements; got ", row_stride);
 }
 
 void draft_fc_out_cuda(const std::vector<at::Tensor>& x, const at::Tensor& weight,
                        const std::optional<at::Tensor>& norm_weight, double eps,
                        const std::optional<at::Tensor>& bias, at::Tensor& out) {
-  TORCH_CHECK(!x.empty() && x[0].is_cuda(), "eagle3_capture.draft_fc: expected x on a CUDA device");
+  E3_CHECK(!x.empty() && x[0].is_cuda(), "eagle3_capture.draft_fc: expected x on a CUDA device");
   e3::DType dtype;
   const e3::DraftFcParams p = draft_fc_params(x, weight, norm_weight, eps, bias, out, &dtype);
   // Every check happens before the device guard and the workspace: past this point nothing throws but a CUDA error.

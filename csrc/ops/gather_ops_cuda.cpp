@@ -22,43 +22,43 @@ void gather_p2p_cuda(at::Tensor& out, const at::Tensor& local, c10::IntArrayRef 
                      int64_t blocks, double timeout_s) {
   check_dim(out, 2, kOp, "out", "[rows, K*H]");
   check_dim(local, 2, kOp, "local", "[rows, cols]");
-  TORCH_CHECK(out.is_cuda(), "eagle3_capture.gather_p2p_: expected out on a CUDA device, got ", out.device());
+  E3_CHECK(out.is_cuda(), "eagle3_capture.gather_p2p_: expected out on a CUDA device, got ", out.device());
   check_same_dtype(local, out, kOp, "local", "out");
   check_same_device(local, out, kOp, "local", "out");
   to_e3_dtype(out, kOp, "out");
   check_rows(local, kOp, "local");
   check_rows(out, kOp, "out");
   const int64_t world = static_cast<int64_t>(out_ptrs.size());
-  TORCH_CHECK(world >= 1 && world <= e3::kGatherMaxRanks, "eagle3_capture.gather_p2p_: expected 1..",
+  E3_CHECK(world >= 1 && world <= e3::kGatherMaxRanks, "eagle3_capture.gather_p2p_: expected 1..",
               e3::kGatherMaxRanks, " ranks, got ", world);
-  TORCH_CHECK(static_cast<int64_t>(flag_ptrs.size()) == world, "eagle3_capture.gather_p2p_: expected ", world,
+  E3_CHECK(static_cast<int64_t>(flag_ptrs.size()) == world, "eagle3_capture.gather_p2p_: expected ", world,
               " flag pointers (one per rank), got ", flag_ptrs.size());
-  TORCH_CHECK(rank >= 0 && rank < world, "eagle3_capture.gather_p2p_: rank ", rank, " out of range for world ", world);
-  TORCH_CHECK(reinterpret_cast<int64_t>(out.data_ptr()) == out_ptrs[rank], "eagle3_capture.gather_p2p_: out must be ",
+  E3_CHECK(rank >= 0 && rank < world, "eagle3_capture.gather_p2p_: rank ", rank, " out of range for world ", world);
+  E3_CHECK(reinterpret_cast<int64_t>(out.data_ptr()) == out_ptrs[rank], "eagle3_capture.gather_p2p_: out must be ",
               "this rank's registered output buffer (out_ptrs[rank])");
-  TORCH_CHECK(flags.is_cuda() && flags.scalar_type() == at::kLong && flags.is_contiguous() &&
+  E3_CHECK(flags.is_cuda() && flags.scalar_type() == at::kLong && flags.is_contiguous() &&
                   flags.numel() >= e3::kGatherFlagWords && reinterpret_cast<int64_t>(flags.data_ptr()) == flag_ptrs[rank],
               "eagle3_capture.gather_p2p_: flags must be this rank's registered int64 flag area of at least ",
               e3::kGatherFlagWords, " words (flag_ptrs[rank])");
-  TORCH_CHECK(error.is_pinned() && error.scalar_type() == at::kInt && error.is_contiguous() && error.numel() >= 4,
+  E3_CHECK(error.is_pinned() && error.scalar_type() == at::kInt && error.is_contiguous() && error.numel() >= 4,
               "eagle3_capture.gather_p2p_: error must be a pinned int32 tensor of at least 4 elements");
   const int64_t segments = static_cast<int64_t>(src_cols.size());
-  TORCH_CHECK(segments >= 1 && segments <= e3::kGatherMaxSegments && static_cast<int64_t>(dst_cols.size()) == segments,
+  E3_CHECK(segments >= 1 && segments <= e3::kGatherMaxSegments && static_cast<int64_t>(dst_cols.size()) == segments,
               "eagle3_capture.gather_p2p_: expected 1..", e3::kGatherMaxSegments,
               " column segments with one source and one destination column each, got ", src_cols.size(), " and ",
               dst_cols.size());
-  TORCH_CHECK(seg_len >= 1, "eagle3_capture.gather_p2p_: segment length must be >= 1, got ", seg_len);
+  E3_CHECK(seg_len >= 1, "eagle3_capture.gather_p2p_: segment length must be >= 1, got ", seg_len);
   for (int64_t s = 0; s < segments; ++s) {
-    TORCH_CHECK(src_cols[s] >= 0 && src_cols[s] + seg_len <= local.size(1), "eagle3_capture.gather_p2p_: segment ",
+    E3_CHECK(src_cols[s] >= 0 && src_cols[s] + seg_len <= local.size(1), "eagle3_capture.gather_p2p_: segment ",
                 s, " reads local columns [", src_cols[s], ", ", src_cols[s] + seg_len, ") of ", local.size(1));
-    TORCH_CHECK(dst_cols[s] >= 0 && dst_cols[s] + seg_len <= out.size(1), "eagle3_capture.gather_p2p_: segment ",
+    E3_CHECK(dst_cols[s] >= 0 && dst_cols[s] + seg_len <= out.size(1), "eagle3_capture.gather_p2p_: segment ",
                 s, " writes output columns [", dst_cols[s], ", ", dst_cols[s] + seg_len, ") of ", out.size(1));
   }
-  TORCH_CHECK(dst_row_offset >= 0 && dst_row_offset + local.size(0) <= out.size(0),
+  E3_CHECK(dst_row_offset >= 0 && dst_row_offset + local.size(0) <= out.size(0),
               "eagle3_capture.gather_p2p_: this rank's ", local.size(0), " rows at offset ", dst_row_offset,
               " do not fit the output's ", out.size(0), " rows");
-  TORCH_CHECK(blocks >= 1 && blocks <= 1024, "eagle3_capture.gather_p2p_: blocks must be in 1..1024, got ", blocks);
-  TORCH_CHECK(std::isfinite(timeout_s) && timeout_s > 0, "eagle3_capture.gather_p2p_: timeout must be > 0 s, got ",
+  E3_CHECK(blocks >= 1 && blocks <= 1024, "eagle3_capture.gather_p2p_: blocks must be in 1..1024, got ", blocks);
+  E3_CHECK(std::isfinite(timeout_s) && timeout_s > 0, "eagle3_capture.gather_p2p_: timeout must be > 0 s, got ",
               timeout_s);
 
   e3::GatherParams p{};

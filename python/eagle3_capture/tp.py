@@ -16,6 +16,7 @@ fills the strided column slots: out[:, k*H + r*H/tp : k*H + (r+1)*H/tp] = local[
 """
 from __future__ import annotations
 
+import importlib
 import os
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -126,14 +127,14 @@ class PackedGatherer:
         if not all(votes):
             return False, f"peer access is missing on ranks {[r for r, v in enumerate(votes) if not v]}"
         try:
-            import torch.distributed._symmetric_memory  # noqa: F401
+            importlib.import_module("torch.distributed._symmetric_memory")
         except ImportError as e:
             return False, f"torch symmetric memory unavailable ({e})"
         return True, ""
 
     def _setup_p2p(self) -> None:
         _no_multicast_env()
-        import torch.distributed._symmetric_memory as symm_mem
+        symm_mem = importlib.import_module("torch.distributed._symmetric_memory")
 
         from . import native
 
@@ -150,7 +151,7 @@ class PackedGatherer:
         self._flags = buf[data_bytes:].view(torch.int64)
         self._flags.zero_()
         torch.cuda.synchronize(self.device)
-        handle = symm_mem.rendezvous(buf, self.group)
+        handle = symm_mem.rendezvous(buf, self.group if self.group is not None else dist.group.WORLD)
         base = buf.data_ptr()
         self._buf, self._handle = buf, handle
         self._out = buf[:data_bytes].view(self.dtype)[: max(out_rows, 1) * self.width].view(max(out_rows, 1), self.width)
@@ -241,6 +242,8 @@ class PackedGatherer:
 
     def _gather_collective(self, local, out, rows) -> torch.Tensor:
         m = max(rows) if rows else 0
+        if m == 0:
+            return out  # nobody has rows: nothing to exchange
         padded = local
         if local.shape[0] != m:
             padded = torch.zeros(m, local.shape[1], dtype=local.dtype, device=local.device)
@@ -250,8 +253,7 @@ class PackedGatherer:
         if self.backend == "nccl":
             dist.all_gather_into_tensor(staging, padded, group=self.group)
         else:
-            dist.all_gather(list(staging.chunk(self.world)) if m else [staging] * self.world, padded,
-                            group=self.group)
+            dist.all_gather(list(staging.chunk(self.world)), padded, group=self.group)
         parts = staging.view(self.world, m, local.shape[1])
         if self.layout == ROWS:
             start = 0
