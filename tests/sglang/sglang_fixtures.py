@@ -74,3 +74,20 @@ def tiny(harness, sglang_plugin):
     """A seeded tiny DeepseekV3: the HF model, SGLang's model loaded from its weights (plugin installed), and the
     HF reference hidden states at every tap for PROMPT + [DECODE_TOKEN] (built once per process)."""
     return harness.tiny_target()
+
+
+from collections import Counter  # noqa: E402  (after the environment set-up above)
+
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the ops dispatched inside its context (to assert which kernels a hooked forward ran)."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.counts[str(func)] += 1
+        return func(*args, **(kwargs or {}))

@@ -3,13 +3,11 @@ forward (the original the registry keeps in __wrapped__): same outputs. Covers E
 drafts) with and without fc_norm, and llama_eagle3's LlamaForCausalLMEagle3 without norms, with fc_norm, with
 norm_before_fc, and with both."""
 import logging
-from collections import Counter
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from sglang_fixtures import harness, require_sglang, sglang_plugin, tiny  # noqa: F401  (fixtures)
+from sglang_fixtures import OpCounter, harness, require_sglang, sglang_plugin, tiny  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.sglang
 
@@ -22,16 +20,6 @@ VARIANTS = [
     pytest.param("mha", dict(fc_norm=True, norm_before_fc=True), id="LlamaEagle3-fc_norm-norm_before_fc"),
 ]
 TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
-
-
-class OpCounter(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.counts = Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.counts[str(func)] += 1
-        return func(*args, **(kwargs or {}))
 
 
 @pytest.fixture(scope="module")

@@ -1,28 +1,16 @@
 """SGLang's AuxHiddenStatePacker with the plugin's capture hook (writes through eagle3_capture::capture_) against
 SGLang's own path (the original append the registry keeps in __wrapped__): same bits, same buffer, for a buffer
 the packer allocates and for the decode CUDA-graph runner's preallocated one (for_batch)."""
-from collections import Counter
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from sglang_fixtures import harness, require_sglang, sglang_plugin, tiny  # noqa: F401  (fixtures)
+from sglang_fixtures import OpCounter, harness, require_sglang, sglang_plugin, tiny  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.sglang
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 K, H = 3, 48
-
-
-class OpCounter(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.counts = Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.counts[str(func)] += 1
-        return func(*args, **(kwargs or {}))
 
 
 def _captures(T, dtype, seed):

@@ -2,29 +2,17 @@
 DeepseekV3 through its load_weights) runs prefill and a decode step on the CPU; every slot of SGLang's captured aux
 buffer must equal the HF hidden state at the tap the draft declares. The same run without the plugin (a fresh
 process) records what stock SGLang 0.5.23 captures instead."""
-from collections import Counter
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from sglang_fixtures import harness, require_sglang, sglang_plugin, tiny  # noqa: F401  (fixtures)
+from sglang_fixtures import OpCounter, harness, require_sglang, sglang_plugin, tiny  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.sglang
 
 # [embedding, two middle layers, the final boundary] of the 6-layer tiny model, as EAGLE draft ids
 DECLARED = [-1, 1, 3, 5]
 ATOL = 2e-5  # fp32: SGLang's MLA / MoE kernels vs HF's eager modules, measured ~3e-7
-
-
-class OpCounter(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.counts = Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.counts[str(func)] += 1
-        return func(*args, **(kwargs or {}))
 
 
 def _slots(aux, H):
