@@ -35,6 +35,15 @@ def _checks(device: str, dtype: torch.dtype, t: int = 17, h: int = 7168, k: int 
     err = max(_rel_err(hidden, want_h), _rel_err(residual, want_r), _rel_err(packed[:, 2 * h:], want_r))
     yield f"fused_add_rmsnorm_capture_ T={t} H={h} slot 2", err
 
+    # draft_fc over the packed buffer just filled, with per-tap norms and a bias (norm-wise error: a projection).
+    ops.capture_(packed, 0, rnd(t, h))  # slot 0 was still poisoned
+    n = 96
+    fc_w = rnd(n, k * h) * (k * h) ** -0.5
+    g, b = rnd(k, h) + 1, rnd(n)
+    y = ops.draft_fc(packed, fc_w, g, 1e-6, b)
+    want = reference.draft_fc(packed.double().cpu(), fc_w.double().cpu(), g.double().cpu(), 1e-6, b.double().cpu())
+    yield f"draft_fc M={t} K={k} H={h} N={n} with fc_norm", float((y.double().cpu() - want).norm() / want.norm())
+
 
 def run(verbose: bool = True) -> bool:
     info = build_info()
