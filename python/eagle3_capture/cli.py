@@ -27,11 +27,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_cmd_info)
     s = sub.add_parser("selfcheck", help="run every op once against the float64 reference (CPU, and CUDA if present)")
     s.set_defaults(func=_cmd_selfcheck)
+    from .doctor.cli import add_doctor_parser
+
+    add_doctor_parser(sub)
     return p
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "doctor":
+        from .doctor.cli import run
+
+        return run(args)
     return args.func(args)
 
 

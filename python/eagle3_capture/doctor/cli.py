@@ -1,0 +1,223 @@
+"""The ``eagle3-capture doctor`` subcommands: argument parsing and the commands that print reports.
+
+Every command returns an exit code: 0 fine, 1 an error finding (check) or a failed result, 2 bad input (a
+:class:`~eagle3_capture.doctor.common.DoctorError`, printed without a traceback, like argparse's own usage errors).
+"""
+from __future__ import annotations
+
+import sys
+
+from .common import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_OK, DoctorError, write_json
+
+SERVER_ARGS_HELP = ("SGLang launch flags, quoted as one string (e.g. \"--speculative-algorithm EAGLE3 "
+                    "--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4\"); a whole "
+                    "launch_server command line works too; flags the doctor does not model are ignored")
+
+
+def _cmd_check(args) -> int:
+    from . import checks
+
+    rep = checks.run_check(args.target_config, args.draft_config, args.server_args, args.reference, args.captured,
+                           with_plugin=args.with_plugin)
+    if args.json:
+        write_json(args.json, rep.to_json())
+    print(checks.render(rep))
+    return EXIT_FINDINGS if rep.errors else EXIT_OK
+
+
+def _cmd_fingerprint(args) -> int:
+    from . import fingerprint as fp
+    from .. import configs
+    from ..spec import TapError
+
+    declared, src = None, ""
+    if args.draft_config or args.taps:
+        if not args.target_config and args.taps is None:
+            raise DoctorError("--draft-config needs --target-config (the draft ids are read against the target's "
+                              "layer count)")
+        ref = fp.load_reference(args.reference)
+        if args.taps:
+            from .accept import parse_taps
+
+            declared, src = parse_taps(args.taps, ref.num_layers, ref.hidden_size), f"--taps {args.taps}"
+        else:
+            try:
+                t = configs.read_target_config(args.target_config)
+                d = configs.read_draft_config(args.draft_config)
+                declared = configs.draft_taps(d, t)
+            except (FileNotFoundError, ValueError, TapError) as e:
+                raise DoctorError(str(e)) from None
+            src = f"draft config {args.draft_config}"
+    res = fp.fingerprint(args.reference, args.captured, declared=declared, declared_source=src,
+                         min_cos=args.min_cos)
+    if args.json:
+        write_json(args.json, res.to_json())
+    print(fp.render(res))
+    errs = [f for f in res.findings if f.severity == "error"]
+    if res.findings:
+        print()
+        for f in res.findings:
+            print(f"  [{f.severity}] {f.code}: {f.message}" + (f"\n      fix: {f.fix}" if f.fix else ""))
+    return EXIT_FINDINGS if errs else EXIT_OK
+
+
+def _cmd_dump_reference(args) -> int:
+    from .common import pick_device, read_prompts, torch_threads
+    from .reference_dump import dump_reference
+    from .target_model import load_target
+
+    import torch
+
+    device = pick_device(args.device)
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
+    with torch_threads(args.threads):
+        target = load_target(args.model, device=device, seed=args.seed)
+        prompts = read_prompts(args.prompts, target.tokenizer, vocab_size=target.vocab_size)
+        from tqdm import tqdm
+
+        t = dump_reference(target, prompts, args.out, new_tokens=args.new_tokens, dtype=dtype,
+                           progress=lambda xs: tqdm(xs, desc="reference", unit="prompt", leave=False))
+    print(f"wrote {args.out}: {len(prompts)} prompt(s), {t['input_ids'].numel()} tokens, hidden_states "
+          f"{tuple(t['hidden_states'].shape)} (HF stack, last entry post-norm) + final_prenorm "
+          f"(LayerOutput({target.num_layers - 1}) before the final norm)")
+    return EXIT_OK
+
+
+def _cmd_accept(args) -> int:
+    from .accept import render, run_accept
+    from .common import pick_device, torch_threads
+
+    device = pick_device(args.device)
+    with torch_threads(args.threads):
+        rep = run_accept(args.target, args.draft, args.prompts, server_args=args.server_args, taps=args.taps,
+                         new_tokens=args.new_tokens, steps=args.steps, batch_size=args.batch_size, device=device,
+                         out_json=args.json, out_tensors=args.tensors, progress=not args.no_progress,
+                         seed=args.seed)
+    print(render(rep))
+    return EXIT_OK
+
+
+def _cmd_demo(args) -> int:
+    from .demo import run_demo
+
+    res = run_demo(out_dir=args.out, fast=args.fast, device=args.device, threads=args.threads, seed=args.seed,
+                   plot=not args.no_plot, progress=not args.no_progress)
+    print(res.report_text)
+    return EXIT_OK if res.ok else EXIT_FINDINGS
+
+
+def add_doctor_parser(sub) -> None:
+    """Register ``doctor`` and its subcommands on the top-level subparsers."""
+    doc = sub.add_parser(
+        "doctor", help="check configs and server flags, fingerprint captures, measure offline acceptance, demo",
+        description="Find why a served EAGLE-3 draft accepts less than it should: configs and server flags "
+                    "(check), what a server really captured (fingerprint), the draft's offline accuracy and "
+                    "predicted accept length (accept); `demo` runs all of it on a tiny built-in pair.")
+    ds = doc.add_subparsers(dest="doctor_command", required=True, metavar="{check,fingerprint,dump-reference,accept,demo}")
+
+    s = ds.add_parser("check", help="trained taps vs what SGLang 0.5.23 / the plugin capture, config and flag traps",
+                      description="Reads the target and draft config.json, says which taps the draft was trained on "
+                                  "(in every convention), what stock SGLang 0.5.23 and this project's plugin capture, "
+                                  "every inconsistency and server-flag trap, each with a fix; with --reference and "
+                                  "--captured also fingerprints what a server captured. Exit 1 on an error finding.")
+    s.add_argument("--target-config", required=True, metavar="PATH", help="target config.json (or its directory)")
+    s.add_argument("--draft-config", required=True, metavar="PATH", help="EAGLE-3 draft config.json (or its directory)")
+    s.add_argument("--server-args", metavar="\"FLAGS\"", help=SERVER_ARGS_HELP)
+    s.add_argument("--reference", metavar="REF.safetensors", help="reference hidden states (doctor dump-reference)")
+    s.add_argument("--captured", metavar="CAP", help="what the server captured: the plugin's EAGLE3_CAPTURE_DUMP "
+                                                     "directory or file, or a safetensors capture")
+    s.add_argument("--with-plugin", action="store_true",
+                   help="the server runs this project's SGLang plugin: stock SGLang's capture problems become info")
+    s.add_argument("--json", metavar="OUT.json", help="also write the report as JSON")
+    s.set_defaults(func=_cmd_check)
+
+    s = ds.add_parser("fingerprint", help="cosine table: every captured slot vs every reference index",
+                      description="Compares each captured slot with every reference hidden state (HF hidden_states "
+                                  "indices, plus the pre-norm final boundary) by mean cosine similarity over the "
+                                  "tokens, names the index each slot matches and whether it is the declared one. "
+                                  "Declared taps come from --taps, --draft-config + --target-config, or the draft ids "
+                                  "recorded in the dump. Exit 1 when a slot is not the declared tap.")
+    s.add_argument("--reference", required=True, metavar="REF.safetensors", help="from doctor dump-reference")
+    s.add_argument("--captured", required=True, metavar="CAP",
+                   help="the plugin's capture dump (EAGLE3_CAPTURE_DUMP file or directory) or a safetensors capture")
+    s.add_argument("--draft-config", metavar="PATH", help="declared taps from this draft config")
+    s.add_argument("--target-config", metavar="PATH", help="target config (with --draft-config)")
+    s.add_argument("--taps", metavar="CONV:IDS", help="declared taps, e.g. draft_ids:-1,2,30 or layer_inputs:0,3,31")
+    s.add_argument("--min-cos", type=float, default=0.95, help="below this a slot matches nothing (default 0.95)")
+    s.add_argument("--json", metavar="OUT.json", help="also write the table as JSON")
+    s.set_defaults(func=_cmd_fingerprint)
+
+    s = ds.add_parser("dump-reference", help="the training side's hidden states for some prompts (transformers)",
+                      description="Runs a transformers model on the prompts and writes every hidden state (the HF "
+                                  "hidden_states stack, whose last entry is post-norm, plus the final boundary taken "
+                                  "before the final norm by a hook) to a safetensors file for doctor fingerprint.")
+    s.add_argument("--model", required=True, metavar="PATH|demo", help="transformers model directory, or 'demo'")
+    s.add_argument("--prompts", required=True, metavar="FILE",
+                   help="prompts: .json list (strings or token-id lists), .jsonl, or text with one prompt a line")
+    s.add_argument("--out", required=True, metavar="REF.safetensors")
+    s.add_argument("--new-tokens", type=int, default=0, help="also append the model's greedy continuation")
+    s.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                   help="storage dtype of the hidden states (computed in the model's dtype)")
+    s.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda")
+    s.add_argument("--threads", type=int, default=None, help="CPU threads")
+    s.add_argument("--seed", type=int, default=0, help="seed of the demo model (with --model demo)")
+    s.set_defaults(func=_cmd_dump_reference)
+
+    s = ds.add_parser("accept", help="offline draft accuracy per step and the predicted accept length",
+                      description="Runs the target's greedy continuation of each prompt and the draft's chain at "
+                                  "every position, as a server would (draft fc through the project's op): top-1 "
+                                  "agreement per draft step, teacher-forced and conditional on the earlier steps, and "
+                                  "tau = 1 + sum_k prod_(i<=k) acc_i for the server flags.")
+    s.add_argument("--target", required=True, metavar="PATH|demo", help="transformers model directory, or 'demo'")
+    s.add_argument("--draft", required=True, metavar="PATH",
+                   help="EAGLE-3 draft directory (config.json + *.safetensors, SpecForge / llama_eagle3 layout)")
+    s.add_argument("--prompts", required=True, metavar="FILE", help="as for dump-reference")
+    s.add_argument("--server-args", metavar="\"FLAGS\"", help=SERVER_ARGS_HELP)
+    s.add_argument("--taps", metavar="CONV:IDS",
+                   help="feed these taps instead of the declared ones (predict a miswired server), e.g. "
+                        "layer_inputs:3,31,59")
+    s.add_argument("--new-tokens", type=int, default=64, help="continuation tokens per prompt (default 64)")
+    s.add_argument("--steps", type=int, default=None, help="draft steps to measure (default: the chain length, >= 3)")
+    s.add_argument("--batch-size", type=int, default=8)
+    s.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda")
+    s.add_argument("--threads", type=int, default=None, help="CPU threads")
+    s.add_argument("--json", metavar="OUT.json", help="write the report as JSON")
+    s.add_argument("--tensors", metavar="OUT.safetensors", help="write per-position results (correct [N, steps])")
+    s.add_argument("--no-progress", action="store_true", help="no tqdm bar")
+    s.add_argument("--seed", type=int, default=0, help="seed of the demo target (with --target demo)")
+    s.set_defaults(func=_cmd_accept)
+
+    s = ds.add_parser("demo", help="the whole story on a tiny built-in DeepseekV3 target and a draft it trains",
+                      description="Builds a tiny DeepseekV3 target (seeded, from a config in the package), trains a "
+                                  "tiny EAGLE-3 draft on the target's greedy continuations with taps [Embedding, "
+                                  "LayerOutput(a), LayerOutput(b)], measures offline accuracy with the correct capture "
+                                  "and a miswired one (no embedding, shifted layers), runs check and fingerprint on "
+                                  "the miswired one, prints a report and writes a PNG.")
+    s.add_argument("--out", default="eagle3-demo", metavar="DIR", help="output directory (default ./eagle3-demo)")
+    s.add_argument("--fast", action="store_true", help="smaller data and training (the test's path, ~1/3 the time)")
+    s.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda")
+    s.add_argument("--threads", type=int, default=1,
+                   help="CPU threads (default 1: these tiny models are fastest on one, and the result is then the "
+                        "same on every machine count)")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    s.add_argument("--no-progress", action="store_true", help="no tqdm bars")
+    s.set_defaults(func=_cmd_demo)
+
+
+def run(args) -> int:
+    """Run a parsed doctor command: DoctorError -> message on stderr, exit 2."""
+    try:
+        return args.func(args)
+    except DoctorError as e:
+        print(f"eagle3-capture doctor {args.doctor_command}: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except OSError as e:  # an output that cannot be written, a file vanishing under us
+        print(f"eagle3-capture doctor {args.doctor_command}: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+__all__ = ["add_doctor_parser", "run"]

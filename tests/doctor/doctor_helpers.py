@@ -1,0 +1,86 @@
+"""Shared pieces of the doctor tests (a helper module, not a conftest.py: a second conftest.py would shadow
+tests/conftest.py for `from conftest import ...`).
+
+- `cli(*argv)`: run `eagle3-capture ...` in-process, returning (exit code, stdout, stderr).
+- `cli_subprocess(*argv)`: the same through `python -m eagle3_capture` in a fresh process (for the "never a
+  traceback" checks, where the whole interpreter's output matters).
+- `demo_fast(tmp_root)`: the fast demo, run once per test process and shared (its draft, target, prompts,
+  reference and captures feed the accept / dump-reference / fingerprint / check tests).
+- `write_json`, config builders for small synthetic targets and drafts.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+CONFIGS = os.path.join(REPO, "tests", "data", "configs")
+KIMI = os.path.join(CONFIGS, "target_kimi_k25")
+DSV3_61 = os.path.join(CONFIGS, "target_deepseek_v3_61.json")
+
+
+def cli(*argv):
+    """(exit code, stdout, stderr) of `eagle3-capture argv...` run in this process."""
+    from eagle3_capture.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    code = None
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main([str(a) for a in argv])
+        except SystemExit as e:  # argparse usage errors and --help
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    return code, out.getvalue(), err.getvalue()
+
+
+def cli_subprocess(*argv, timeout=240, env=None):
+    e = dict(os.environ)
+    e.update(env or {})
+    p = subprocess.run([sys.executable, "-m", "eagle3_capture", *[str(a) for a in argv]], capture_output=True,
+                       text=True, timeout=timeout, env=e, cwd=REPO)
+    return p.returncode, p.stdout, p.stderr
+
+
+def assert_clean_error(code, out, err, *needles):
+    """A bad input: exit 2, a one-line 'error:' message naming the problem, no traceback."""
+    assert code == 2, f"expected exit 2, got {code}\nstdout:\n{out}\nstderr:\n{err}"
+    assert "Traceback" not in err and "Traceback" not in out, err
+    assert "error:" in err, err
+    for n in needles:
+        assert n in err, f"{n!r} not in the message:\n{err}"
+
+
+def write_json(path, obj):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(obj, f)
+    return path
+
+
+def draft_config(ids=None, hidden=7168, **extra):
+    cfg = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": hidden,
+           "target_hidden_size": hidden, "num_hidden_layers": 1}
+    if ids is not None:
+        cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True}
+    cfg.update(extra)
+    return cfg
+
+
+_DEMO = {}
+
+
+def demo_fast():
+    """The fast demo (doctor demo --fast --no-plot? no: with the plot), once per process: (DemoResult, out dir)."""
+    if "res" not in _DEMO:
+        from eagle3_capture.doctor.demo import run_demo
+
+        out = tempfile.mkdtemp(prefix="e3demo_")
+        _DEMO["res"] = run_demo(out_dir=out, fast=True, device="cpu", threads=1, seed=0, plot=True, progress=False)
+        _DEMO["out"] = out
+    return _DEMO["res"], _DEMO["out"]
