@@ -1,0 +1,261 @@
+"""``doctor accept``: the standalone test of a draft against its target, offline.
+
+For each prompt the target writes its own greedy continuation; at every anchor t of that continuation (the target
+has just produced x_{t+1}) the draft runs its chain (see ``draft_model.Eagle3Draft.unroll``) from the target's taps
+at t, as a server would, with the draft fc through ``ops.draft_fc``. Step j is correct when the draft's top-1 token
+equals the target's greedy token at t+j.
+
+* teacher-forced accuracy of step j: over all anchors (the chain is fed the target's tokens);
+* conditional accuracy of step j: over the anchors whose steps 1..j-1 were all correct -- exactly the anchors a
+  server would still be verifying at step j, where the target's tokens and the draft's coincide;
+* predicted accept length for a chain of n draft tokens: tau = 1 + sum_{k=1..n} prod_{i<=k} acc_i (conditional
+  accuracies), the mean tokens per verify that SGLang and vLLM report. It equals the mean over anchors of
+  1 + (number of leading correct steps, at most n). With eagle-topk > 1 the server verifies a tree; the top-1 chain
+  gives a lower bound.
+
+The taps fed to the draft are the declared ones unless ``--taps`` says otherwise (to predict a miswired server).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+import torch
+
+from .. import configs
+from ..spec import CONVENTIONS, Embedding, TapError, TapSpec
+from .common import DoctorError, read_prompts, save_safetensors, write_json
+from .server_args import parse_server_args, resolve_speculative
+
+
+def tap_indices(spec: TapSpec) -> List[int]:
+    """Index of each tap in the residual-stream stack (0 Embedding, k+1 LayerOutput(k))."""
+    return [0 if isinstance(t, Embedding) else t.k + 1 for t in spec.taps]
+
+
+def parse_taps(text: str, num_layers: int, hidden_size: int) -> TapSpec:
+    """``"<convention>:<i,j,...>"`` with convention draft_ids | layer_inputs | hf_hidden_states (``hf`` for short),
+    or bare integers (draft ids)."""
+    conv, sep, rest = text.partition(":")
+    if not sep:
+        conv, rest = "draft_ids", text
+    conv = {"hf": "hf_hidden_states", "draft": "draft_ids", "inputs": "layer_inputs"}.get(conv.strip(), conv.strip())
+    if conv not in CONVENTIONS:
+        raise DoctorError(f"--taps {text!r}: unknown convention {conv!r}; expected one of {sorted(CONVENTIONS)} "
+                          "(e.g. draft_ids:-1,2,5)")
+    try:
+        ids = [int(v) for v in rest.replace(" ", "").split(",") if v != ""]
+    except ValueError:
+        raise DoctorError(f"--taps {text!r}: expected comma-separated integers after '{conv}:'") from None
+    opts = {"allow_final_boundary": True} if conv == "layer_inputs" else (
+        {"final_is_prenorm": True} if conv == "hf_hidden_states" else {})
+    try:
+        return TapSpec.from_convention(conv, ids, num_layers, hidden_size, **opts)
+    except TapError as e:
+        raise DoctorError(f"--taps {text!r}: {e}") from None
+
+
+@torch.no_grad()
+def chain_correct(draft, stack: torch.Tensor, seq: torch.Tensor, greedy: torch.Tensor, tap_idx: Sequence[int],
+                  steps: int, first_anchor: int, use_op: bool = True) -> torch.Tensor:
+    """Correctness [B, A, steps] of the draft chain at anchors first_anchor..T-1-steps.
+
+    stack: [B, T, L+1, H] residual-stream taps; seq: [B, T] tokens; greedy: [B, T] target argmax tokens."""
+    B, T = seq.shape
+    A = T - steps - first_anchor
+    if A <= 0:
+        return torch.zeros(B, 0, steps, dtype=torch.bool)
+    taps = stack[:, : T - steps, list(tap_idx)].reshape(B, T - steps, -1)
+    logits = draft.unroll(taps.to(next(draft.parameters()).dtype), seq[:, 1:], steps, use_op=use_op)
+    out = []
+    for j, lg in enumerate(logits, start=1):
+        pred = draft.to_target_ids(lg.argmax(-1))
+        out.append((pred == greedy[:, j: j + T - steps])[:, first_anchor:])
+    return torch.stack(out, -1).cpu()
+
+
+@dataclass
+class Metrics:
+    steps: int
+    anchors: int
+    teacher_forced: List[float]
+    conditional: List[float]
+    conditional_support: List[int]
+    tau_by_chain: List[float]  # tau for chains of 1..steps draft tokens
+
+    def tau(self, n: int) -> float:
+        n = max(0, min(n, self.steps))
+        return 1.0 if n == 0 else self.tau_by_chain[n - 1]
+
+    def to_json(self) -> dict:
+        return {"steps": self.steps, "anchors": self.anchors,
+                "teacher_forced": [round(v, 6) for v in self.teacher_forced],
+                "conditional": [round(v, 6) for v in self.conditional],
+                "conditional_support": self.conditional_support,
+                "tau_by_chain_length": {str(n + 1): round(v, 6) for n, v in enumerate(self.tau_by_chain)}}
+
+
+def metrics(correct: torch.Tensor) -> Metrics:
+    """correct: [N, S] bool over anchors."""
+    N, S = correct.shape
+    if N == 0:
+        raise DoctorError("no anchor positions to evaluate: prompts plus continuations are shorter than "
+                          f"{S + 1} tokens; use more --new-tokens")
+    c = correct.to(torch.bool)
+    tf = c.float().mean(0).tolist()
+    cond, sup = [], []
+    prefix = torch.ones(N, dtype=torch.bool)
+    for j in range(S):
+        n = int(prefix.sum())
+        sup.append(n)
+        cond.append(float((c[:, j] & prefix).sum()) / n if n else 0.0)
+        prefix = prefix & c[:, j]
+    taus, prod, tau = [], 1.0, 1.0
+    for j in range(S):
+        prod *= cond[j]
+        tau += prod
+        taus.append(tau)
+    return Metrics(S, N, tf, cond, sup, taus)
+
+
+def leading_correct(correct: torch.Tensor, n: int) -> torch.Tensor:
+    """Accepted draft tokens per anchor for a chain of n: the number of leading correct steps, at most n."""
+    c = correct[:, :n].to(torch.int64)
+    return c.cumprod(1).sum(1)
+
+
+@dataclass
+class AcceptReport:
+    target: str
+    draft: str
+    taps: TapSpec
+    declared: Optional[TapSpec]
+    flags_text: str
+    steps: int
+    topk: int
+    draft_tokens: int
+    flag_error: Optional[str]
+    metrics: Metrics
+    prompts: int
+    tokens: int
+    notes: List[str] = field(default_factory=list)
+
+    @property
+    def predicted_tau(self) -> float:
+        return self.metrics.tau(self.steps)
+
+    def to_json(self) -> dict:
+        return {"target": self.target, "draft": self.draft, "taps": [repr(t) for t in self.taps.taps],
+                "declared": None if self.declared is None else [repr(t) for t in self.declared.taps],
+                "server_args": self.flags_text,
+                "server": {"num_steps": self.steps, "eagle_topk": self.topk, "num_draft_tokens": self.draft_tokens,
+                           "error": self.flag_error},
+                "predicted_accept_length": round(self.predicted_tau, 6),
+                "metrics": self.metrics.to_json(), "prompts": self.prompts, "tokens": self.tokens,
+                "notes": self.notes}
+
+
+def render(rep: AcceptReport) -> str:
+    m = rep.metrics
+    lines = [f"target {rep.target}", f"draft  {rep.draft}",
+             f"taps fed to the draft: {list(rep.taps.taps)}"
+             + ("" if rep.declared is None or rep.declared.taps == rep.taps.taps
+                else f"  (declared: {list(rep.declared.taps)})"),
+             f"{rep.prompts} prompts, {m.anchors} anchor positions on the target's greedy continuations",
+             "", "step  teacher-forced  conditional (support)  tau if chain ends here"]
+    for j in range(m.steps):
+        lines.append(f"{j + 1:>4}  {m.teacher_forced[j]:>14.3f}  {m.conditional[j]:>11.3f} ({m.conditional_support[j]:>6})"
+                     f"  {m.tau_by_chain[j]:>8.3f}")
+    lines.append("")
+    if rep.flag_error:
+        lines.append(f"server flags {rep.flags_text!r}: SGLang 0.5.23 refuses them ({rep.flag_error})")
+    else:
+        src = f"server flags {rep.flags_text!r}" if rep.flags_text else "SGLang 0.5.23 defaults for this target"
+        lines.append(f"{src}: num-steps {rep.steps}, eagle-topk {rep.topk}, num-draft-tokens {rep.draft_tokens}")
+        lines.append(f"predicted accept length tau = 1 + sum_k prod_(i<=k) acc_i = {rep.predicted_tau:.3f}"
+                     + (" (top-1 chain: a lower bound for topk > 1)" if rep.topk > 1 else ""))
+    lines += [f"note: {n}" for n in rep.notes]
+    return "\n".join(lines)
+
+
+def run_accept(target_path: str, draft_path: str, prompts_path: str, server_args: Optional[str] = None,
+               taps: Optional[str] = None, new_tokens: int = 64, steps: Optional[int] = None,
+               batch_size: int = 8, device: str = "cpu", out_json: Optional[str] = None,
+               out_tensors: Optional[str] = None, progress: bool = True, seed: int = 0) -> AcceptReport:
+    from .draft_model import load_draft
+    from .target_model import load_target, greedy_continue, residual_stream
+
+    if new_tokens < 2:
+        raise DoctorError(f"--new-tokens {new_tokens}: need at least 2 continuation tokens")
+    flags = parse_server_args(server_args) if server_args else None
+    target = load_target(target_path, device=device, seed=seed)
+    try:
+        tcfg = configs.read_target_config(target.config_dict)
+    except ValueError as e:
+        raise DoctorError(f"target {target_path}: {e}") from None
+    draft = load_draft(draft_path, target.model.get_input_embeddings().weight.detach().cpu(),
+                       target.model.get_output_embeddings().weight.detach().cpu(), device=device)
+    dcfg = configs.read_draft_config(os.path.join(draft_path, "config.json"))
+    declared = None
+    notes: List[str] = []
+    try:
+        declared = configs.draft_taps(dcfg, tcfg)
+    except (TapError, ValueError) as e:
+        if taps is None:
+            raise DoctorError(f"the draft's declared taps do not fit the target: {e}; give --taps") from None
+        notes.append(f"declared taps unusable ({e})")
+    spec = parse_taps(taps, target.num_layers, target.hidden_size) if taps else declared
+    if spec.K != draft.arch.num_aux:
+        raise DoctorError(f"the draft's fc takes K={draft.arch.num_aux} taps of H={draft.arch.target_hidden_size}, "
+                          f"--taps gives K={spec.K}: {list(spec.taps)}")
+    if spec.hidden_size != draft.arch.target_hidden_size:
+        raise DoctorError(f"the draft was built for a target of H={draft.arch.target_hidden_size}, this target has "
+                          f"H={spec.hidden_size}")
+    arch = tcfg.architectures[0] if tcfg.architectures else None
+    res = resolve_speculative(flags or parse_server_args(""), arch)
+    n_chain = res.steps if (res.steps is not None and not res.error) else 3
+    S = max(1, n_chain, steps or 0)
+    prompts = read_prompts(prompts_path, target.tokenizer, vocab_size=target.vocab_size)
+    idx = tap_indices(spec)
+
+    # batches of equal-length prompts
+    groups: Dict[int, List[List[int]]] = {}
+    for p in prompts:
+        groups.setdefault(len(p), []).append(p)
+    batches = [(L, g[i:i + batch_size]) for L, g in sorted(groups.items()) for i in range(0, len(g), batch_size)]
+    correct, ids_out = [], []
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(prompts), desc="accept", unit="prompt", leave=False)
+    for P, group in batches:
+        ids = torch.tensor(group, dtype=torch.int64, device=device)
+        seq = greedy_continue(target.model, ids, new_tokens + S)
+        stack, _, greedy = residual_stream(target.model, seq)
+        c = chain_correct(draft, stack, seq, greedy, idx, S, first_anchor=P - 1, use_op=True)
+        correct.append(c.reshape(-1, S))
+        ids_out.append(seq.cpu())
+        if bar is not None:
+            bar.update(len(group))
+    if bar is not None:
+        bar.close()
+    allc = torch.cat(correct, 0)
+    m = metrics(allc)
+    topk = res.topk if res.topk is not None else 1
+    rep = AcceptReport(target.source, draft_path, spec, declared, flags.raw if flags else "",
+                       res.steps if res.steps is not None else n_chain, topk,
+                       res.draft_tokens if res.draft_tokens is not None else n_chain + 1, res.error, m,
+                       len(prompts), sum(int(s.numel()) for s in ids_out), notes)
+    if out_json:
+        write_json(out_json, rep.to_json())
+    if out_tensors:
+        save_safetensors(out_tensors, {"correct": allc.to(torch.uint8),
+                                       "accepted": leading_correct(allc, rep.steps)},
+                         {"format": "eagle3-capture-accept/1", "steps": S, "taps": [repr(t) for t in spec.taps]})
+    return rep
+
+
+__all__ = ["tap_indices", "parse_taps", "chain_correct", "Metrics", "metrics", "leading_correct", "AcceptReport",
+           "render", "run_accept"]

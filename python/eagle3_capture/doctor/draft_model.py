@@ -1,0 +1,375 @@
+"""An EAGLE-3 draft in plain torch, in the layout SpecForge writes and SGLang 0.5.23's ``LlamaForCausalLMEagle3``
+(models/llama_eagle3.py) loads: ``embed_tokens``, ``fc`` (K*H_target -> H, optional per-tap ``fc_norm.{k}`` and
+optional ``input_norm`` over the packed taps when ``norm_before_fc``), one decoder layer ``midlayer`` whose attention
+reads ``cat(input_layernorm(embed), hidden_norm(hidden))`` (2H wide), the final ``norm`` and ``lm_head`` over the
+draft vocabulary (``d2t``: draft id -> target id offset).
+
+Used to train the demo's draft and to run any draft of this layout offline (``doctor accept``).
+
+The multi-step unroll (:meth:`Eagle3Draft.unroll`) is how such drafts run at decode time and how EAGLE-3 trains
+them ("training-time test"): for an anchor position t (the target has verified up to token x_{t+1}),
+
+* step 1 reads the target's taps at t (through fc) and the token x_{t+1}, at position t;
+* step j > 1 reads the draft's own hidden output of step j-1 (pre-norm unless ``norm_output``) and the token
+  x_{t+j}, at position t+j-1;
+* every step attends to the step-1 keys of positions <= t (the draft's KV cache filled from the target's taps)
+  and to the anchor's own keys of steps 2..j (its chain so far), as SGLang's draft decode does.
+
+The fc runs through :func:`eagle3_capture.ops.draft_fc` when no gradient is needed (``doctor accept``), and as
+plain torch (same maths) when training.
+"""
+from __future__ import annotations
+
+import glob
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .common import DoctorError
+
+DRAFT_ARCH = "LlamaForCausalLMEagle3"
+
+
+@dataclass
+class DraftArch:
+    """The architecture fields of an EAGLE-3 Llama draft config.json."""
+
+    hidden_size: int
+    target_hidden_size: int
+    num_aux: int
+    vocab_size: int
+    draft_vocab_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    fc_norm: bool = False
+    norm_before_fc: bool = False
+    norm_output: bool = False
+    fc_bias: bool = False
+    max_position_embeddings: int = 4096
+    layer_ids: List[int] = field(default_factory=list)
+
+    def config_json(self) -> dict:
+        """config.json as SGLang 0.5.23's llama_eagle3 and this project's configs.read_draft_config read it."""
+        cfg = {
+            "architectures": [DRAFT_ARCH], "model_type": "llama",
+            "hidden_size": self.hidden_size, "target_hidden_size": self.target_hidden_size,
+            "intermediate_size": self.intermediate_size, "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads, "head_dim": self.head_dim,
+            "num_hidden_layers": 1, "hidden_act": "silu", "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta, "max_position_embeddings": self.max_position_embeddings,
+            "vocab_size": self.vocab_size, "draft_vocab_size": self.draft_vocab_size,
+            "tie_word_embeddings": False, "bias": self.fc_bias, "torch_dtype": "float32",
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(self.layer_ids), "use_aux_hidden_state": True},
+        }
+        if self.fc_norm:
+            cfg["fc_norm"] = True
+        if self.norm_before_fc:
+            cfg["eagle_config"]["norm_before_fc"] = True
+        if self.norm_output:
+            cfg["norm_output"] = True
+        return cfg
+
+
+def _rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, n: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(n))
+        self.eps = eps
+
+    def forward(self, x):
+        return _rmsnorm(x, self.weight, self.eps)
+
+
+def _rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
+    """Llama rotary embedding (rotate-half form). x [..., T, hd]; pos broadcastable to [..., T]."""
+    hd = x.shape[-1]
+    inv = 1.0 / (theta ** (torch.arange(0, hd, 2, device=x.device, dtype=torch.float32) / hd))
+    ang = pos.to(torch.float32)[..., None] * inv  # [..., T, hd/2]
+    cos = torch.cat([ang.cos(), ang.cos()], -1).to(x.dtype)
+    sin = torch.cat([ang.sin(), ang.sin()], -1).to(x.dtype)
+    x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+class _Attention(nn.Module):
+    def __init__(self, a: DraftArch):
+        super().__init__()
+        self.a = a
+        nh, nkv, hd = a.num_attention_heads, a.num_key_value_heads, a.head_dim
+        self.q_proj = nn.Linear(2 * a.hidden_size, nh * hd, bias=False)
+        self.k_proj = nn.Linear(2 * a.hidden_size, nkv * hd, bias=False)
+        self.v_proj = nn.Linear(2 * a.hidden_size, nkv * hd, bias=False)
+        self.o_proj = nn.Linear(nh * hd, a.hidden_size, bias=False)
+
+    def qkv(self, x: torch.Tensor, pos: torch.Tensor):
+        B, T, _ = x.shape
+        a = self.a
+        q = self.q_proj(x).view(B, T, a.num_attention_heads, a.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, a.num_key_value_heads, a.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, a.num_key_value_heads, a.head_dim).transpose(1, 2)
+        rep = a.num_attention_heads // a.num_key_value_heads
+        if rep > 1:
+            k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+        return _rope(q, pos[:, None, :], a.rope_theta), _rope(k, pos[:, None, :], a.rope_theta), v
+
+    def attend(self, q, keys: List[torch.Tensor], values: List[torch.Tensor]) -> torch.Tensor:
+        """q [B,h,T,d]; keys[0]/values[0]: step-1 [B,h,T,d] (causal over positions); keys[i>0]: the anchor's own
+        keys of later steps (diagonal)."""
+        B, h, T, d = q.shape
+        scale = 1.0 / math.sqrt(d)
+        s1 = (q @ keys[0].transpose(-1, -2)) * scale  # [B,h,T,T]
+        causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+        s1 = s1.masked_fill(~causal, float("-inf"))
+        diag = [((q * k).sum(-1, keepdim=True) * scale) for k in keys[1:]]  # [B,h,T,1] each
+        p = torch.softmax(torch.cat([s1] + diag, dim=-1).float(), dim=-1).to(q.dtype)
+        out = p[..., :T] @ values[0]
+        for i, v in enumerate(values[1:]):
+            out = out + p[..., T + i: T + i + 1] * v
+        B, h, T, d = out.shape
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, h * d))
+
+
+class _MLP(nn.Module):
+    def __init__(self, a: DraftArch):
+        super().__init__()
+        self.gate_proj = nn.Linear(a.hidden_size, a.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(a.hidden_size, a.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(a.intermediate_size, a.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class _MidLayer(nn.Module):
+    def __init__(self, a: DraftArch):
+        super().__init__()
+        self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.hidden_norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.self_attn = _Attention(a)
+        self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.mlp = _MLP(a)
+
+
+class Eagle3Draft(nn.Module):
+    def __init__(self, a: DraftArch):
+        super().__init__()
+        if a.num_attention_heads % a.num_key_value_heads:
+            raise DoctorError(f"draft: num_attention_heads {a.num_attention_heads} is not a multiple of "
+                              f"num_key_value_heads {a.num_key_value_heads}")
+        self.arch = a
+        self.embed_tokens = nn.Embedding(a.vocab_size, a.hidden_size)
+        self.fc = nn.Linear(a.num_aux * a.target_hidden_size, a.hidden_size, bias=a.fc_bias)
+        self.fc_norm = (nn.ModuleList([RMSNorm(a.target_hidden_size, a.rms_norm_eps) for _ in range(a.num_aux)])
+                        if a.fc_norm else None)
+        self.input_norm = RMSNorm(a.num_aux * a.target_hidden_size, a.rms_norm_eps) if a.norm_before_fc else None
+        self.midlayer = _MidLayer(a)
+        self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.lm_head = nn.Linear(a.hidden_size, a.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(a.draft_vocab_size, dtype=torch.int64))
+
+    # -- pieces ------------------------------------------------------------------------------------------------
+    def project(self, taps: torch.Tensor, use_op: bool) -> torch.Tensor:
+        """fc over the packed taps [..., K*Ht]; through ops.draft_fc when use_op (no autograd there)."""
+        x = taps
+        if self.input_norm is not None:
+            x = self.input_norm(x)
+        g = torch.stack([n.weight for n in self.fc_norm]) if self.fc_norm is not None else None
+        if use_op:
+            from .. import ops
+
+            # the op has no autograd: this path is for measuring (doctor accept), never for training
+            shape = x.shape
+            flat = x.detach().reshape(-1, shape[-1]).contiguous()
+            w = self.fc.weight.detach().contiguous()
+            b = None if self.fc.bias is None else self.fc.bias.detach()
+            gw = None if g is None else g.detach().contiguous()
+            y = ops.draft_fc(flat, w, gw, self.arch.rms_norm_eps, b)
+            return y.view(*shape[:-1], y.shape[-1])
+        if g is not None:
+            chunks = x.chunk(self.arch.num_aux, dim=-1)
+            x = torch.cat([_rmsnorm(c, g[k], self.arch.rms_norm_eps) for k, c in enumerate(chunks)], -1)
+        return self.fc(x)
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids]
+
+    def unroll(self, taps: torch.Tensor, tokens: torch.Tensor, steps: int, *, use_op: bool = False,
+               positions: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
+        """Draft logits (over the draft vocabulary) of steps 1..steps for every anchor t.
+
+        taps: [B, T, K*Ht] target taps at positions 0..T-1; tokens: [B, T + steps - 1] where column t + j - 1 is the
+        token fed at step j for anchor t (x_{t+j}: the token sequence shifted left by one). Returns a list of
+        ``steps`` tensors [B, T, Vd]; step j's row t predicts the target's greedy token at position t+j.
+        """
+        B, T, _ = taps.shape
+        if tokens.shape != (B, T + steps - 1):
+            raise ValueError(f"tokens must be [B, T+steps-1] = {(B, T + steps - 1)}, got {tuple(tokens.shape)}")
+        a, layer = self.arch, self.midlayer
+        pos0 = torch.arange(T, device=taps.device)[None].expand(B, T) if positions is None else positions
+        hidden = self.project(taps, use_op)
+        keys: List[torch.Tensor] = []
+        values: List[torch.Tensor] = []
+        out = []
+        for j in range(steps):
+            emb = self.embed_tokens(tokens[:, j: j + T])
+            x = torch.cat([layer.input_layernorm(emb), layer.hidden_norm(hidden)], -1)
+            q, k, v = layer.self_attn.qkv(x, pos0 + j)
+            keys.append(k)
+            values.append(v)
+            h = hidden + layer.self_attn.attend(q, keys, values)
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            normed = self.norm(h)
+            out.append(self.lm_head(normed))
+            hidden = normed if a.norm_output else h
+        return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# save / load
+# ----------------------------------------------------------------------------------------------------------------
+
+def save_draft(model: Eagle3Draft, path: str, extra_config: Optional[dict] = None) -> None:
+    """Write config.json and model.safetensors (SpecForge names: midlayer.*, fc.*, fc_norm.{k}.*, d2t)."""
+    from .common import save_safetensors, write_json
+
+    os.makedirs(path, exist_ok=True)
+    cfg = model.arch.config_json()
+    cfg.update(extra_config or {})
+    write_json(os.path.join(path, "config.json"), cfg)
+    state = {k: v for k, v in model.state_dict().items()}
+    save_safetensors(os.path.join(path, "model.safetensors"), state, {"format": "pt"})
+
+
+def _canonical_name(name: str) -> str:
+    for prefix in ("model.",):
+        if name.startswith(prefix):
+            name = name[len(prefix):]
+    name = name.replace("layers.0.", "midlayer.")
+    for legacy, k in (("aux_norm_low", 0), ("aux_norm_mid", 1), ("aux_norm_high", 2)):
+        name = name.replace(legacy, f"fc_norm.{k}")
+    return name
+
+
+def arch_from_config(cfg: dict, label: str, num_aux: int, target_hidden: int, layer_ids) -> DraftArch:
+    def need(key, default=None):
+        v = cfg.get(key, default)
+        if v is None:
+            raise DoctorError(f"{label}: missing '{key}' (needed to build the draft)")
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise DoctorError(f"{label}: '{key}' must be a number, got {v!r}")
+        return v
+
+    archs = cfg.get("architectures") or []
+    if archs and archs[0] != DRAFT_ARCH:
+        raise DoctorError(f"{label}: architecture {archs[0]!r} is not supported offline: doctor accept runs "
+                          f"{DRAFT_ARCH} drafts (the SpecForge / SGLang llama_eagle3 layout); expected "
+                          f"architectures [{DRAFT_ARCH!r}]")
+    if int(cfg.get("num_hidden_layers", 1)) != 1:
+        raise DoctorError(f"{label}: num_hidden_layers is {cfg.get('num_hidden_layers')}; EAGLE-3 drafts have 1")
+    H = int(need("hidden_size"))
+    nh = int(need("num_attention_heads"))
+    ec = cfg.get("eagle_config") or {}
+    vocab = int(need("vocab_size"))
+    return DraftArch(
+        hidden_size=H, target_hidden_size=target_hidden, num_aux=num_aux, vocab_size=vocab,
+        draft_vocab_size=int(cfg.get("draft_vocab_size") or vocab), num_attention_heads=nh,
+        num_key_value_heads=int(cfg.get("num_key_value_heads") or nh),
+        head_dim=int(cfg.get("head_dim") or H // nh), intermediate_size=int(need("intermediate_size")),
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=float(cfg.get("rope_theta", 10000.0)),
+        fc_norm=bool(cfg.get("fc_norm") or cfg.get("use_aux_norm", False)),
+        norm_before_fc=bool(ec.get("norm_before_fc", cfg.get("norm_before_fc", False))),
+        norm_output=bool(cfg.get("norm_output", False)), fc_bias=bool(cfg.get("bias", False)),
+        max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+        layer_ids=list(layer_ids or []),
+    )
+
+
+def load_draft(path: str, target_embed: Optional[torch.Tensor] = None,
+               target_lm_head: Optional[torch.Tensor] = None, device: str = "cpu") -> Eagle3Draft:
+    """Build the draft from a checkpoint directory (config.json + *.safetensors). The fc (and fc_norm) is read by
+    :func:`eagle3_capture.weights.load_draft_fc`; a missing ``embed_tokens`` / ``lm_head`` is taken from the target,
+    as SGLang does. Raises DoctorError on anything it cannot use."""
+    from safetensors import safe_open
+
+    from .. import configs
+    from ..weights import load_draft_fc
+    from .common import read_json, require_file
+
+    require_file(path, "draft checkpoint", allow_dir=True)
+    if not os.path.isdir(path):
+        raise DoctorError(f"draft checkpoint {path}: expected a directory with config.json and *.safetensors")
+    cfg_path = os.path.join(path, "config.json")
+    cfg = read_json(cfg_path, "draft config")
+    if not isinstance(cfg, dict):
+        raise DoctorError(f"draft config {cfg_path}: expected a JSON object")
+    try:
+        dc = configs.read_draft_config(cfg)
+    except (ValueError, FileNotFoundError) as e:
+        raise DoctorError(f"draft config {cfg_path}: {e}") from None
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if not files:
+        raise DoctorError(f"draft checkpoint {path}: no *.safetensors file")
+    try:
+        fc = load_draft_fc(path)
+    except (ValueError, FileNotFoundError) as e:
+        raise DoctorError(f"draft checkpoint {path}: {e}") from None
+    target_hidden = dc.target_hidden_size or dc.hidden_size
+    if fc.in_features != dc.K * target_hidden:
+        raise DoctorError(f"draft checkpoint {path}: fc.weight has in_features {fc.in_features} but the config "
+                          f"declares K={dc.K} taps of H={target_hidden} ({dc.K * target_hidden})")
+    arch = arch_from_config(cfg, f"draft config {cfg_path}", dc.K, target_hidden, dc.layer_ids)
+    arch.fc_bias = fc.bias is not None
+    model = Eagle3Draft(arch)
+    state: Dict[str, torch.Tensor] = {}
+    try:
+        for f in files:
+            with safe_open(f, framework="pt") as h:
+                for k in h.keys():
+                    state[_canonical_name(k)] = h.get_tensor(k)
+    except Exception as e:  # safetensors raises several types for a corrupt file
+        raise DoctorError(f"draft checkpoint {path}: cannot read its safetensors ({e})") from None
+    state["fc.weight"] = fc.weight
+    if fc.bias is not None:
+        state["fc.bias"] = fc.bias
+    if fc.norm_weight is not None:
+        for k in range(fc.norm_weight.shape[0]):
+            state[f"fc_norm.{k}.weight"] = fc.norm_weight[k]
+    if "embed_tokens.weight" not in state:
+        if target_embed is None:
+            raise DoctorError(f"draft checkpoint {path}: no embed_tokens.weight, and no target embedding given")
+        state["embed_tokens.weight"] = target_embed
+    if "lm_head.weight" not in state:
+        if target_lm_head is None or arch.draft_vocab_size != arch.vocab_size:
+            raise DoctorError(f"draft checkpoint {path}: no lm_head.weight (and the target's cannot stand in)")
+        state["lm_head.weight"] = target_lm_head
+    if "d2t" not in state:
+        state["d2t"] = torch.zeros(arch.draft_vocab_size, dtype=torch.int64)
+    state = {k: v for k, v in state.items() if k != "t2d"}
+    own = model.state_dict()
+    missing = [k for k in own if k not in state]
+    if missing:
+        raise DoctorError(f"draft checkpoint {path}: missing weights {missing[:6]}"
+                          + (f" and {len(missing) - 6} more" if len(missing) > 6 else ""))
+    for k, v in own.items():
+        if tuple(state[k].shape) != tuple(v.shape):
+            raise DoctorError(f"draft checkpoint {path}: {k} has shape {tuple(state[k].shape)}, the config "
+                              f"implies {tuple(v.shape)}")
+    model.load_state_dict({k: state[k].to(v.dtype) for k, v in own.items()})
+    return model.to(device).eval()
+
+
+__all__ = ["DraftArch", "Eagle3Draft", "save_draft", "load_draft", "arch_from_config", "DRAFT_ARCH"]

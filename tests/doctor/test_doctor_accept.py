@@ -1,0 +1,187 @@
+"""doctor accept (offline acceptance through the project's draft fc op) and doctor dump-reference, on the demo's
+pair; the metric formulas on hand-made data; bad inputs."""
+import json
+import os
+import shutil
+
+import pytest
+import torch
+
+from doctor_helpers import assert_clean_error, cli, demo_fast, write_json
+from eagle3_capture.doctor.accept import leading_correct, metrics
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the formulas
+# ----------------------------------------------------------------------------------------------------------------
+
+def test_metrics_by_hand():
+    c = torch.tensor([[1, 1, 1], [1, 0, 1], [0, 1, 1], [1, 1, 0]], dtype=torch.bool)
+    m = metrics(c)
+    assert m.teacher_forced == [0.75, 0.75, 0.75]
+    assert m.conditional_support == [4, 3, 2]
+    assert m.conditional == pytest.approx([3 / 4, 2 / 3, 1 / 2])
+    # tau = 1 + a1 + a1*a2 + a1*a2*a3
+    assert m.tau(3) == pytest.approx(1 + 0.75 + 0.5 + 0.25)
+    assert m.tau(1) == pytest.approx(1.75) and m.tau(0) == 1.0
+    # ... which is the mean accepted length of the chain
+    for n in (1, 2, 3):
+        assert m.tau(n) == pytest.approx(1 + leading_correct(c, n).float().mean().item())
+
+
+@pytest.fixture(scope="module")
+def demo():
+    return demo_fast()
+
+
+@pytest.fixture(scope="module")
+def small_prompts(demo, tmp_path_factory):
+    res, out = demo
+    prompts = json.load(open(os.path.join(out, "prompts.json")))[:12]
+    return write_json(str(tmp_path_factory.mktemp("acc") / "prompts.json"), prompts)
+
+
+def test_draft_fc_through_the_op_equals_plain_torch(demo):
+    """The draft's fc in doctor accept runs through ops.draft_fc; it must equal the plain-torch fc it was trained
+    with."""
+    from eagle3_capture.doctor.draft_model import load_draft
+
+    res, out = demo
+    d = load_draft(os.path.join(out, "draft"))
+    x = torch.randn(5, 7, 3 * d.arch.target_hidden_size, generator=torch.Generator().manual_seed(0)) * 10
+    torch.testing.assert_close(d.project(x, use_op=True), d.project(x, use_op=False), rtol=2e-5, atol=2e-5)
+
+
+def test_accept_on_the_demo_pair(demo, small_prompts, tmp_path):
+    res, out = demo
+    code, text, err = cli("doctor", "accept", "--target", "demo", "--draft", os.path.join(out, "draft"),
+                          "--prompts", small_prompts, "--server-args",
+                          "--speculative-algorithm EAGLE3 --speculative-num-steps 3 --speculative-eagle-topk 1 "
+                          "--speculative-num-draft-tokens 4", "--new-tokens", 12, "--json", tmp_path / "a.json",
+                          "--tensors", tmp_path / "a.safetensors", "--no-progress", "--device", "cpu", "--threads", 1)
+    assert code == 0, text + err
+    j = json.load(open(tmp_path / "a.json"))
+    m = j["metrics"]
+    assert j["server"]["num_steps"] == 3 and m["steps"] == 3 and m["anchors"] == 12 * 13
+    assert j["predicted_accept_length"] == pytest.approx(m["tau_by_chain_length"]["3"])
+    assert m["teacher_forced"][0] > 0.4  # a trained draft on its own target
+    assert "predicted accept length" in text and "teacher-forced" in text
+    from safetensors.torch import load_file
+
+    t = load_file(str(tmp_path / "a.safetensors"))
+    assert t["correct"].shape == (12 * 13, 3)
+    assert 1 + t["accepted"].float().mean().item() == pytest.approx(j["predicted_accept_length"], abs=1e-5)
+
+    # the same draft fed the miswired taps, predicted through --taps: clearly lower
+    code, text2, err = cli("doctor", "accept", "--target", "demo", "--draft", os.path.join(out, "draft"),
+                           "--prompts", small_prompts, "--taps", "layer_inputs:1,4,7", "--new-tokens", 12,
+                           "--json", tmp_path / "b.json", "--no-progress", "--device", "cpu")
+    assert code == 0, err
+    jb = json.load(open(tmp_path / "b.json"))
+    assert jb["taps"] == ["LayerOutput(0)", "LayerOutput(3)", "LayerOutput(6)"]
+    assert jb["metrics"]["teacher_forced"][0] < m["teacher_forced"][0] - 0.05
+
+    # the saved transformers checkpoint of the target gives the same numbers as the built-in one
+    code, text3, err = cli("doctor", "accept", "--target", os.path.join(out, "target"), "--draft",
+                           os.path.join(out, "draft"), "--prompts", small_prompts, "--new-tokens", 12,
+                           "--json", tmp_path / "c.json", "--no-progress", "--device", "cpu")
+    assert code == 0, err
+    jc = json.load(open(tmp_path / "c.json"))
+    assert jc["metrics"]["teacher_forced"] == pytest.approx(m["teacher_forced"], abs=1e-6)
+    # no flags: SGLang's auto values for a DeepseekV3 target (3, 1, 4)
+    assert (jc["server"]["num_steps"], jc["server"]["num_draft_tokens"]) == (3, 4)
+
+
+def test_dump_reference_pre_and_post_norm(demo, small_prompts, tmp_path):
+    """The reference holds HF's stack (last entry post-norm) plus the pre-norm final boundary; the final norm
+    applied to final_prenorm gives HF's last entry, and hidden_states[0] is the embedding lookup."""
+    from safetensors.torch import load_file
+
+    from eagle3_capture.doctor.target_model import build_demo_target
+
+    res, out = demo
+    code, text, err = cli("doctor", "dump-reference", "--model", os.path.join(out, "target"), "--prompts",
+                          small_prompts, "--out", tmp_path / "ref.safetensors", "--device", "cpu")
+    assert code == 0, err
+    t = load_file(str(tmp_path / "ref.safetensors"))
+    hs, pre, ids = t["hidden_states"], t["final_prenorm"], t["input_ids"]
+    assert hs.shape[0] == 9 and hs.shape[1] == ids.numel() == 12 * 32 and t["prompt_offsets"][-1] == ids.numel()
+    model = build_demo_target(0)
+    with torch.no_grad():
+        torch.testing.assert_close(hs[0], model.model.embed_tokens(ids))
+        torch.testing.assert_close(model.model.norm(pre), hs[8], rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(pre, hs[8])
+    # and it fingerprints the demo's captures of the first prompts
+    code, text, err = cli("doctor", "fingerprint", "--reference", tmp_path / "ref.safetensors", "--captured",
+                          os.path.join(out, "captured_correct.safetensors"))
+    assert code == 0, text + err
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# bad inputs
+# ----------------------------------------------------------------------------------------------------------------
+
+def test_accept_bad_inputs(demo, small_prompts, tmp_path):
+    res, out = demo
+    draft = os.path.join(out, "draft")
+    base = ("doctor", "accept", "--target", "demo", "--no-progress", "--device", "cpu")
+    assert_clean_error(*cli(*base, "--draft", tmp_path / "nodraft", "--prompts", small_prompts), "no such file")
+    empty = tmp_path / "emptydraft"
+    os.makedirs(empty)
+    shutil.copy(os.path.join(draft, "config.json"), empty / "config.json")
+    assert_clean_error(*cli(*base, "--draft", empty, "--prompts", small_prompts), "no *.safetensors")
+    assert_clean_error(*cli(*base, "--draft", draft, "--prompts", tmp_path / "none.json"), "no such file")
+    p = write_json(tmp_path / "oov.json", [[1, 2, 999]])
+    assert_clean_error(*cli(*base, "--draft", draft, "--prompts", p), "token id 999", "vocabulary")
+    p = write_json(tmp_path / "text.json", ["hello world"])
+    assert_clean_error(*cli(*base, "--draft", draft, "--prompts", p), "no tokenizer")
+    (tmp_path / "bad.json").write_text("[[1, 2,")
+    assert_clean_error(*cli(*base, "--draft", draft, "--prompts", tmp_path / "bad.json"), "malformed JSON")
+    p = write_json(tmp_path / "obj.json", {"a": 1})
+    assert_clean_error(*cli(*base, "--draft", draft, "--prompts", p), "expected a JSON list")
+    assert_clean_error(*cli(*base, "--draft", draft, "--prompts", small_prompts, "--taps", "draft_ids:-1,3"),
+                       "K=3", "K=2")
+    assert_clean_error(*cli(*base, "--draft", draft, "--prompts", small_prompts, "--new-tokens", 1), "--new-tokens")
+    assert_clean_error(*cli("doctor", "accept", "--target", tmp_path / "notarget", "--draft", draft, "--prompts",
+                            small_prompts, "--device", "cpu"), "no such file")
+    # a checkpoint whose fc does not fit its config
+    wrong = tmp_path / "wrongfc"
+    shutil.copytree(draft, wrong)
+    cfg = json.load(open(wrong / "config.json"))
+    cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [-1, 3]
+    write_json(wrong / "config.json", cfg)
+    assert_clean_error(*cli(*base, "--draft", wrong, "--prompts", small_prompts), "in_features")
+    # a draft architecture this command does not run
+    other = tmp_path / "mla"
+    shutil.copytree(draft, other)
+    cfg = json.load(open(other / "config.json"))
+    cfg["architectures"] = ["Eagle3DeepseekV2ForCausalLM"]
+    write_json(other / "config.json", cfg)
+    assert_clean_error(*cli(*base, "--draft", other, "--prompts", small_prompts), "not supported offline")
+    if not torch.cuda.is_available():
+        assert_clean_error(*cli("doctor", "accept", "--target", "demo", "--draft", draft, "--prompts", small_prompts,
+                                "--device", "cuda"), "no CUDA device")
+
+
+def test_dump_reference_bad_inputs(tmp_path):
+    p = write_json(tmp_path / "p.json", [[3, 4, 5]])
+    assert_clean_error(*cli("doctor", "dump-reference", "--model", tmp_path / "nomodel", "--prompts", p, "--out",
+                            tmp_path / "r.safetensors", "--device", "cpu"), "no such file")
+    os.makedirs(tmp_path / "notamodel")
+    write_json(tmp_path / "notamodel" / "config.json", {"model_type": "nonexistent_arch_xyz"})
+    assert_clean_error(*cli("doctor", "dump-reference", "--model", tmp_path / "notamodel", "--prompts", p, "--out",
+                            tmp_path / "r.safetensors", "--device", "cpu"), "could not load")
+    (tmp_path / "empty.txt").write_text("\n\n")
+    assert_clean_error(*cli("doctor", "dump-reference", "--model", "demo", "--prompts", tmp_path / "empty.txt",
+                            "--out", tmp_path / "r.safetensors", "--device", "cpu"), "no prompts")
+
+
+@pytest.mark.parametrize("sub", ["check", "fingerprint", "dump-reference", "accept", "demo"])
+def test_every_subcommand_has_help(sub):
+    code, out, err = cli("doctor", sub, "--help")
+    assert code == 0 and "usage: eagle3-capture doctor " + sub in out
+
+
+def test_top_level_commands_kept():
+    code, out, err = cli("--help")
+    assert code == 0 and all(c in out for c in ("info", "selfcheck", "doctor"))
