@@ -1,21 +1,21 @@
 """doctor demo: the result asserted (correct capture well above the miswired one, check and fingerprint name the
-fault), on the fast path (the same pipeline as `make demo`, with half the training prompts, 200 instead of 400
-training steps and 64 instead of 128 held-out prompts).
+fault), on the fast path: the same pipeline as `make demo` with 1024 instead of 2048 training continuations, 200
+instead of 400 training steps and 64 instead of 128 held-out prompts (about 35 s on one core).
 
-The margin. The assertion is on step-1 top-1 accuracy over the held-out positions (64 prompts x 12 anchors = 768):
-correct - miswired >= MIN_GAP = 0.08 (the demo itself fails below 0.10 on its own, full-size run). Why that is
-safe from noise:
-* nothing is random at run time: the target's weights, the prompts, the draft's init and its batches come from
-  fixed seeds, and the demo runs on one CPU thread, so a run is deterministic on a machine (float summation order
-  does not depend on a thread count);
-* across seeds (target, prompts and draft all change with the seed) the fast path measured, on the 2-core CPU
-  machine: gaps 0.135 (seed 0), see FAST_SEED_GAPS below for seeds 0-4 -- min FAST_MIN, spread FAST_SPREAD;
-  the full run (seed 0) 0.150;
-* so MIN_GAP sits several spreads below the smallest gap seen for any seed, and the remaining risk, a CPU whose
-  kernels round differently (AVX-512 vs AVX2) nudging the training trajectory, moves the result by much less than
-  the seed-to-seed spread, which already covers entirely different targets and drafts.
-The binomial standard error of one accuracy over 768 correlated positions is about 0.02-0.03, which the seed spread
-includes.
+The margin. Asserted: step-1 top-1 accuracy on the held-out positions (64 prompts x 12 anchors = 768), correct
+capture minus miswired >= MIN_GAP = 0.08 (absolute), every later step >= MIN_GAP / 2, and the predicted accept
+length at 3 steps >= 0.2 apart. Why that is safe from noise:
+
+* a run is deterministic: the target's weights, the prompts, the draft's init and its training batches all come
+  from fixed seeds, on one CPU thread (the same numbers came out with 2 threads);
+* what a different machine can change is float rounding (other CPU kernels), which after a few hundred Adam steps
+  amounts to another training trajectory. Measured on the 2-core CPU machine, fast path:
+    - seed 0 as the test runs it: correct 0.688, miswired 0.552, gap 0.135 (tau@3 2.87 vs 2.47);
+    - other draft seeds, same target and data (draft_seed 10-15): gaps 0.244 0.228 0.169 0.287 0.314 0.219;
+    - other seeds for everything (target, prompts, draft; seeds 1-4): gaps 0.237 0.152 0.224 0.154;
+  11 trainings: min 0.135, mean 0.21, sd 0.055; tau@3 gaps >= 0.40. MIN_GAP is 0.055 below the smallest gap seen
+  and 2.4 sd below the mean; the full-size run (seed 0) measured 0.706 vs 0.556 (gap 0.150).
+* sampling noise of one accuracy over 768 positions (correlated within a prompt) is ~0.02-0.03, inside that spread.
 """
 import json
 import os

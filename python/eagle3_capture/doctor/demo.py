@@ -205,6 +205,10 @@ def _run(out_dir: str, fast: bool, dev: str, seed: int, plot: bool, progress: bo
         failures.append("the correct capture did not fingerprint clean")
 
     png = None
+    notes = []
+    if plot and not _have_matplotlib():
+        notes.append("matplotlib is not installed: no PNG written (pip install matplotlib)")
+        plot = False
     if plot:
         from .plots import accuracy_plot
 
@@ -216,7 +220,7 @@ def _run(out_dir: str, fast: bool, dev: str, seed: int, plot: bool, progress: bo
                        f"miswired capture {list(miswired.taps)}": f"tau@{steps} {taus['miswired'][2]:.2f}"})
         lap("plot")
     text = _report(S, trained, miswired, m_ok, m_mis, taus, res, default, rep, fp_ok, log, timings, out_dir, fast,
-                   dev, failures)
+                   dev, failures, notes)
     write_json(os.path.join(out_dir, "report.json"), {
         "fast": fast, "device": dev, "seed": seed, "settings": S,
         "trained_taps": [repr(t) for t in trained.taps], "miswired_taps": [repr(t) for t in miswired.taps],
@@ -230,6 +234,12 @@ def _run(out_dir: str, fast: bool, dev: str, seed: int, plot: bool, progress: bo
         f.write(text + "\n")
     return DemoResult(not failures, text, m_ok, m_mis, trained, list(miswired.taps), rep, fp_ok, out_dir, timings,
                       S, log, failures)
+
+
+def _have_matplotlib() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("matplotlib") is not None
 
 
 _FLAG_CODES = {"draft-tokens-capped", "draft-tokens-raised", "single-step-chain", "speculative-flags-crash",
@@ -251,7 +261,7 @@ def _save_target(model, path: str) -> None:
 
 
 def _report(S, trained, miswired, m_ok, m_mis, taus, res, default, rep, fp_ok, log, timings, out_dir, fast, dev,
-            failures) -> str:
+            failures, notes=()) -> str:
     from .fingerprint import render as render_fp
 
     run = S["run"]
@@ -306,6 +316,7 @@ def _report(S, trained, miswired, m_ok, m_mis, taus, res, default, rep, fp_ok, l
     lines += ["", f"files in {out_dir}: target/, draft/, prompts.json, reference.safetensors, captured_*.safetensors, "
                   "report.json, report.txt" + (", accuracy.png" if "plot" in timings else ""),
               "timings (s): " + ", ".join(f"{k} {v}" for k, v in timings.items())]
+    lines += [f"note: {n}" for n in notes]
     lines.append("result: " + ("OK -- the correct capture is well above the miswired one, and check/fingerprint "
                                "name the fault" if not failures else "FAILED: " + "; ".join(failures)))
     return "\n".join(lines)

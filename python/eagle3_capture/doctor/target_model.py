@@ -22,8 +22,19 @@ def demo_target_config_dict() -> dict:
     return json.loads(resources.files("eagle3_capture").joinpath("data", DEMO_TARGET_CONFIG).read_text())
 
 
+def require_transformers():
+    """transformers, or a DoctorError saying how to get it (the target side of the doctor runs HF models)."""
+    try:
+        import transformers
+    except ImportError as e:
+        raise DoctorError(f"this command runs a transformers model, and transformers does not import ({e}); "
+                          "install it: pip install 'transformers>=5.17' (requirements-dev.txt pins 5.19.0)") from None
+    return transformers
+
+
 def demo_target_config(overrides: Optional[dict] = None):
     """The demo target's transformers DeepseekV3Config (from the JSON shipped in the package, plus overrides)."""
+    require_transformers()
     from transformers import DeepseekV3Config
 
     d = demo_target_config_dict()
@@ -108,6 +119,7 @@ def load_target(path: str, device: str = "cpu", seed: int = 0, dtype: Optional[t
         cfg = read_json(os.path.join(path, "config.json"), "target config")
         if not isinstance(cfg, dict):
             raise DoctorError(f"target config {path}/config.json: expected a JSON object")
+        require_transformers()
         from transformers import AutoModelForCausalLM
 
         try:
