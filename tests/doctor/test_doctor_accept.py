@@ -111,10 +111,19 @@ def test_dump_reference_pre_and_post_norm(demo, small_prompts, tmp_path):
         torch.testing.assert_close(hs[0], model.model.embed_tokens(ids))
         torch.testing.assert_close(model.model.norm(pre), hs[8], rtol=1e-5, atol=1e-5)
     assert not torch.allclose(pre, hs[8])
-    # and it fingerprints the demo's captures of the first prompts
+    # and it fingerprints the demo's captures of the first prompts, declared taps read from the demo's configs
     code, text, err = cli("doctor", "fingerprint", "--reference", tmp_path / "ref.safetensors", "--captured",
-                          os.path.join(out, "captured_correct.safetensors"))
+                          os.path.join(out, "captured_correct.safetensors"), "--draft-config",
+                          os.path.join(out, "draft"), "--target-config", os.path.join(out, "target"))
     assert code == 0, text + err
+    assert "draft config" in text and "MISMATCH" not in text
+    code, text, err = cli("doctor", "fingerprint", "--reference", tmp_path / "ref.safetensors", "--captured",
+                          os.path.join(out, "captured_miswired.safetensors"), "--draft-config",
+                          os.path.join(out, "draft"), "--target-config", os.path.join(out, "target"))
+    assert code == 1 and "fingerprint-missing-embedding" in text
+    assert_clean_error(*cli("doctor", "fingerprint", "--reference", tmp_path / "ref.safetensors", "--captured",
+                            os.path.join(out, "captured_correct.safetensors"), "--draft-config",
+                            os.path.join(out, "draft")), "needs --target-config")
 
 
 # ----------------------------------------------------------------------------------------------------------------

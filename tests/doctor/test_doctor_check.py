@@ -33,6 +33,13 @@ def test_the_real_case_config_on_stock_sglang(tmp_path):
     assert not codes(rep)
 
 
+def test_with_plugin_flag_on_the_cli(tmp_path):
+    d = write_json(tmp_path / "draft.json", draft_config([-1, 2, 30]))
+    code, out, err = cli("doctor", "check", "--target-config", KIMI, "--draft-config", d, "--with-plugin")
+    assert code == 0, out + err
+    assert "[info] plus-one-rule" in out and "not with the plugin" in out
+
+
 def test_ids_that_stock_sglang_captures_right_exit_0(tmp_path):
     d = write_json(tmp_path / "draft.json", draft_config([1, 29, 57]))  # ids[0] == 1: SGLang adds 1 to all
     code, out, err = cli("doctor", "check", "--target-config", DSV3_61, "--draft-config", d, "--server-args",

@@ -198,7 +198,7 @@ def run_accept(target_path: str, draft_path: str, prompts_path: str, server_args
                        target.model.get_output_embeddings().weight.detach().cpu(), device=device)
     dcfg = configs.read_draft_config(os.path.join(draft_path, "config.json"))
     declared = None
-    notes: List[str] = []
+    notes: List[str] = list(getattr(draft, "notes", []))
     try:
         declared = configs.draft_taps(dcfg, tcfg)
     except (TapError, ValueError) as e:

@@ -369,6 +369,14 @@ def load_draft(path: str, target_embed: Optional[torch.Tensor] = None,
             raise DoctorError(f"draft checkpoint {path}: {k} has shape {tuple(state[k].shape)}, the config "
                               f"implies {tuple(v.shape)}")
     model.load_state_dict({k: state[k].to(v.dtype) for k, v in own.items()})
+    model.notes = []
+    scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters")
+    if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type", "default")) not in ("default", None):
+        model.notes.append(f"the draft's rope_scaling {scaling.get('rope_type', scaling.get('type'))!r} is not "
+                           "applied offline (plain RoPE with rope_theta): exact only for positions where the scaling "
+                           "leaves the frequencies alone")
+    if cfg.get("sliding_window"):
+        model.notes.append("the draft's sliding_window is not applied offline")
     return model.to(device).eval()
 
 
