@@ -189,7 +189,7 @@ def run_accept(target_path: str, draft_path: str, prompts_path: str, server_args
     if new_tokens < 2:
         raise DoctorError(f"--new-tokens {new_tokens}: need at least 2 continuation tokens")
     flags = parse_server_args(server_args) if server_args else None
-    target = load_target(target_path, device=device, seed=seed)
+    target = load_target(target_path, device=device, seed=seed, quiet=not progress)
     try:
         tcfg = configs.read_target_config(target.config_dict)
     except ValueError as e:

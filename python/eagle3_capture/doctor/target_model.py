@@ -102,7 +102,8 @@ class Target:
     config_dict: dict
 
 
-def load_target(path: str, device: str = "cpu", seed: int = 0, dtype: Optional[torch.dtype] = None) -> Target:
+def load_target(path: str, device: str = "cpu", seed: int = 0, dtype: Optional[torch.dtype] = None,
+                quiet: bool = False) -> Target:
     """``demo`` (the built-in tiny DeepseekV3) or a transformers model directory (config.json + weights)."""
     if path == DEMO:
         model = build_demo_target(seed)
@@ -122,11 +123,19 @@ def load_target(path: str, device: str = "cpu", seed: int = 0, dtype: Optional[t
         require_transformers()
         from transformers import AutoModelForCausalLM
 
+        from transformers.utils import logging as hf_logging
+
+        bars = hf_logging.is_progress_bar_enabled()
+        if quiet:
+            hf_logging.disable_progress_bar()
         try:
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
         except Exception as e:  # transformers raises many types for an unusable checkpoint
             raise DoctorError(f"target model {path}: transformers could not load it: {type(e).__name__}: "
                               f"{str(e).splitlines()[0] if str(e) else ''}") from None
+        finally:
+            if quiet and bars:
+                hf_logging.enable_progress_bar()
         tok = None
         try:
             from transformers import AutoTokenizer
