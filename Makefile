@@ -1,5 +1,5 @@
 # The two commands (see README):
-#   make demo   set up .venv, build the extension, run the main job
+#   make demo   set up .venv, build the extension, run the main job (selfcheck, then `eagle3-capture doctor demo`)
 #   make test   set up .venv, build (CUDA for sm_90a/100a/120a when nvcc is present), gate the cubins, run the tests
 PYTHON ?= python3
 VENV ?= .venv
@@ -18,6 +18,7 @@ NATIVE_SOURCES := $(shell find csrc -type f) setup.py pyproject.toml
 
 demo: build
 	$(PY) -m eagle3_capture selfcheck
+	$(PY) -m eagle3_capture doctor demo --out build/demo
 
 test: build gate $(VENV)/.sglang-stamp
 	$(PY) -m pytest -m "not cuda and not multigpu" -q $(PYTEST_ARGS)
