@@ -60,22 +60,20 @@ class CheckReport:
         }
 
 
-def _read_target(path) -> configs.TargetConfig:
+def _read_config(reader, path):
+    """A config reader's missing-file and malformed-config errors become DoctorError (exit 2, no traceback)."""
     try:
-        return configs.read_target_config(path)
-    except FileNotFoundError as e:
+        return reader(path)
+    except (FileNotFoundError, ValueError) as e:
         raise DoctorError(str(e)) from None
-    except ValueError as e:
-        raise DoctorError(str(e)) from None
+
+
+def _read_target(path) -> configs.TargetConfig:
+    return _read_config(configs.read_target_config, path)
 
 
 def _read_draft(path) -> configs.DraftConfig:
-    try:
-        return configs.read_draft_config(path)
-    except FileNotFoundError as e:
-        raise DoctorError(str(e)) from None
-    except ValueError as e:
-        raise DoctorError(str(e)) from None
+    return _read_config(configs.read_draft_config, path)
 
 
 def _raw_target(path) -> dict:
