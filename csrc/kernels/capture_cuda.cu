@@ -145,11 +145,7 @@ namespace {
 using namespace kernels;
 
 int max_dynamic_smem_bytes() {
-  int dev = 0, bytes = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return 48 * 1024;
-  if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
-    return 48 * 1024;
-  return bytes;
+  return current_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, 48 * 1024);
 }
 
 template <typename T, int N>
@@ -166,11 +162,9 @@ cudaError_t launch_fused(const FusedAddRmsnormCaptureParams& p, cudaStream_t str
   int64_t threads = ((work + 31) / 32) * 32;
   if (threads < 64) threads = 64;
   if (threads > 1024) threads = 1024;
-  int sms = 0, dev = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   // Enough blocks to fill the machine many times over; more rows than that are walked grid-stride.
-  const int64_t max_blocks = static_cast<int64_t>(sms > 0 ? sms : 132) * 64;
+  const int64_t sms = current_device_attribute(cudaDevAttrMultiProcessorCount, 132);
+  const int64_t max_blocks = sms * 64;
   const int64_t blocks = p.rows < max_blocks ? p.rows : max_blocks;
   kernel<<<static_cast<unsigned>(blocks), static_cast<unsigned>(threads), smem, stream>>>(p);
   return cudaGetLastError();

@@ -43,6 +43,14 @@ __device__ __forceinline__ void store_chunk(T* p, const Chunk<T, N>& c) {
   *reinterpret_cast<Chunk<T, N>*>(p) = c;
 }
 
+// An attribute of the current device, or `fallback` when the query fails (host code).
+inline int current_device_attribute(cudaDeviceAttr attr, int fallback) {
+  int dev = 0, value = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&value, attr, dev) != cudaSuccess || value <= 0)
+    return fallback;
+  return value;
+}
+
 // Widest access (in bytes, at most 16) that every pointer, every row stride and the element size allow, so each
 // row of each array starts on an access boundary. Rows whose length is not a multiple of the width are finished
 // element by element (the tail); results never depend on the width chosen.

@@ -282,13 +282,7 @@ using namespace kernels;
 
 constexpr int64_t align256(int64_t b) { return (b + 255) / 256 * 256; }
 
-int sm_count() {
-  int dev = 0, sms = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) !=
-                                                 cudaSuccess)
-    return 132;
-  return sms;
-}
+int sm_count() { return current_device_attribute(cudaDevAttrMultiProcessorCount, 132); }
 
 DecodeTiling decode_tiling(int taps, int64_t hidden, int64_t out_features, int blocks_per_sm) {
   DecodeTiling t;
