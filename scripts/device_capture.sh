@@ -2,10 +2,7 @@
 # One device call for the capture ops: build for sm_90a, CUDA tests, compute-sanitizer (memcheck + racecheck),
 # the Python benchmark and the CMake bench binary. Logs and results land in $OUT.
 #   (device tool) bash scripts/device_capture.sh
-set -uo pipefail
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT=${OUT:-/tmp/e3out}; mkdir -p "$OUT"
-step() { echo; echo "=== $* ($(date +%T))"; }
+source "$(dirname "$0")/device_env.sh"
 step build
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 TORCH_CUDA_ARCH_LIST=9.0a MAX_JOBS=16 python3 -m pip install -q --no-build-isolation --no-deps -e . \

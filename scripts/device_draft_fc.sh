@@ -1,10 +1,7 @@
 #!/usr/bin/env bash
 # One device call for the draft fc: build for sm_90a, CUDA tests (capture + draft fc), compute-sanitizer memcheck
 # and racecheck on the draft fc tests, the Python benchmark and the CMake bench binary. Logs land in $OUT.
-set -uo pipefail
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT=${OUT:-/tmp/e3out}; mkdir -p "$OUT"
-step() { echo; echo "=== $* ($(date +%T))"; }
+source "$(dirname "$0")/device_env.sh"
 step build
 TORCH_CUDA_ARCH_LIST=9.0a MAX_JOBS=16 python3 -m pip install -q --no-build-isolation --no-deps -e . \
   > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }

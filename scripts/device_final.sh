@@ -1,10 +1,7 @@
 #!/usr/bin/env bash
 # Last call of the session on nvidia-h200-x2, in priority order, each step time-boxed: gather tests (2 GPUs),
 # the draft fc error path that crashed, the gather benchmark, the draft fc benchmark, memcheck of the gather.
-set -uo pipefail
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT=${OUT:-/tmp/e3out}; mkdir -p "$OUT"
-step() { echo; echo "=== $* ($(date +%T))"; }
+source "$(dirname "$0")/device_env.sh"
 step build
 TORCH_CUDA_ARCH_LIST=9.0a MAX_JOBS=32 python3 -m pip install -q --no-build-isolation --no-deps -e . \
   > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }

@@ -1,10 +1,7 @@
 #!/usr/bin/env bash
 # One call on kind nvidia-h200-x2: build for sm_90a; the single-GPU CUDA tests and draft fc benchmark on GPU 0
 # (with a native backtrace of any crash); the two-GPU gather tests, memcheck of the gather and its benchmark.
-set -uo pipefail
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT=${OUT:-/tmp/e3out}; mkdir -p "$OUT"
-step() { echo; echo "=== $* ($(date +%T))"; }
+source "$(dirname "$0")/device_env.sh"
 step build
 nvidia-smi topo -m | head -4
 TORCH_CUDA_ARCH_LIST=9.0a MAX_JOBS=32 python3 -m pip install -q --no-build-isolation --no-deps -e . \
