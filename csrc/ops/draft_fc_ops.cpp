@@ -134,18 +134,10 @@ void draft_fc_out_cpu(const std::vector<at::Tensor>& x, const at::Tensor& weight
   });
 }
 
-at::Tensor draft_fc_cpu(const std::vector<at::Tensor>& x, const at::Tensor& weight,
-                        const std::optional<at::Tensor>& norm_weight, double eps,
-                        const std::optional<at::Tensor>& bias) {
-  at::Tensor out = draft_fc_empty_out(x, weight);
-  draft_fc_out_cpu(x, weight, norm_weight, eps, bias, out);
-  return out;
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(eagle3_capture, CPU, m) {
-  m.impl("draft_fc", &draft_fc_cpu);
+  m.impl("draft_fc", &draft_fc_functional<&draft_fc_out_cpu>);
   m.impl("draft_fc_out", &draft_fc_out_cpu);
 }
 

@@ -21,6 +21,19 @@ e3::DraftFcParams draft_fc_params(const std::vector<at::Tensor>& x, const at::Te
 // The output tensor the functional op allocates: [M, N] in the activation dtype on x's device.
 at::Tensor draft_fc_empty_out(const std::vector<at::Tensor>& x, const at::Tensor& weight);
 
+using DraftFcOutFn = void (*)(const std::vector<at::Tensor>&, const at::Tensor&, const std::optional<at::Tensor>&,
+                              double, const std::optional<at::Tensor>&, at::Tensor&);
+
+// The functional draft_fc of a device: allocate the output, then that device's draft_fc_out.
+template <DraftFcOutFn kOut>
+at::Tensor draft_fc_functional(const std::vector<at::Tensor>& x, const at::Tensor& weight,
+                               const std::optional<at::Tensor>& norm_weight, double eps,
+                               const std::optional<at::Tensor>& bias) {
+  at::Tensor out = draft_fc_empty_out(x, weight);
+  kOut(x, weight, norm_weight, eps, bias, out);
+  return out;
+}
+
 // out = linear(xn, weight, bias): xn is the packed input itself when there is no norm and one tensor, otherwise a
 // scratch [M, K*H] that `fill_scratch` fills with the normalised (or packed) taps.
 template <typename Fill>

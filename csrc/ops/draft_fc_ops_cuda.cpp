@@ -102,18 +102,10 @@ void draft_fc_out_cuda(const std::vector<at::Tensor>& x, const at::Tensor& weigh
   });
 }
 
-at::Tensor draft_fc_cuda(const std::vector<at::Tensor>& x, const at::Tensor& weight,
-                         const std::optional<at::Tensor>& norm_weight, double eps,
-                         const std::optional<at::Tensor>& bias) {
-  at::Tensor out = draft_fc_empty_out(x, weight);
-  draft_fc_out_cuda(x, weight, norm_weight, eps, bias, out);
-  return out;
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(eagle3_capture, CUDA, m) {
-  m.impl("draft_fc", &draft_fc_cuda);
+  m.impl("draft_fc", &draft_fc_functional<&draft_fc_out_cuda>);
   m.impl("draft_fc_out", &draft_fc_out_cuda);
 }
 
