@@ -46,7 +46,7 @@ def timed_graph(fn, reps: int, samples: int) -> float:
     return statistics.median(times)
 
 
-def worker(rank, world, port, ts, k, h, samples, queue):
+def worker(rank, world, port, ts, k, h, samples, queue, sweep_blocks=()):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NCCL_NVLS_ENABLE="0",
                       TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
     torch.cuda.set_device(rank)
@@ -81,13 +81,21 @@ def worker(rank, world, port, ts, k, h, samples, queue):
         t_tap = timed_graph(nccl_per_tap, reps, samples)
         t_ours2 = timed_graph(ours, reps, samples)
         gat.check()
+        by_blocks = {}
+        for b in sweep_blocks:  # the same gather with other grid sizes (the default is 2 x SMs)
+            other = PackedGatherer(None, num_taps=k, hidden_size=h, dtype=dt, max_rows_per_rank=t, backend="p2p",
+                                   device=f"cuda:{rank}", timeout_s=30.0, blocks=b)
+            by_blocks[b] = timed_graph(lambda: other.gather(local), reps, samples)
+            other.check()
+            other.close()
         # Correctness of what was timed: the gathered rows equal NCCL's.
         gat.gather(local)
         nccl_packed()
         torch.cuda.synchronize()
         same = bool(torch.equal(gat.output(world * t), packed))
         rows.append(dict(T=t, H=h, K=k, dtype="bfloat16", world=world, ours_us=t_ours, ours_repeat_us=t_ours2,
-                         baseline_us=t_nccl, per_tap_us=t_tap, bytes_per_rank=t * k * h * 2, matches_nccl=same))
+                         baseline_us=t_nccl, per_tap_us=t_tap, bytes_per_rank=t * k * h * 2, matches_nccl=same,
+                         blocks=gat.blocks, ours_us_by_blocks=by_blocks))
         gat.close()
         del gat
         torch.cuda.empty_cache()
@@ -106,6 +114,7 @@ def main() -> int:
     ap.add_argument("--K", type=int, default=3)
     ap.add_argument("--samples", type=int, default=30)
     ap.add_argument("--out", default="benchmarks/results/gather-h200x2.json")
+    ap.add_argument("--sweep-blocks", default="", help="comma list of other p2p grid sizes to time as well")
     args = ap.parse_args()
     world = torch.cuda.device_count()
     if world < 2:
@@ -116,7 +125,8 @@ def main() -> int:
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     ts = [int(v) for v in args.T.split(",")]
-    procs = [ctx.Process(target=worker, args=(r, world, port, ts, args.K, args.H, args.samples, q))
+    sweep = [int(v) for v in args.sweep_blocks.split(",") if v]
+    procs = [ctx.Process(target=worker, args=(r, world, port, ts, args.K, args.H, args.samples, q, sweep))
              for r in range(world)]
     for p in procs:
         p.start()
@@ -132,9 +142,14 @@ def main() -> int:
         for key in ("ours_us", "ours_repeat_us", "baseline_us", "per_tap_us"):
             row[key] = max(r[key] for r in rs)
         row["matches_nccl"] = all(r["matches_nccl"] for r in rs)
+        row["ours_us_by_blocks"] = {b: max(r["ours_us_by_blocks"][b] for r in rs) for b in rs[0]["ours_us_by_blocks"]}
         row["speedup_vs_nccl"] = row["baseline_us"] / row["ours_us"]
         row["per_rank"] = rs
         rows.append(row)
+    for row in rows:
+        if row["ours_us_by_blocks"]:
+            print(f"T={row['T']}: {row['blocks']} blocks {row['ours_us']:.1f} us; " +
+                  ", ".join(f"{b} blocks {v:.1f} us" for b, v in row["ours_us_by_blocks"].items()))
     cols = ["T", "world", "ours_us", "ours_repeat_us", "baseline_us", "per_tap_us", "speedup_vs_nccl", "matches_nccl"]
     common.print_table(rows, cols)
     print(common.markdown_table(rows, cols))

@@ -4,16 +4,17 @@
 // peer through a counter in the peer's flag area; no host sync, so the call is CUDA-graph capturable. Per rank
 // flag area (u64, written by peers with system-scope atomics, read with acquire loads):
 //   entered[r]  how many gathers rank r has entered (so this rank's previous output is no longer being read)
-//   arrived[r]  how many blocks of rank r have finished writing into this rank's output (B per gather)
+//   arrived[r]  how many gathers of rank r have finished writing into this rank's output
 // and a local state (completed gathers, blocks done in the current call). Counters only grow, so nothing is
 // reset between calls and replays of a captured graph keep counting.
 //
-// Protocol of gather n on rank me (grid of B blocks, B equal on every rank):
+// Protocol of gather n on rank me (grid of B blocks; B may differ across ranks):
 //   1. block 0 adds 1 to entered[me] at every peer; every block waits until entered[p] >= n for all peers p,
 //      i.e. every peer has started gather n and so finished with its output of gather n-1.
-//   2. the blocks copy this rank's rows into every rank's output, fence (system scope), and each adds 1 to
-//      arrived[me] at every peer.
-//   3. the last block of this rank to finish waits until arrived[p] >= n*B for all peers, then records n.
+//   2. the blocks copy this rank's rows into every rank's output, fence (system scope) and count themselves done
+//      in a local counter; the last block adds 1 to arrived[me] at every peer (its fence and the counter order
+//      every block's stores before that signal).
+//   3. that last block waits until arrived[p] >= n for all peers, then records n.
 // A wait longer than the timeout stops the kernel and writes {code, peer, step, n} to a host-mapped error word.
 #pragma once
 
@@ -51,7 +52,7 @@ struct GatherParams {
   int64_t src_col[kGatherMaxSegments];
   int64_t dst_col[kGatherMaxSegments];
   int elem_size;                              // bytes
-  int blocks;                                 // B, the same on every rank
+  int blocks;                                 // B, the grid (any value >= 1 on each rank)
   unsigned long long timeout_ns;
   int* error;                                 // host-mapped int[4]: code, peer, step, gather number
 };

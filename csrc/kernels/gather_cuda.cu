@@ -6,7 +6,7 @@ namespace e3 {
 namespace cuda {
 namespace kernels {
 
-constexpr int kGatherThreads = 512;
+constexpr int kGatherThreads = 256;
 
 __device__ __forceinline__ unsigned long long load_acquire_sys(const unsigned long long* p) {
   unsigned long long v;
@@ -40,7 +40,13 @@ __device__ bool wait_at_least(const unsigned long long* p, unsigned long long ta
   return true;
 }
 
-// V elements of T per access; the host picks V so every address is V*sizeof(T)-aligned.
+// Loads in flight per thread: each thread loads kGatherUnroll vectors of a row piece, then stores each of them to
+// every rank's output. The source is read once for all destinations, and enough 16-byte stores are in flight per
+// SM to keep NVLink busy (one load, then one store, per thread left it at about half of NCCL's rate).
+constexpr int kGatherUnroll = 4;
+
+// Work unit: a piece of one (row, segment) of at most blockDim * kGatherUnroll vectors; pieces of a segment are
+// equal to within one vector, so small T still spreads over every block. Index math is per unit, not per vector.
 template <typename Vec>
 __global__ void __launch_bounds__(kGatherThreads) gather_p2p_kernel(GatherParams g, int64_t vec_elems) {
   __shared__ unsigned long long n_shared;
@@ -61,41 +67,54 @@ __global__ void __launch_bounds__(kGatherThreads) gather_p2p_kernel(GatherParams
   const unsigned long long n = n_shared;
   if (n == 0) return;
 
-  // Copy: (destination rank, local row, segment, vector) flattened over the grid.
   const int64_t vec_per_seg = g.seg_len / vec_elems;
-  const int64_t per_row = vec_per_seg * g.segments;
-  const int64_t per_dest = per_row * g.local_rows;
-  const int64_t total = per_dest * g.world;
+  const int64_t per_piece_max = static_cast<int64_t>(blockDim.x) * kGatherUnroll;
+  const int64_t pieces = (vec_per_seg + per_piece_max - 1) / per_piece_max;
+  const int64_t piece_len = (vec_per_seg + pieces - 1) / pieces;
+  const int64_t units = g.local_rows * g.segments * pieces;
   const int64_t es = g.elem_size;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int dest = static_cast<int>(i / per_dest);
-    int64_t r = i - dest * per_dest;
-    const int64_t row = r / per_row;
-    r -= row * per_row;
-    const int seg = static_cast<int>(r / vec_per_seg);
-    const int64_t v = r - seg * vec_per_seg;
-    const char* src = static_cast<const char*>(g.local) +
-                      (row * g.local_row_stride + g.src_col[seg] + v * vec_elems) * es;
-    char* dst = static_cast<char*>(g.out[dest]) +
-                ((g.dst_row_offset + row) * g.out_row_stride + g.dst_col[seg] + v * vec_elems) * es;
-    *reinterpret_cast<Vec*>(dst) = *reinterpret_cast<const Vec*>(src);
+  for (int64_t unit = blockIdx.x; unit < units; unit += gridDim.x) {
+    const int64_t rs = unit / pieces;
+    const int64_t piece = unit - rs * pieces;
+    const int64_t row = rs / g.segments;
+    const int seg = static_cast<int>(rs - row * g.segments);
+    const int64_t v_begin = piece * piece_len;
+    const int64_t v_end = v_begin + piece_len < vec_per_seg ? v_begin + piece_len : vec_per_seg;
+    const Vec* src = reinterpret_cast<const Vec*>(static_cast<const char*>(g.local) +
+                                                  (row * g.local_row_stride + g.src_col[seg]) * es);
+    const int64_t dst_off = ((g.dst_row_offset + row) * g.out_row_stride + g.dst_col[seg]) * es;
+    Vec v[kGatherUnroll];
+#pragma unroll
+    for (int u = 0; u < kGatherUnroll; ++u) {
+      const int64_t i = v_begin + threadIdx.x + u * static_cast<int64_t>(blockDim.x);
+      if (i < v_end) v[u] = src[i];
+    }
+    // Peers first (rank + 1, rank + 2, ...) so the ranks do not all aim at the same GPU at once; self last.
+    for (int d = 1; d <= g.world; ++d) {
+      const int dest = (g.rank + d) % g.world;
+      Vec* dst = reinterpret_cast<Vec*>(static_cast<char*>(g.out[dest]) + dst_off);
+#pragma unroll
+      for (int u = 0; u < kGatherUnroll; ++u) {
+        const int64_t i = v_begin + threadIdx.x + u * static_cast<int64_t>(blockDim.x);
+        if (i < v_end) dst[i] = v[u];
+      }
+    }
   }
 
+  // Every block fences its stores (system scope) and counts itself done; the last block of this rank then tells
+  // every peer once (so B may differ across ranks) and waits for every peer's rows.
   __threadfence_system();
   __syncthreads();
   if (threadIdx.x == 0) {
-    for (int p = 0; p < g.world; ++p)
-      if (p != g.rank) atomicAdd_system(g.flags[p] + kGatherFlagArrived + g.rank, 1ull);
     const unsigned long long done = atomicAdd(my_flags + kGatherFlagBlocksDone, 1ull);
-    if (done == static_cast<unsigned long long>(g.blocks) - 1) {
-      // The last block of this rank: wait for every peer's rows, then record the gather as complete.
+    if (done == static_cast<unsigned long long>(gridDim.x) - 1) {
+      *reinterpret_cast<volatile unsigned long long*>(my_flags + kGatherFlagBlocksDone) = 0;
+      __threadfence_system();
+      for (int p = 0; p < g.world; ++p)
+        if (p != g.rank) atomicAdd_system(g.flags[p] + kGatherFlagArrived + g.rank, 1ull);
       bool ok = true;
       for (int p = 0; p < g.world && ok; ++p)
-        if (p != g.rank)
-          ok = wait_at_least(my_flags + kGatherFlagArrived + p, n * static_cast<unsigned long long>(g.blocks), g,
-                             kGatherErrArriveTimeout, p, n);
-      *reinterpret_cast<volatile unsigned long long*>(my_flags + kGatherFlagBlocksDone) = 0;
+        if (p != g.rank) ok = wait_at_least(my_flags + kGatherFlagArrived + p, n, g, kGatherErrArriveTimeout, p, n);
       if (ok) *reinterpret_cast<volatile unsigned long long*>(my_flags + kGatherFlagCompleted) = n;
       __threadfence_system();
     }

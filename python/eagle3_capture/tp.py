@@ -57,7 +57,7 @@ class PackedGatherer:
 
     def __init__(self, group: Optional[dist.ProcessGroup], *, num_taps: int, hidden_size: int, dtype: torch.dtype,
                  max_rows_per_rank: int, device: Optional[torch.device] = None, layout: str = ROWS,
-                 timeout_s: float = 10.0, backend: str = "auto", blocks: int = 64):
+                 timeout_s: float = 10.0, backend: str = "auto", blocks: Optional[int] = None):
         if layout not in (ROWS, COLUMNS):
             raise ValueError(f"layout must be {ROWS!r} or {COLUMNS!r}, got {layout!r}")
         if num_taps < 1 or hidden_size < 1 or max_rows_per_rank < 0:
@@ -78,7 +78,13 @@ class PackedGatherer:
         self.num_taps, self.hidden_size, self.dtype, self.layout = num_taps, hidden_size, dtype, layout
         self.max_rows_per_rank = max_rows_per_rank
         self.width = num_taps * hidden_size
-        self.timeout_s, self.blocks = float(timeout_s), int(blocks)
+        if blocks is not None and not 1 <= int(blocks) <= 1024:
+            raise ValueError(f"blocks must be in 1..1024 (or None for twice the SM count), got {blocks}")
+        self.timeout_s = float(timeout_s)
+        # p2p grid: twice the SM count keeps enough 16-byte stores in flight to fill NVLink (benchmarks/NOTES.md).
+        self.blocks = int(blocks) if blocks is not None else (
+            2 * torch.cuda.get_device_properties(self.device).multi_processor_count
+            if self.device.type == "cuda" else 1)
         self._check_same_config()
         self.backend = self._choose_backend(backend)
         self._broken: Optional[str] = None
