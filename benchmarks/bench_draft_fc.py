@@ -23,7 +23,7 @@ import common  # noqa: E402
 from eagle3_capture import ops  # noqa: E402
 
 
-def bench_row(m, n, h, k, dtype, bw, rate, samples):
+def bench_row(m, n, h, k, dtype, bw, rate, samples, compare_paths=False):
     es = 2
     w_bytes = n * k * h * es
     x_bytes = m * k * h * es
@@ -50,11 +50,25 @@ def bench_row(m, n, h, k, dtype, bw, rate, samples):
     def base_b(i):
         torch.matmul(normed[i % ncopies], ws[i % ncopies].t(), out=out)
 
+    sink = torch.empty((), device="cuda", dtype=torch.float32)
+
+    def read_weights(i):  # a plain streaming read of the same weight bytes: what this size allows at best
+        torch.sum(ws[i % ncopies], dtype=torch.float32, out=sink)
+
     ours(0)  # eager warm-up: the decode workspace exists before capture
     t_ours = common.time_graph_us(ours, ncopies, samples=samples)
     t_a = common.time_graph_us(base_a, ncopies, samples=samples)
     t_b = common.time_graph_us(base_b, ncopies, samples=samples)
     t_ours2 = common.time_graph_us(ours, ncopies, samples=samples)
+    t_read = common.time_graph_us(read_weights, ncopies, samples=samples)
+    t_other_path = None
+    if compare_paths and m <= 64:  # the same op through normalise + cuBLAS instead of the decode kernel
+        prev = ops._set_draft_fc_decode_max_rows(0)
+        try:
+            ours(0)
+            t_other_path = common.time_graph_us(ours, ncopies, samples=samples)
+        finally:
+            ops._set_draft_fc_decode_max_rows(prev)
     nbytes = w_bytes + x_bytes + m * n * es + k * h * es
     flops = 2.0 * m * n * k * h
     floor = max(nbytes / bw, flops / rate) * 1e6
@@ -62,9 +76,11 @@ def bench_row(m, n, h, k, dtype, bw, rate, samples):
                ours_us=t_ours, baseline_us=t_a, linear_us=t_b, floor_us=floor, ours_repeat_us=t_ours2,
                bytes=nbytes, flops=flops, bound="bytes" if nbytes / bw >= flops / rate else "flops",
                weight_bw_fraction=(w_bytes / (t_ours * 1e-6)) / bw, ours_over_floor=t_ours / floor,
-               speedup_vs_a=t_a / t_ours, speedup_vs_b=t_b / t_ours)
+               speedup_vs_a=t_a / t_ours, speedup_vs_b=t_b / t_ours, read_weights_us=t_read,
+               ours_cublas_path_us=t_other_path)
     print(f"  M={m:5d} N={n:5d}: ours {t_ours:9.2f} (again {t_ours2:9.2f})  (a) {t_a:9.2f}  (b) {t_b:9.2f}  "
-          f"floor {floor:8.2f} us  weight-bw {row['weight_bw_fraction']:.2f}", flush=True)
+          f"floor {floor:8.2f} us  weight-bw {row['weight_bw_fraction']:.2f}  sum(W) {t_read:8.2f}"
+          + (f"  normalise+cuBLAS {t_other_path:8.2f}" if t_other_path is not None else ""), flush=True)
     del ws, xs, normed
     torch.cuda.empty_cache()
     return row
@@ -80,6 +96,8 @@ def main() -> int:
     ap.add_argument("--samples", type=int, default=25)
     ap.add_argument("--out", default="benchmarks/results/draft_fc-h200.json")
     ap.add_argument("--plot", default=None)
+    ap.add_argument("--compare-paths", action="store_true",
+                    help="for M <= 64 also time the op through normalise + cuBLAS (ours_cublas_path_us)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_draft_fc.py needs a CUDA GPU")
@@ -90,7 +108,7 @@ def main() -> int:
     rows = []
     for n in [int(v) for v in args.N.split(",")]:
         for m in [int(v) for v in args.M.split(",")]:
-            rows.append(bench_row(m, n, args.H, args.K, dtype, bw, rate, args.samples))
+            rows.append(bench_row(m, n, args.H, args.K, dtype, bw, rate, args.samples, args.compare_paths))
     cols = ["M", "N", "ours_us", "baseline_us", "linear_us", "floor_us", "weight_bw_fraction", "speedup_vs_a",
             "speedup_vs_b"]
     common.print_table(rows, cols)

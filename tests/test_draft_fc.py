@@ -218,6 +218,62 @@ def test_cuda_decode_and_prefill_paths_agree():
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("graph", [False, True])
+def test_cuda_decode_right_after_its_producers(graph):
+    """The M <= 8 kernel may launch before the previous kernel ends (programmatic dependent launch): it must still
+    read the activations and weights that the kernels just before it wrote, eagerly and inside a CUDA graph."""
+    gen = torch.Generator().manual_seed(14)
+    dt = torch.bfloat16
+    m, k, h, n = 5, 3, 1024, 200
+    xs = [randn((m, k * h), dt, "cuda", gen) for _ in range(4)]
+    wts = [randn((n, k * h), dt, "cuda", gen, 0.03) for _ in range(4)]
+    g = randn((k, h), dt, "cuda", gen) + 1
+    x, w = torch.empty_like(xs[0]), torch.empty_like(wts[0])
+    outs = [torch.full((m, n), float("nan"), dtype=dt, device="cuda") for _ in range(4)]
+
+    def run():
+        for i in range(4):
+            x.copy_(xs[i])
+            w.copy_(wts[i])
+            ops.draft_fc(x, w, g, 1e-6, out=outs[i])
+
+    run()  # eager (also allocates the workspace before any capture)
+    if graph:
+        for o in outs:
+            o.fill_(float("nan"))
+        cg = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(cg):
+            run()
+        for o in outs:
+            o.fill_(float("nan"))
+        cg.replay()
+    torch.cuda.synchronize()
+    for i in range(4):
+        want = reference.draft_fc(xs[i].double().cpu(), wts[i].double().cpu(), g.double().cpu(), 1e-6)
+        assert rel_err(outs[i], want) <= 1e-2, f"call {i}"
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("m", [1, 8, 9, 64])
+def test_cuda_decode_threshold_knob_keeps_results(m):
+    """_set_draft_fc_decode_max_rows only moves M between the decode kernel and normalise + cuBLAS."""
+    gen = torch.Generator().manual_seed(15 + m)
+    dt = torch.bfloat16
+    x = randn((m, 2 * 7168), dt, "cuda", gen)
+    w = randn((300, 2 * 7168), dt, "cuda", gen, 0.01)
+    g = randn((2, 7168), dt, "cuda", gen) + 1
+    want = reference.draft_fc(x.double().cpu(), w.double().cpu(), g.double().cpu(), 1e-6)
+    prev = ops._set_draft_fc_decode_max_rows(0)
+    try:
+        via_cublas = ops.draft_fc(x, w, g, 1e-6)
+        ops._set_draft_fc_decode_max_rows(64)
+        via_decode = ops.draft_fc(x, w, g, 1e-6)
+    finally:
+        ops._set_draft_fc_decode_max_rows(prev)
+    assert rel_err(via_cublas, want) <= 1e-2 and rel_err(via_decode, want) <= 1e-2
+
+
+@pytest.mark.cuda
 def test_cuda_graph_capture_and_replay():
     gen = torch.Generator().manual_seed(12)
     dt = torch.bfloat16

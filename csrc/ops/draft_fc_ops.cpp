@@ -5,11 +5,23 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <cmath>
 
 #include "checks.h"
 
 namespace e3ops {
+
+namespace {
+std::atomic<int64_t> g_decode_max_rows{e3::kDraftFcDecodeMaxRows};
+}  // namespace
+
+int64_t draft_fc_decode_max_rows() { return g_decode_max_rows.load(std::memory_order_relaxed); }
+
+int64_t set_draft_fc_decode_max_rows(int64_t rows) {
+  rows = rows < 0 ? 0 : (rows > e3::kDraftFcDecodeMaxRows ? e3::kDraftFcDecodeMaxRows : rows);
+  return g_decode_max_rows.exchange(rows);
+}
 
 namespace {
 const char* kOp = "draft_fc";

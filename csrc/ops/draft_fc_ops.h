@@ -13,6 +13,12 @@
 
 namespace e3ops {
 
+// Rows at or below which CUDA bf16/fp16 calls take the decode kernel rather than normalise + cuBLAS. A process-wide
+// tuning knob for the benchmarks (eagle3_capture.ops._set_draft_fc_decode_max_rows); results differ only by the
+// rounding of the two paths. Clamped to 0..e3::kDraftFcDecodeMaxRows.
+int64_t draft_fc_decode_max_rows();
+int64_t set_draft_fc_decode_max_rows(int64_t rows);  // returns the previous value
+
 // x: one packed [M, K*H] tensor (K from norm_weight, 1 without a norm) or K [M, H] tensors.
 e3::DraftFcParams draft_fc_params(const std::vector<at::Tensor>& x, const at::Tensor& weight,
                                   const std::optional<at::Tensor>& norm_weight, double eps,

@@ -87,7 +87,7 @@ void draft_fc_out_cuda(const std::vector<at::Tensor>& x, const at::Tensor& weigh
     check_vector_aligned(p.tap(k), p.tap_row_stride(k), what.c_str());
   }
   if (p.norm_weight != nullptr) check_vector_aligned(p.norm_weight, 8, "norm_weight");
-  const bool decode = p.rows <= e3::kDraftFcDecodeMaxRows && dtype != e3::DType::F32;
+  const bool decode = p.rows <= draft_fc_decode_max_rows() && dtype != e3::DType::F32;
   if (decode) check_vector_aligned(p.weight, p.weight_row_stride, "weight");
   if (p.rows == 0) return;
   const c10::cuda::CUDAGuard guard(x[0].device());

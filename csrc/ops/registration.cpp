@@ -17,6 +17,8 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include "draft_fc_ops.h"
+
 TORCH_LIBRARY(eagle3_capture, m) {
   // Writes `hidden` (+ `residual`) into column slot `slot` of the packed [T, K*H] buffer.
   m.def("capture_(Tensor(a!) packed, int slot, Tensor hidden, Tensor? residual=None) -> ()");
@@ -58,8 +60,17 @@ PyObject* py_build_info(PyObject*, PyObject*) {
   return PyUnicode_FromStringAndSize(s.data(), static_cast<Py_ssize_t>(s.size()));
 }
 
+PyObject* py_set_draft_fc_decode_max_rows(PyObject*, PyObject* arg) {
+  const long long rows = PyLong_AsLongLong(arg);
+  if (rows == -1 && PyErr_Occurred()) return nullptr;
+  return PyLong_FromLongLong(static_cast<long long>(e3ops::set_draft_fc_decode_max_rows(rows)));
+}
+
 PyMethodDef kMethods[] = {
     {"build_info", py_build_info, METH_NOARGS, "JSON string: backends, CUDA archs and versions built against."},
+    {"set_draft_fc_decode_max_rows", py_set_draft_fc_decode_max_rows, METH_O,
+     "Benchmark knob: rows at or below which CUDA draft_fc takes the decode kernel (clamped to 0..64); returns the "
+     "previous value."},
     {nullptr, nullptr, 0, nullptr},
 };
 

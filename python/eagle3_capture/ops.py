@@ -97,6 +97,13 @@ def draft_fc(x, weight: torch.Tensor, norm_weights=None, eps: float = 1e-6, bias
     return out
 
 
+def _set_draft_fc_decode_max_rows(rows: int) -> int:
+    """Benchmark knob: CUDA bf16/fp16 draft_fc takes the decode kernel for M <= rows (clamped to 0..64), the
+    normalise + cuBLAS path above. Process-wide; returns the previous value so callers can restore it."""
+
+    return int(load().set_draft_fc_decode_max_rows(int(rows)))
+
+
 def capture_(packed: torch.Tensor, slot: int, hidden: torch.Tensor, residual: Optional[torch.Tensor] = None) -> None:
     """Writes `hidden` (+ `residual`, added in fp32 and rounded once, exactly like torch's `hidden + residual`) into
     columns [slot*H, (slot+1)*H) of the packed [T, K*H] buffer, in one pass with no temporary.
