@@ -1,8 +1,10 @@
 """Two-GPU gather benchmark: PackedGatherer's p2p kernel against NCCL all_gather_into_tensor of the packed buffer
 (baseline) and NCCL per tap + copy into the packed slots (per_tap), measured in the same run on every rank.
 
-Rows layout, T rows per rank of K taps of H (bf16); each rank ends with all 2T rows. Times are CUDA-graph replays,
-median of many, each rank's own events; the row reports the slower rank. bytes_per_rank = bytes each rank sends.
+Rows layout: T is the row count of the packed [T, K*H] buffer every rank ends with (the batch's tokens), split as
+evenly as the world size allows (T=1: one rank holds the row, the others none); K taps of H, bf16. NCCL needs equal
+parts, so its inputs are padded to ceil(T / world) rows. Times are CUDA-graph replays, median of many, each rank's
+own events; the row reports the slower rank. bytes_per_rank = bytes the largest part sends to each peer.
 
   python benchmarks/bench_gather.py --out benchmarks/results/gather-h200x2.json
 """
@@ -56,19 +58,23 @@ def worker(rank, world, port, ts, k, h, samples, queue, sweep_blocks=()):
     rows = []
     dt = torch.bfloat16
     for t in ts:
-        gat = PackedGatherer(None, num_taps=k, hidden_size=h, dtype=dt, max_rows_per_rank=t, backend="p2p",
+        parts = [t // world + (1 if r < t % world else 0) for r in range(world)]
+        m = max(parts)  # NCCL's equal part per rank
+        gat = PackedGatherer(None, num_taps=k, hidden_size=h, dtype=dt, max_rows_per_rank=m, backend="p2p",
                              device=f"cuda:{rank}", timeout_s=30.0)
-        local = torch.randn(t, k * h, device="cuda", dtype=torch.float32).to(dt)
-        taps = [local[:, j * h:(j + 1) * h].contiguous() for j in range(k)]
-        packed = torch.empty(world * t, k * h, device="cuda", dtype=dt)
-        tap_out = [torch.empty(world * t, h, device="cuda", dtype=dt) for _ in range(k)]
-        reps = 20 if t <= 512 else 3
+        padded = torch.zeros(m, k * h, device="cuda", dtype=dt)
+        padded[: parts[rank]] = torch.randn(parts[rank], k * h, device="cuda", dtype=torch.float32).to(dt)
+        local = padded[: parts[rank]]
+        taps = [padded[:, j * h:(j + 1) * h].contiguous() for j in range(k)]
+        packed = torch.empty(world * m, k * h, device="cuda", dtype=dt)
+        tap_out = [torch.empty(world * m, h, device="cuda", dtype=dt) for _ in range(k)]
+        reps = 20 if t <= 1024 else 3
 
         def ours():
-            gat.gather(local)
+            gat.gather(local, rows_per_rank=parts)
 
         def nccl_packed():
-            dist.all_gather_into_tensor(packed, local)
+            dist.all_gather_into_tensor(packed, padded)
 
         def nccl_per_tap():
             for j in range(k):
@@ -85,16 +91,18 @@ def worker(rank, world, port, ts, k, h, samples, queue, sweep_blocks=()):
         for b in sweep_blocks:  # the same gather with other grid sizes (the default is 2 x SMs)
             other = PackedGatherer(None, num_taps=k, hidden_size=h, dtype=dt, max_rows_per_rank=t, backend="p2p",
                                    device=f"cuda:{rank}", timeout_s=30.0, blocks=b)
-            by_blocks[b] = timed_graph(lambda: other.gather(local), reps, samples)
+            by_blocks[b] = timed_graph(lambda: other.gather(local, rows_per_rank=parts), reps, samples)
             other.check()
             other.close()
-        # Correctness of what was timed: the gathered rows equal NCCL's.
-        gat.gather(local)
+        # Correctness of what was timed: the gathered rows equal NCCL's (its padding rows left out).
+        gat.gather(local, rows_per_rank=parts)
         nccl_packed()
         torch.cuda.synchronize()
-        same = bool(torch.equal(gat.output(world * t), packed))
-        rows.append(dict(T=t, H=h, K=k, dtype="bfloat16", world=world, ours_us=t_ours, ours_repeat_us=t_ours2,
-                         baseline_us=t_nccl, per_tap_us=t_tap, bytes_per_rank=t * k * h * 2, matches_nccl=same,
+        want = torch.cat([packed.view(world, m, k * h)[r, : parts[r]] for r in range(world)])
+        same = bool(torch.equal(gat.output(t), want))
+        rows.append(dict(T=t, H=h, K=k, dtype="bfloat16", world=world, rows_per_rank=parts, ours_us=t_ours,
+                         ours_repeat_us=t_ours2, baseline_us=t_nccl, per_tap_us=t_tap, bytes_per_rank=m * k * h * 2,
+                         matches_nccl=same,
                          blocks=gat.blocks, ours_us_by_blocks=by_blocks))
         gat.close()
         del gat

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Performance iteration on nvidia-h200-x2, each step time-boxed, logs under $OUT: build; gather tests and benchmark
-# with a grid-size sweep (2 GPUs); draft fc CUDA tests; bench_draft_fc binary sweep over kernel variants (stream-K vs
-# per-split, blocks per SM, programmatic dependent launch); the Python draft fc benchmark with both op paths.
+# with a grid-size sweep (2 GPUs); draft fc CUDA tests; bench_draft_fc binary sweep over kernel variants (
+# blocks per SM, programmatic dependent launch); the Python draft fc benchmark with both op paths.
 source "$(dirname "$0")/device_env.sh"
 step build
 TORCH_CUDA_ARCH_LIST=9.0a MAX_JOBS=32 python3 -m pip install -q --no-build-isolation --no-deps -e . \
@@ -18,9 +18,9 @@ step bench_draft_fc binary sweep
 wait
 {
 for n in 896 7168; do for m in 1 4 8; do
-  ./build/bench/bench_draft_fc --M $m --N $n --stream 0 --samples 9 | tail -1
-  for b in 2 3 4; do ./build/bench/bench_draft_fc --M $m --N $n --blocks-per-sm $b --samples 9 | tail -1; done
-  ./build/bench/bench_draft_fc --M $m --N $n --pdl 0 --samples 9 | tail -1
+  for b in 3 4; do for pdl in 0 1; do
+    ./build/bench/bench_draft_fc --M $m --N $n --blocks-per-sm $b --pdl $pdl --samples 9 | tail -1
+  done; done
 done; done
 } 2>&1 | tee "$OUT/bench_fc_bin.log" | grep -v "^check" | head -40
 step bench draft fc python

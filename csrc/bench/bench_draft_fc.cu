@@ -13,9 +13,8 @@ namespace {
 void usage() {
   std::printf(
       "usage: bench_draft_fc [--M 8] [--N 896] [--H 7168] [--K 3] [--norm 1] [--blocks-per-sm 4] [--iters 50]\n"
-      "                      [--samples 15] [--stream 1] [--pdl 1]\n"
+      "                      [--samples 15] [--pdl 1]\n"
       "  bf16, decode kernel (M <= 64). Weight copies rotate so one rotation spans >= 256 MB.\n"
-      "  --stream 0: the per-(tile, split) kernel for M <= 8 instead of the stream-K kernel;\n"
       "  --pdl 0: no programmatic dependent launch.\n");
 }
 
@@ -51,7 +50,6 @@ int main(int argc, char** argv) {
   const e3::DraftFcWorkspace wsv = e3::draft_fc_decode_workspace_view(zeroed, scratch, static_cast<int>(K), H, N);
   e3::DraftFcDecodeConfig cfg;
   cfg.blocks_per_sm = static_cast<int>(bench::arg_long(argc, argv, "--blocks-per-sm", cfg.blocks_per_sm));
-  cfg.stream = bench::arg_long(argc, argv, "--stream", cfg.stream ? 1 : 0) != 0;
   cfg.pdl = bench::arg_long(argc, argv, "--pdl", cfg.pdl ? 1 : 0) != 0;
 
   e3::DraftFcParams p{};
@@ -95,7 +93,7 @@ int main(int argc, char** argv) {
 
   const double t = bench::time_us(run, iters, samples);
   const double bytes = double(w_bytes) + double(M) * K * H * 2 + double(M) * N * 2;
-  const char* kernel = M <= 8 && cfg.stream ? (cfg.pdl ? "strpdl" : "stream") : "split";
+  const char* kernel = cfg.pdl ? "pdl" : "nopdl";
   std::printf("%-6s %5s %6s %6s %3s %4s %12s %10s %12s\n", "kernel", "M", "N", "H", "K", "bpsm", "bytes", "time_us",
               "weight_GB/s");
   std::printf("%-6s %5ld %6ld %6ld %3ld %4d %12.0f %10.2f %12.1f\n", kernel, M, N, H, K, cfg.blocks_per_sm, bytes,

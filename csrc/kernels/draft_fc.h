@@ -101,9 +101,8 @@ DraftFcWorkspace draft_fc_decode_workspace_view(void* zeroed, void* scratch, int
 
 // Launch tuning; the defaults are what the library uses. Exposed for the bench binary's sweeps.
 struct DraftFcDecodeConfig {
-  int blocks_per_sm = 0;  // 128-thread blocks per SM streaming weights; 0: the kernel's own (stream 3, split 4)
-  bool stream = true;     // M <= 8: the stream-K kernel (false: the per-(tile, split) kernel)
-  bool pdl = true;        // stream-K kernel: programmatic dependent launch on sm_90 and later
+  int blocks_per_sm = 4;  // K-split so that about this many 128-thread blocks per SM stream weights
+  bool pdl = true;        // programmatic dependent launch on sm_90 and later (see draft_fc_cuda.cu)
 };
 
 int draft_fc_decode_cuda(const DraftFcParams& p, DType dtype, const DraftFcWorkspace& ws, void* stream,

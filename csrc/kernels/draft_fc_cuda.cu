@@ -91,6 +91,21 @@ struct DecodeTiling {
 
 enum class NormMode { kNone, kFused, kPrePass };
 
+// Programmatic dependent launch (sm_90 and later). The decode kernel is launched so that its grid may start while
+// the kernel before it finishes; griddepcontrol.wait, before its first global access, holds it until that kernel is
+// complete and its writes visible (so it is safe after any producer), and launch_dependents, once its weights are
+// streamed, lets the next kernel's launch overlap its split-K epilogue. Both are no-ops without the launch attribute.
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void grid_dependents_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // Pre-pass (NormMode::kPrePass): one block per (row, tap) writes xg = x * g and the row's sum of squares.
 template <typename T>
 __global__ void __launch_bounds__(256) draft_fc_prepass_kernel(DraftFcParams p, DraftFcWorkspace ws) {
@@ -116,6 +131,7 @@ __global__ void __launch_bounds__(256) draft_fc_prepass_kernel(DraftFcParams p, 
 template <typename T, int TG, NormMode kMode>
 __global__ void __launch_bounds__(kFcWarps * 32, 4) draft_fc_decode_kernel(DraftFcParams p, DecodeTiling t,
                                                                              DraftFcWorkspace ws) {
+  grid_dependency_wait();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, c = lane & 3;
   const int64_t tile = blockIdx.x;
@@ -173,6 +189,7 @@ __global__ void __launch_bounds__(kFcWarps * 32, 4) draft_fc_decode_kernel(Draft
     }
   }
 
+  grid_dependents_launch();
   // Partials to the workspace. acc[tg]: (row_a, tokens 2c, 2c+1), (row_b, tokens 2c, 2c+1).
   float* ws_acc = ws.acc + static_cast<int64_t>(tap) * p.out_features * kWsTokens;
 #pragma unroll
@@ -237,196 +254,6 @@ __global__ void __launch_bounds__(kFcWarps * 32, 4) draft_fc_decode_kernel(Draft
   if (threadIdx.x == 0) ws.counters[tile] = 0;
 }
 
-// ---- Stream kernel (M <= 8): stream-K over the flattened (column tile, tap, 32-wide k chunk) space. ----
-// Every block takes an equal run of chunks (so the grid balances for any N, unlike one block per (tile, split)),
-// walks it segment by segment (a segment = one (tile, tap)), and per segment:
-//   - stages x * g for all 8 token rows in shared memory, a window of kStreamWindow chunks at a time, while its
-//     first weight loads are in flight, and sums x^2 for the per-tap rsqrt;
-//   - streams the tile's 64 weight rows with two register stages of kStreamUnroll chunks each, the loads of one
-//     stage in flight while the other is multiplied, so the memory queue never drains between steps;
-//   - adds its partials to the fp32 workspace and the chunk count to the tile's counter; whoever completes a tile
-//     runs the epilogue (as in the kernel above). With programmatic dependent launch the kernel waits for the
-//     previous kernel (griddepcontrol.wait) before its first global access, so it is safe after any producer.
-constexpr int kStreamUnroll = 4;   // chunks per register stage
-constexpr int kStreamWindow = 32;  // chunks of x * g per shared-memory window (multiple of 2 * kStreamUnroll)
-constexpr int kStreamRows = 8;     // token rows: one MMA token group
-constexpr int kStreamBlocksPerSm = 3;  // resident blocks per SM the register budget is sized for (168 each)
-// Row pitch of the window in elements: 32 extra when the window is a multiple of 64 elements so that rows g and g+1
-// of one 8-lane phase of a 16-byte shared load fall in different bank halves.
-constexpr int kStreamPitch = kStreamWindow * kFcChunk + ((kStreamWindow * kFcChunk) % 64 == 0 ? 32 : 0);
-static_assert(kStreamWindow % (2 * kStreamUnroll) == 0, "a register stage never straddles two windows");
-static_assert(kFcWarps * 32 == kStreamRows * 16, "the window fill maps 16 threads to each token row");
-
-struct StreamTiling {
-  int64_t n_tiles;
-  int64_t chunks_per_tap;  // ceil(H / 32)
-  int64_t total;           // n_tiles * taps * chunks_per_tap
-  int64_t per_block;       // chunks per block
-};
-
-__device__ __forceinline__ void grid_dependency_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void grid_dependents_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
-// The epilogue of one column tile (every split of every tap has been added): y = sum_tap rrms * acc + bias, written
-// to out; the tile's workspace (acc, sums of squares, counter) is zeroed again.
-template <typename T, bool kNorm>
-__device__ void stream_tile_epilogue(const DraftFcParams& p, const DraftFcWorkspace& ws, int64_t tile) {
-  const float* ss = ws.tile_sum_sq + tile * p.taps * kWsTokens;
-  const int64_t left = p.out_features - tile * kFcRowsPerBlock;
-  const int64_t rows_here = left < kFcRowsPerBlock ? left : kFcRowsPerBlock;
-  const T* bias = static_cast<const T*>(p.bias);
-  T* out = static_cast<T*>(p.out);
-  const float inv_h = 1.0f / static_cast<float>(p.hidden);
-  for (int64_t i = threadIdx.x; i < rows_here * p.rows; i += blockDim.x) {
-    const int64_t n = tile * kFcRowsPerBlock + i / p.rows, tok = i % p.rows;
-    float y = 0.f;
-    for (int tp = 0; tp < p.taps; ++tp) {
-      float* a = ws.acc + (static_cast<int64_t>(tp) * p.out_features + n) * kWsTokens + tok;
-      const float scale = kNorm ? rsqrtf(__ldcg(ss + tp * kWsTokens + tok) * inv_h + p.eps) : 1.f;
-      y += scale * __ldcg(a);
-      __stcg(a, 0.f);
-    }
-    if (bias != nullptr) y += to_f(bias[n]);
-    out[tok * p.out_row_stride + n] = from_f<T>(y);
-  }
-  __syncthreads();  // every read of this tile's sums done before they are cleared
-  float* tile_ss = ws.tile_sum_sq + tile * p.taps * kWsTokens;
-  for (int64_t i = threadIdx.x; i < p.taps * kWsTokens; i += blockDim.x) __stcg(tile_ss + i, 0.f);
-  if (threadIdx.x == 0) ws.counters[tile] = 0;
-}
-
-template <typename T, bool kNorm>
-__global__ void __launch_bounds__(kFcWarps * 32, kStreamBlocksPerSm) draft_fc_stream_kernel(DraftFcParams p, StreamTiling t,
-                                                                             DraftFcWorkspace ws) {
-  extern __shared__ uint4 stream_smem[];
-  T* xs = reinterpret_cast<T*>(stream_smem);  // [kStreamRows][kStreamPitch]
-  __shared__ unsigned last_flag;
-  grid_dependency_wait();
-
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int g = lane >> 2, c = lane & 3;
-  // Window fill mapping: 16 threads per token row.
-  const int fill_row = threadIdx.x >> 4, fill_col = threadIdx.x & 15;
-  const int64_t f_end = (blockIdx.x + 1) * t.per_block < t.total ? (blockIdx.x + 1) * t.per_block : t.total;
-  for (int64_t f = blockIdx.x * t.per_block; f < f_end;) {
-    const int64_t seg = f / t.chunks_per_tap;
-    const int64_t kc0 = f - seg * t.chunks_per_tap;
-    const int64_t n = (t.chunks_per_tap - kc0) < (f_end - f) ? (t.chunks_per_tap - kc0) : (f_end - f);
-    const int64_t tile = seg / p.taps;
-    const int tap = static_cast<int>(seg - tile * p.taps);
-    const int64_t k_seg = kc0 * kFcChunk;  // first k of this segment
-    const int64_t row_a = tile * kFcRowsPerBlock + warp * 16 + g, row_b = row_a + 8;
-    const bool has_a = row_a < p.out_features, has_b = row_b < p.out_features;
-    const T* w_a = static_cast<const T*>(p.weight) + row_a * p.weight_row_stride + tap * p.hidden;
-    const T* w_b = static_cast<const T*>(p.weight) + row_b * p.weight_row_stride + tap * p.hidden;
-    const T* x = static_cast<const T*>(p.tap(tap)) + fill_row * p.tap_row_stride(tap);
-    const T* gw = static_cast<const T*>(p.norm_weight) + tap * p.hidden;
-    const bool fill_live = fill_row < p.rows;
-
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    float sum_sq = 0.f;
-    // Chunks this lane loads: its 8 elements of chunk j lie below H iff j < lane_chunks (H is a multiple of 8).
-    const int nc = static_cast<int>(n);
-    const int64_t lane_left = p.hidden - k_seg - 8 * c;
-    const int lane_chunks = lane_left <= 0 ? 0 : static_cast<int>((lane_left + kFcChunk - 1) / kFcChunk);
-    const int lim = lane_chunks < nc ? lane_chunks : nc;
-    const int lim_a = has_a ? lim : 0, lim_b = has_b ? lim : 0;
-    const T* wa_lane = w_a + k_seg + 8 * c;
-    const T* wb_lane = w_b + k_seg + 8 * c;
-    auto load_stage = [&](uint4 (&wa)[kStreamUnroll], uint4 (&wb)[kStreamUnroll], int j0) {
-#pragma unroll
-      for (int u = 0; u < kStreamUnroll; ++u) {
-        wa[u] = j0 + u < lim_a ? load_weight16(wa_lane + (j0 + u) * kFcChunk) : make_uint4(0, 0, 0, 0);
-        wb[u] = j0 + u < lim_b ? load_weight16(wb_lane + (j0 + u) * kFcChunk) : make_uint4(0, 0, 0, 0);
-      }
-    };
-    const T* xs_lane = xs + g * kStreamPitch + 8 * c;
-    auto compute_stage = [&](const uint4 (&wa)[kStreamUnroll], const uint4 (&wb)[kStreamUnroll], int j0) {
-#pragma unroll
-      for (int u = 0; u < kStreamUnroll; ++u) {
-        if (j0 + u < nc) {
-          const uint4 xv = *reinterpret_cast<const uint4*>(xs_lane + ((j0 + u) % kStreamWindow) * kFcChunk);
-          // Step s uses this lane's elements [4s, 4s+4): words 2s, 2s+1 of the weight and activation vectors.
-          Mma<T>::run(acc, wa[u].x, wb[u].x, wa[u].y, wb[u].y, xv.x, xv.y);
-          Mma<T>::run(acc, wa[u].z, wb[u].z, wa[u].w, wb[u].w, xv.z, xv.w);
-        }
-      }
-    };
-    // x * g (or x) of window w into shared memory; zeros past H and for rows >= M.
-    auto fill_window = [&](int64_t w) {
-      const int64_t chunks = n - w * kStreamWindow < kStreamWindow ? n - w * kStreamWindow : kStreamWindow;
-      const int64_t k_win = k_seg + w * kStreamWindow * kFcChunk;
-      for (int64_t v = fill_col; v < chunks * (kFcChunk / 8); v += 16) {
-        const int64_t k = k_win + v * 8;
-        uint4 xv = make_uint4(0, 0, 0, 0);
-        if (fill_live && k < p.hidden) {
-          xv = __ldg(reinterpret_cast<const uint4*>(x + k));
-          if (kNorm) xv = scale8<T>(xv, __ldg(reinterpret_cast<const uint4*>(gw + k)), sum_sq, true);
-        }
-        *reinterpret_cast<uint4*>(xs + fill_row * kStreamPitch + v * 8) = xv;
-      }
-    };
-
-    uint4 wa0[kStreamUnroll], wb0[kStreamUnroll], wa1[kStreamUnroll], wb1[kStreamUnroll];
-    load_stage(wa0, wb0, 0);
-    for (int j0 = 0; j0 < nc; j0 += 2 * kStreamUnroll) {
-      if (j0 % kStreamWindow == 0) {
-        __syncthreads();  // the previous window is no longer read
-        fill_window(j0 / kStreamWindow);
-        __syncthreads();
-      }
-      // __syncwarp() is a memory-ordering point: it keeps ptxas from sinking the next stage's loads (whose results
-      // are only needed one step later) below this stage's MMAs, which would drain the queue every step.
-      load_stage(wa1, wb1, j0 + kStreamUnroll);
-      __syncwarp();
-      compute_stage(wa0, wb0, j0);
-      load_stage(wa0, wb0, j0 + 2 * kStreamUnroll);
-      __syncwarp();
-      compute_stage(wa1, wb1, j0 + kStreamUnroll);
-    }
-    if (f + n == f_end) grid_dependents_launch();  // this block's weight stream is done
-
-    // Partials to the workspace. acc: (row_a, tokens 2c, 2c+1), (row_b, tokens 2c, 2c+1).
-    float* ws_acc = ws.acc + static_cast<int64_t>(tap) * p.out_features * kWsTokens;
-    const int64_t t0 = 2 * c;
-    if (has_a) {
-      if (t0 < p.rows) atomicAdd(ws_acc + row_a * kWsTokens + t0, acc[0]);
-      if (t0 + 1 < p.rows) atomicAdd(ws_acc + row_a * kWsTokens + t0 + 1, acc[1]);
-    }
-    if (has_b) {
-      if (t0 < p.rows) atomicAdd(ws_acc + row_b * kWsTokens + t0, acc[2]);
-      if (t0 + 1 < p.rows) atomicAdd(ws_acc + row_b * kWsTokens + t0 + 1, acc[3]);
-    }
-    if (kNorm) {
-      // The 16 fill threads of a row hold parts of its sum over this segment's k range.
-#pragma unroll
-      for (int o = 8; o > 0; o >>= 1) sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, o);
-      if (fill_col == 0 && fill_live)
-        atomicAdd(ws.tile_sum_sq + (tile * p.taps + tap) * kWsTokens + fill_row, sum_sq);
-    }
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      const unsigned total = static_cast<unsigned>(p.taps * t.chunks_per_tap);
-      last_flag = atomicAdd(ws.counters + tile, static_cast<unsigned>(n)) + static_cast<unsigned>(n) == total;
-    }
-    __syncthreads();
-    if (last_flag) {
-      __threadfence();
-      stream_tile_epilogue<T, kNorm>(p, ws, tile);
-    }
-    f += n;
-  }
-}
-
 // Prefill: one block per (row, tap): rrms over the row's H values, then xn = round(x * rrms * g) (or a copy).
 // Rows move as 16-byte vectors (V elements); H is a multiple of 8, hence of V.
 template <typename T, bool kNorm>
@@ -489,39 +316,6 @@ DecodeTiling decode_tiling(int taps, int64_t hidden, int64_t out_features, int b
   return t;
 }
 
-StreamTiling stream_tiling(int taps, int64_t hidden, int64_t out_features, int blocks_per_sm, int64_t* grid) {
-  StreamTiling t;
-  t.n_tiles = (out_features + kFcRowsPerBlock - 1) / kFcRowsPerBlock;
-  t.chunks_per_tap = (hidden + kFcChunk - 1) / kFcChunk;
-  t.total = t.n_tiles * taps * t.chunks_per_tap;
-  const int64_t target = static_cast<int64_t>(blocks_per_sm > 0 ? blocks_per_sm : kStreamBlocksPerSm) * sm_count();
-  t.per_block = (t.total + target - 1) / target;
-  *grid = (t.total + t.per_block - 1) / t.per_block;
-  return t;
-}
-
-template <typename T>
-cudaError_t launch_stream(const DraftFcParams& p, const DraftFcWorkspace& ws, cudaStream_t s,
-                          const DraftFcDecodeConfig& cfg) {
-  int64_t grid = 0;
-  const StreamTiling t = stream_tiling(p.taps, p.hidden, p.out_features, cfg.blocks_per_sm, &grid);
-  cudaLaunchConfig_t lc = {};
-  lc.gridDim = dim3(static_cast<unsigned>(grid));
-  lc.blockDim = dim3(kFcWarps * 32);
-  lc.dynamicSmemBytes = kStreamRows * kStreamPitch * sizeof(T);
-  lc.stream = s;
-  // Programmatic dependent launch (sm_90 and later): the grid may start while the previous kernel finishes; the
-  // kernel's griddepcontrol.wait keeps every global access after it.
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  const bool pdl = cfg.pdl && current_device_attribute(cudaDevAttrComputeCapabilityMajor, 0) >= 9;
-  lc.attrs = attr;
-  lc.numAttrs = pdl ? 1 : 0;
-  if (p.norm_weight != nullptr) return cudaLaunchKernelEx(&lc, draft_fc_stream_kernel<T, true>, p, t, ws);
-  return cudaLaunchKernelEx(&lc, draft_fc_stream_kernel<T, false>, p, t, ws);
-}
-
 template <typename T, int TG, NormMode kMode>
 cudaError_t launch_decode_mode(const DraftFcParams& p, const DraftFcWorkspace& ws, cudaStream_t s,
                                const DraftFcDecodeConfig& cfg) {
@@ -532,9 +326,16 @@ cudaError_t launch_decode_mode(const DraftFcParams& p, const DraftFcWorkspace& w
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
   }
-  const dim3 grid(static_cast<unsigned>(t.n_tiles), static_cast<unsigned>(p.taps * t.splits_per_tap));
-  draft_fc_decode_kernel<T, TG, kMode><<<grid, kFcWarps * 32, 0, s>>>(p, t, ws);
-  return cudaGetLastError();
+  cudaLaunchConfig_t lc = {};
+  lc.gridDim = dim3(static_cast<unsigned>(t.n_tiles), static_cast<unsigned>(p.taps * t.splits_per_tap));
+  lc.blockDim = dim3(kFcWarps * 32);
+  lc.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  lc.attrs = attr;
+  lc.numAttrs = cfg.pdl && current_device_attribute(cudaDevAttrComputeCapabilityMajor, 0) >= 9 ? 1 : 0;
+  return cudaLaunchKernelEx(&lc, draft_fc_decode_kernel<T, TG, kMode>, p, t, ws);
 }
 
 template <typename T, int TG>
@@ -551,7 +352,6 @@ cudaError_t launch_decode_tg(const DraftFcParams& p, const DraftFcWorkspace& ws,
 template <typename T>
 cudaError_t launch_decode(const DraftFcParams& p, const DraftFcWorkspace& ws, cudaStream_t s,
                           const DraftFcDecodeConfig& cfg) {
-  if (p.rows <= kStreamRows && cfg.stream) return launch_stream<T>(p, ws, s, cfg);
   if (p.rows <= 8) return launch_decode_tg<T, 1>(p, ws, s, cfg);
   if (p.rows <= 16) return launch_decode_tg<T, 2>(p, ws, s, cfg);
   if (p.rows <= 32) return launch_decode_tg<T, 4>(p, ws, s, cfg);

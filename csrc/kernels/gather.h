@@ -9,8 +9,9 @@
 // reset between calls and replays of a captured graph keep counting.
 //
 // Protocol of gather n on rank me (grid of B blocks; B may differ across ranks):
-//   1. block 0 adds 1 to entered[me] at every peer; every block waits until entered[p] >= n for all peers p,
-//      i.e. every peer has started gather n and so finished with its output of gather n-1.
+//   1. block 0 adds 1 to entered[me] at every peer; every block with rows to copy issues its first loads, then
+//      waits until entered[p] >= n for all peers p, i.e. every peer has started gather n and so finished with its
+//      output of gather n-1.
 //   2. the blocks copy this rank's rows into every rank's output, fence (system scope) and count themselves done
 //      in a local counter; the last block adds 1 to arrived[me] at every peer (its fence and the counter order
 //      every block's stores before that signal).
@@ -52,7 +53,7 @@ struct GatherParams {
   int64_t src_col[kGatherMaxSegments];
   int64_t dst_col[kGatherMaxSegments];
   int elem_size;                              // bytes
-  int blocks;                                 // B, the grid (any value >= 1 on each rank)
+  int blocks;                                 // at most this many blocks (fewer when there are fewer work units)
   unsigned long long timeout_ns;
   int* error;                                 // host-mapped int[4]: code, peer, step, gather number
 };

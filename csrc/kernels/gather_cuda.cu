@@ -47,39 +47,41 @@ constexpr int kGatherUnroll = 4;
 
 // Work unit: a piece of one (row, segment) of at most blockDim * kGatherUnroll vectors; pieces of a segment are
 // equal to within one vector, so small T still spreads over every block. Index math is per unit, not per vector.
+struct GatherUnits {
+  int64_t vec_per_seg, pieces, piece_len, count;
+};
+__host__ __device__ inline GatherUnits gather_units(const GatherParams& g, int64_t vec_elems, int64_t threads) {
+  GatherUnits u;
+  u.vec_per_seg = g.seg_len / vec_elems;
+  const int64_t per_piece_max = threads * kGatherUnroll;
+  u.pieces = (u.vec_per_seg + per_piece_max - 1) / per_piece_max;
+  u.piece_len = u.pieces > 0 ? (u.vec_per_seg + u.pieces - 1) / u.pieces : 0;
+  u.count = g.local_rows * g.segments * u.pieces;
+  return u;
+}
+
 template <typename Vec>
 __global__ void __launch_bounds__(kGatherThreads) gather_p2p_kernel(GatherParams g, int64_t vec_elems) {
   __shared__ unsigned long long n_shared;
   unsigned long long* my_flags = g.flags[g.rank];
-  if (threadIdx.x == 0) {
-    const unsigned long long n =
-        *reinterpret_cast<volatile unsigned long long*>(my_flags + kGatherFlagCompleted) + 1;
-    if (blockIdx.x == 0) {
-      for (int p = 0; p < g.world; ++p)
-        if (p != g.rank) atomicAdd_system(g.flags[p] + kGatherFlagEntered + g.rank, 1ull);
-    }
-    bool ok = true;
-    for (int p = 0; p < g.world && ok; ++p)
-      if (p != g.rank) ok = wait_at_least(my_flags + kGatherFlagEntered + p, n, g, kGatherErrEnterTimeout, p, n);
-    n_shared = ok ? n : 0;
+  // Gather number n: one more than the gathers this rank completed (a local word, no wait).
+  const unsigned long long n =
+      *reinterpret_cast<volatile unsigned long long*>(my_flags + kGatherFlagCompleted) + 1;
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    for (int p = 0; p < g.world; ++p)
+      if (p != g.rank) atomicAdd_system(g.flags[p] + kGatherFlagEntered + g.rank, 1ull);
   }
-  __syncthreads();
-  const unsigned long long n = n_shared;
-  if (n == 0) return;
 
-  const int64_t vec_per_seg = g.seg_len / vec_elems;
-  const int64_t per_piece_max = static_cast<int64_t>(blockDim.x) * kGatherUnroll;
-  const int64_t pieces = (vec_per_seg + per_piece_max - 1) / per_piece_max;
-  const int64_t piece_len = (vec_per_seg + pieces - 1) / pieces;
-  const int64_t units = g.local_rows * g.segments * pieces;
+  const GatherUnits units = gather_units(g, vec_elems, blockDim.x);
   const int64_t es = g.elem_size;
-  for (int64_t unit = blockIdx.x; unit < units; unit += gridDim.x) {
-    const int64_t rs = unit / pieces;
-    const int64_t piece = unit - rs * pieces;
+  bool entered = false;  // block-uniform: every peer has entered gather n (checked once, before the first store)
+  for (int64_t unit = blockIdx.x; unit < units.count; unit += gridDim.x) {
+    const int64_t rs = unit / units.pieces;
+    const int64_t piece = unit - rs * units.pieces;
     const int64_t row = rs / g.segments;
     const int seg = static_cast<int>(rs - row * g.segments);
-    const int64_t v_begin = piece * piece_len;
-    const int64_t v_end = v_begin + piece_len < vec_per_seg ? v_begin + piece_len : vec_per_seg;
+    const int64_t v_begin = piece * units.piece_len;
+    const int64_t v_end = v_begin + units.piece_len < units.vec_per_seg ? v_begin + units.piece_len : units.vec_per_seg;
     const Vec* src = reinterpret_cast<const Vec*>(static_cast<const char*>(g.local) +
                                                   (row * g.local_row_stride + g.src_col[seg]) * es);
     const int64_t dst_off = ((g.dst_row_offset + row) * g.out_row_stride + g.dst_col[seg]) * es;
@@ -88,6 +90,19 @@ __global__ void __launch_bounds__(kGatherThreads) gather_p2p_kernel(GatherParams
     for (int u = 0; u < kGatherUnroll; ++u) {
       const int64_t i = v_begin + threadIdx.x + u * static_cast<int64_t>(blockDim.x);
       if (i < v_end) v[u] = src[i];
+    }
+    if (!entered) {
+      // The first unit's loads are in flight while thread 0 waits for the peers to enter gather n (until then a
+      // peer may still be reading its output of gather n-1).
+      if (threadIdx.x == 0) {
+        bool ok = true;
+        for (int p = 0; p < g.world && ok; ++p)
+          if (p != g.rank) ok = wait_at_least(my_flags + kGatherFlagEntered + p, n, g, kGatherErrEnterTimeout, p, n);
+        n_shared = ok ? 1ull : 0ull;
+      }
+      __syncthreads();
+      if (n_shared == 0) return;
+      entered = true;
     }
     // Peers first (rank + 1, rank + 2, ...) so the ranks do not all aim at the same GPU at once; self last.
     for (int d = 1; d <= g.world; ++d) {
@@ -102,7 +117,7 @@ __global__ void __launch_bounds__(kGatherThreads) gather_p2p_kernel(GatherParams
   }
 
   // Every block fences its stores (system scope) and counts itself done; the last block of this rank then tells
-  // every peer once (so B may differ across ranks) and waits for every peer's rows.
+  // every peer once (so B may differ across ranks and calls) and waits for every peer's rows.
   __threadfence_system();
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -141,17 +156,19 @@ bool aligned_for(const GatherParams& p, int bytes) {
 }  // namespace cuda
 
 int gather_p2p_cuda(const GatherParams& p, void* stream) {
+  using namespace cuda::kernels;
   auto s = static_cast<cudaStream_t>(stream);
-  const dim3 grid(static_cast<unsigned>(p.blocks));
-  const int threads = cuda::kernels::kGatherThreads;
-  if (cuda::aligned_for(p, 16)) {
-    cuda::kernels::gather_p2p_kernel<uint4><<<grid, threads, 0, s>>>(p, 16 / p.elem_size);
-  } else if (cuda::aligned_for(p, 8)) {
-    cuda::kernels::gather_p2p_kernel<uint2><<<grid, threads, 0, s>>>(p, 8 / p.elem_size);
-  } else if (cuda::aligned_for(p, 4)) {
-    cuda::kernels::gather_p2p_kernel<uint32_t><<<grid, threads, 0, s>>>(p, 4 / p.elem_size);
-  } else {
-    cuda::kernels::gather_p2p_kernel<uint16_t><<<grid, threads, 0, s>>>(p, 2 / p.elem_size);
+  const int bytes = cuda::aligned_for(p, 16) ? 16 : cuda::aligned_for(p, 8) ? 8 : cuda::aligned_for(p, 4) ? 4 : 2;
+  const int64_t vec_elems = bytes / p.elem_size;
+  // No more blocks than work units (a block without units only counts itself done), at least one to signal.
+  const int64_t units = gather_units(p, vec_elems, kGatherThreads).count;
+  const int64_t blocks = units < p.blocks ? (units > 0 ? units : 1) : p.blocks;
+  const dim3 grid(static_cast<unsigned>(blocks));
+  switch (bytes) {
+    case 16: gather_p2p_kernel<uint4><<<grid, kGatherThreads, 0, s>>>(p, vec_elems); break;
+    case 8: gather_p2p_kernel<uint2><<<grid, kGatherThreads, 0, s>>>(p, vec_elems); break;
+    case 4: gather_p2p_kernel<uint32_t><<<grid, kGatherThreads, 0, s>>>(p, vec_elems); break;
+    default: gather_p2p_kernel<uint16_t><<<grid, kGatherThreads, 0, s>>>(p, vec_elems); break;
   }
   return static_cast<int>(cudaGetLastError());
 }
