@@ -62,7 +62,7 @@ def bench_row(m, n, h, k, dtype, bw, rate, samples, compare_paths=False):
     t_ours2 = common.time_graph_us(ours, ncopies, samples=samples)
     t_read = common.time_graph_us(read_weights, ncopies, samples=samples)
     t_other_path = None
-    if compare_paths and m <= 64:  # the same op through normalise + cuBLAS instead of the decode kernel
+    if compare_paths and m <= 8:  # the same op through normalise + cuBLAS instead of the decode kernel
         prev = ops._set_draft_fc_decode_max_rows(0)
         try:
             ours(0)
@@ -97,7 +97,7 @@ def main() -> int:
     ap.add_argument("--out", default="benchmarks/results/draft_fc-h200.json")
     ap.add_argument("--plot", default=None)
     ap.add_argument("--compare-paths", action="store_true",
-                    help="for M <= 64 also time the op through normalise + cuBLAS (ours_cublas_path_us)")
+                    help="for M <= 8 also time the op through normalise + cuBLAS (ours_cublas_path_us)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_draft_fc.py needs a CUDA GPU")

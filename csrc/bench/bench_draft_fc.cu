@@ -13,9 +13,9 @@ namespace {
 void usage() {
   std::printf(
       "usage: bench_draft_fc [--M 8] [--N 896] [--H 7168] [--K 3] [--norm 1] [--blocks-per-sm 4] [--iters 50]\n"
-      "                      [--samples 15] [--pdl 1]\n"
-      "  bf16, decode kernel (M <= 64). Weight copies rotate so one rotation spans >= 256 MB.\n"
-      "  --pdl 0: no programmatic dependent launch.\n");
+      "                      [--samples 15]\n"
+      "  bf16, decode kernel (M <= 8). Weight copies rotate so one rotation spans >= 256 MB.\n"
+);
 }
 
 float bf16_host(uint16_t b) { return e3::bf16_to_float(e3::bf16_t{b}); }
@@ -37,7 +37,7 @@ int main(int argc, char** argv) {
     E3_CHECK(cudaMalloc(&weights[i], w_bytes));
     bench::fill(weights[i], w_elems, 2, 100 + i);
   }
-  void *x, *g, *out, *zeroed, *scratch;
+  void *x, *g, *out, *zeroed;
   E3_CHECK(cudaMalloc(&x, size_t(M) * K * H * 2));
   E3_CHECK(cudaMalloc(&g, size_t(K) * H * 2));
   E3_CHECK(cudaMalloc(&out, size_t(M) * N * 2));
@@ -46,11 +46,9 @@ int main(int argc, char** argv) {
   const int64_t zeroed_bytes = e3::draft_fc_decode_zeroed_bytes(static_cast<int>(K), N);
   E3_CHECK(cudaMalloc(&zeroed, zeroed_bytes));
   E3_CHECK(cudaMemset(zeroed, 0, zeroed_bytes));
-  E3_CHECK(cudaMalloc(&scratch, e3::draft_fc_decode_scratch_bytes(static_cast<int>(K), H)));
-  const e3::DraftFcWorkspace wsv = e3::draft_fc_decode_workspace_view(zeroed, scratch, static_cast<int>(K), H, N);
+  const e3::DraftFcWorkspace wsv = e3::draft_fc_decode_workspace_view(zeroed, static_cast<int>(K), N);
   e3::DraftFcDecodeConfig cfg;
   cfg.blocks_per_sm = static_cast<int>(bench::arg_long(argc, argv, "--blocks-per-sm", cfg.blocks_per_sm));
-  cfg.pdl = bench::arg_long(argc, argv, "--pdl", cfg.pdl ? 1 : 0) != 0;
 
   e3::DraftFcParams p{};
   p.x_base = x; p.x_tap_stride = H; p.x_row_stride[0] = K * H; p.taps = static_cast<int>(K); p.hidden = H;
@@ -93,7 +91,7 @@ int main(int argc, char** argv) {
 
   const double t = bench::time_us(run, iters, samples);
   const double bytes = double(w_bytes) + double(M) * K * H * 2 + double(M) * N * 2;
-  const char* kernel = cfg.pdl ? "pdl" : "nopdl";
+  const char* kernel = "decode";
   std::printf("%-6s %5s %6s %6s %3s %4s %12s %10s %12s\n", "kernel", "M", "N", "H", "K", "bpsm", "bytes", "time_us",
               "weight_GB/s");
   std::printf("%-6s %5ld %6ld %6ld %3ld %4d %12.0f %10.2f %12.1f\n", kernel, M, N, H, K, cfg.blocks_per_sm, bytes,

@@ -2,7 +2,7 @@
 // per-tap RMSNorm of EAGLE-3.1 drafts (x * rsqrt(mean(x^2) + eps) * g_k) and fc is [N, K*H]. Torch-free.
 //
 // Two CUDA paths:
-// - decode (M <= 64 rows): one weight-streaming kernel. The norm is applied on the fly: g_k multiplies the
+// - decode (M <= 8 rows): one weight-streaming kernel. The norm is applied on the fly: g_k multiplies the
 //   activations as they are loaded, and rsqrt(mean(x^2) + eps), a per-(row, tap) scalar, multiplies each tap's
 //   partial dot product, so nothing is materialised and every weight byte is read once. Split-K partials meet in
 //   an fp32 workspace through L2 atomics; the last block of each column tile scales, sums the taps, adds the bias,
@@ -77,32 +77,23 @@ void draft_fc_normalize_rows_cpu(const DraftFcParams& p, T* xn, int64_t row_begi
 
 // ---- CUDA (draft_fc_cuda.cu). Each returns a cudaError_t value (0 = success); `stream` is a cudaStream_t. ----
 
-// Rows at or below this use the decode kernel.
-constexpr int64_t kDraftFcDecodeMaxRows = 64;
-// Rows at or below this apply the per-tap norm inside the weight-streaming kernel; above, a small pre-pass writes
-// bf16(x * g) and the per-(tap, row) sums of squares once, so the ALU work is not repeated by every column tile.
-constexpr int64_t kDraftFcFusedNormMaxRows = 8;
+// Rows at or below this use the decode kernel (one MMA token group); above, normalise + cuBLAS measured faster.
+constexpr int64_t kDraftFcDecodeMaxRows = 8;
 
-// Decode workspace, two buffers. The "zeroed" buffer (acc, tile_sum_sq, counters) is zero at rest: zero-filled
-// once at allocation and re-zeroed by the kernel after every call (self-cleaning, so CUDA-graph replays need no
-// memset; any (K, N) can reuse a large enough buffer since all of it is zero between calls). The "scratch" buffer
-// (sum_sq, xg) is written by the pre-pass before it is read.
+// Decode workspace, zero at rest: zero-filled once at allocation and re-zeroed by the kernel after every call
+// (self-cleaning, so CUDA-graph replays need no memset; any (K, N) can reuse a large enough buffer since all of it
+// is zero between calls).
 struct DraftFcWorkspace {
-  float* acc;           // [K][N][64] split-K partial sums per tap
-  float* tile_sum_sq;   // [n_tiles][K][64] per-column-tile sums of squares (fused-norm mode)
+  float* acc;           // [K][N][8] split-K partial sums per tap
+  float* tile_sum_sq;   // [n_tiles][K][8] per-column-tile sums of squares (per-tap norm)
   unsigned* counters;   // [n_tiles] blocks finished per column tile
-  float* sum_sq;        // [K][64] sums of squares (pre-pass mode)
-  void* xg;             // [64][K*H] bf16/fp16: x * g (pre-pass mode)
 };
 int64_t draft_fc_decode_zeroed_bytes(int taps, int64_t out_features);
-int64_t draft_fc_decode_scratch_bytes(int taps, int64_t hidden);
-DraftFcWorkspace draft_fc_decode_workspace_view(void* zeroed, void* scratch, int taps, int64_t hidden,
-                                                int64_t out_features);
+DraftFcWorkspace draft_fc_decode_workspace_view(void* zeroed, int taps, int64_t out_features);
 
 // Launch tuning; the defaults are what the library uses. Exposed for the bench binary's sweeps.
 struct DraftFcDecodeConfig {
   int blocks_per_sm = 4;  // K-split so that about this many 128-thread blocks per SM stream weights
-  bool pdl = true;        // programmatic dependent launch on sm_90 and later (see draft_fc_cuda.cu)
 };
 
 int draft_fc_decode_cuda(const DraftFcParams& p, DType dtype, const DraftFcWorkspace& ws, void* stream,

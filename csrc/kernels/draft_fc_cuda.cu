@@ -16,10 +16,8 @@ namespace kernels {
 constexpr int kFcWarps = 4;                  // warps per block, 16 weight rows each
 constexpr int kFcRowsPerBlock = kFcWarps * 16;
 constexpr int kFcChunk = 32;                 // k elements per lane group step (4 lanes x 8 elements)
-// Weight chunks in flight per warp per step: all of a step's loads are issued before its MMAs. One token group
-// leaves registers for 8; more token groups (more accumulators) get 4.
-template <int TG> __host__ __device__ constexpr int fc_unroll() { return TG == 1 ? 8 : 4; }
-constexpr int kWsTokens = 64;                // workspace row pitch (max decode rows)
+constexpr int kFcUnroll = 8;                 // weight chunks in flight per warp: a step's loads precede its MMAs
+constexpr int kWsTokens = kDraftFcDecodeMaxRows;  // workspace row pitch: one MMA token group
 
 template <typename T> struct Mma;
 // No `volatile`: the MMA has outputs and no side effects, so the compiler may schedule loads around it.
@@ -89,49 +87,15 @@ struct DecodeTiling {
   int64_t k_block;  // k elements per split (multiple of 32)
 };
 
-enum class NormMode { kNone, kFused, kPrePass };
 
-// Programmatic dependent launch (sm_90 and later). The decode kernel is launched so that its grid may start while
-// the kernel before it finishes; griddepcontrol.wait, before its first global access, holds it until that kernel is
-// complete and its writes visible (so it is safe after any producer), and launch_dependents, once its weights are
-// streamed, lets the next kernel's launch overlap its split-K epilogue. Both are no-ops without the launch attribute.
-__device__ __forceinline__ void grid_dependency_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void grid_dependents_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
-// Pre-pass (NormMode::kPrePass): one block per (row, tap) writes xg = x * g and the row's sum of squares.
-template <typename T>
-__global__ void __launch_bounds__(256) draft_fc_prepass_kernel(DraftFcParams p, DraftFcWorkspace ws) {
-  __shared__ float scratch[32];
-  const int64_t m = blockIdx.x;
-  const int tap = blockIdx.y;
-  const T* x = static_cast<const T*>(p.tap(tap)) + m * p.tap_row_stride(tap);
-  const T* g = static_cast<const T*>(p.norm_weight) + tap * p.hidden;
-  T* xg = static_cast<T*>(ws.xg) + m * p.taps * p.hidden + tap * p.hidden;
-  float s = 0.f;
-  for (int64_t v = threadIdx.x; v < p.hidden / 8; v += blockDim.x) {
-    const uint4 xv = __ldg(reinterpret_cast<const uint4*>(x + v * 8));
-    const uint4 gv = __ldg(reinterpret_cast<const uint4*>(g + v * 8));
-    *reinterpret_cast<uint4*>(xg + v * 8) = scale8<T>(xv, gv, s, true);
-  }
-  s = block_sum(s, scratch);
-  if (threadIdx.x == 0) ws.sum_sq[tap * kWsTokens + m] = s;
-}
-
-// grid.x: column tiles of 64 weight rows; grid.y: K-splits (taps x splits_per_tap). TG token groups of 8 rows.
+// grid.x: column tiles of 64 weight rows; grid.y: K-splits (taps x splits_per_tap). One token group of 8 rows
+// (M <= 8; larger M goes through normalise + cuBLAS, which measured faster from M = 9 on, benchmarks/NOTES.md).
 // Each warp streams 16 weight rows over the block's k range, kFcUnroll 32-wide chunks per step, all of a step's
-// weight loads issued before its MMAs.
-template <typename T, int TG, NormMode kMode>
+// weight and activation loads issued before its MMAs. kNorm: g multiplies the activations as they are loaded and
+// warp 0 sums x^2 for the per-tap rsqrt, which the epilogue applies to each tap's partial dot product.
+template <typename T, bool kNorm>
 __global__ void __launch_bounds__(kFcWarps * 32, 4) draft_fc_decode_kernel(DraftFcParams p, DecodeTiling t,
                                                                              DraftFcWorkspace ws) {
-  grid_dependency_wait();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, c = lane & 3;
   const int64_t tile = blockIdx.x;
@@ -142,78 +106,51 @@ __global__ void __launch_bounds__(kFcWarps * 32, 4) draft_fc_decode_kernel(Draft
   const bool has_a = row_a < p.out_features, has_b = row_b < p.out_features;
   const T* w_a = static_cast<const T*>(p.weight) + row_a * p.weight_row_stride + tap * p.hidden;
   const T* w_b = static_cast<const T*>(p.weight) + row_b * p.weight_row_stride + tap * p.hidden;
-  // Activation rows: the input tap, or the pre-pass's x*g rows.
-  const T* x = kMode == NormMode::kPrePass ? static_cast<const T*>(ws.xg) + tap * p.hidden
-                                           : static_cast<const T*>(p.tap(tap));
-  const int64_t xs = kMode == NormMode::kPrePass ? p.taps * p.hidden : p.tap_row_stride(tap);
+  const T* x = static_cast<const T*>(p.tap(tap)) + g * p.tap_row_stride(tap);  // this lane's token row
+  const bool has_x = g < p.rows;
   const T* gw = static_cast<const T*>(p.norm_weight) + tap * p.hidden;
 
-  float acc[TG][4];
-#pragma unroll
-  for (int i = 0; i < TG; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-  float sum_sq[TG];
-#pragma unroll
-  for (int i = 0; i < TG; ++i) sum_sq[i] = 0.f;
-  const bool count_sq = kMode == NormMode::kFused && warp == 0;  // one warp per block: the k range is the same
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  float sum_sq = 0.f;
+  const bool count_sq = kNorm && warp == 0;  // one warp per block: the k range is the same for all four
 
-  constexpr int kFcUnroll = fc_unroll<TG>();
   for (int64_t k0 = k_begin; k0 < k_end; k0 += kFcChunk * kFcUnroll) {
-    uint4 wa[kFcUnroll], wb[kFcUnroll], x1[kFcUnroll];
+    uint4 wa[kFcUnroll], wb[kFcUnroll], xv[kFcUnroll];
 #pragma unroll
     for (int u = 0; u < kFcUnroll; ++u) {
       const int64_t k = k0 + u * kFcChunk + 8 * c;  // this lane's 8 contiguous elements
       const bool in = k < k_end;
       wa[u] = in && has_a ? load_weight16(w_a + k) : make_uint4(0, 0, 0, 0);
       wb[u] = in && has_b ? load_weight16(w_b + k) : make_uint4(0, 0, 0, 0);
-      if (TG == 1)  // one token group: its activations are loaded with the weights
-        x1[u] = in && g < p.rows ? __ldg(reinterpret_cast<const uint4*>(x + g * xs + k)) : make_uint4(0, 0, 0, 0);
+      xv[u] = in && has_x ? __ldg(reinterpret_cast<const uint4*>(x + k)) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int u = 0; u < kFcUnroll; ++u) {
       const int64_t k = k0 + u * kFcChunk + 8 * c;
-      const bool in = k < k_end;
-      uint4 gv = make_uint4(0, 0, 0, 0);
-      if (kMode == NormMode::kFused && in) gv = __ldg(reinterpret_cast<const uint4*>(gw + k));
-#pragma unroll
-      for (int tg = 0; tg < TG; ++tg) {
-        const int64_t token = tg * 8 + g;
-        uint4 xv = x1[u];
-        if (TG > 1)
-          xv = in && token < p.rows ? __ldg(reinterpret_cast<const uint4*>(x + token * xs + k))
-                                    : make_uint4(0, 0, 0, 0);
-        if (kMode == NormMode::kFused) xv = scale8<T>(xv, gv, sum_sq[tg], count_sq);
-        // Step s uses this lane's elements [4s, 4s+4): words 2s, 2s+1 of the weight and activation vectors.
-        Mma<T>::run(acc[tg], wa[u].x, wb[u].x, wa[u].y, wb[u].y, xv.x, xv.y);
-        Mma<T>::run(acc[tg], wa[u].z, wb[u].z, wa[u].w, wb[u].w, xv.z, xv.w);
-      }
+      uint4 xu = xv[u];
+      if (kNorm && k < k_end) xu = scale8<T>(xu, __ldg(reinterpret_cast<const uint4*>(gw + k)), sum_sq, count_sq);
+      // Step s uses this lane's elements [4s, 4s+4): words 2s, 2s+1 of the weight and activation vectors.
+      Mma<T>::run(acc, wa[u].x, wb[u].x, wa[u].y, wb[u].y, xu.x, xu.y);
+      Mma<T>::run(acc, wa[u].z, wb[u].z, wa[u].w, wb[u].w, xu.z, xu.w);
     }
   }
 
-  grid_dependents_launch();
-  // Partials to the workspace. acc[tg]: (row_a, tokens 2c, 2c+1), (row_b, tokens 2c, 2c+1).
+  // Partials to the workspace. acc: (row_a, tokens 2c, 2c+1), (row_b, tokens 2c, 2c+1).
   float* ws_acc = ws.acc + static_cast<int64_t>(tap) * p.out_features * kWsTokens;
-#pragma unroll
-  for (int tg = 0; tg < TG; ++tg) {
-    const int64_t t0 = tg * 8 + 2 * c;
-    if (has_a) {
-      if (t0 < p.rows) atomicAdd(ws_acc + row_a * kWsTokens + t0, acc[tg][0]);
-      if (t0 + 1 < p.rows) atomicAdd(ws_acc + row_a * kWsTokens + t0 + 1, acc[tg][1]);
-    }
-    if (has_b) {
-      if (t0 < p.rows) atomicAdd(ws_acc + row_b * kWsTokens + t0, acc[tg][2]);
-      if (t0 + 1 < p.rows) atomicAdd(ws_acc + row_b * kWsTokens + t0 + 1, acc[tg][3]);
-    }
+  const int64_t t0 = 2 * c;
+  if (has_a) {
+    if (t0 < p.rows) atomicAdd(ws_acc + row_a * kWsTokens + t0, acc[0]);
+    if (t0 + 1 < p.rows) atomicAdd(ws_acc + row_a * kWsTokens + t0 + 1, acc[1]);
+  }
+  if (has_b) {
+    if (t0 < p.rows) atomicAdd(ws_acc + row_b * kWsTokens + t0, acc[2]);
+    if (t0 + 1 < p.rows) atomicAdd(ws_acc + row_b * kWsTokens + t0 + 1, acc[3]);
   }
   if (count_sq) {
     // Lanes 4g..4g+3 hold parts of token g's sum over this block's k range.
-#pragma unroll
-    for (int tg = 0; tg < TG; ++tg) {
-      float s = sum_sq[tg];
-      s += __shfl_xor_sync(0xffffffffu, s, 1);
-      s += __shfl_xor_sync(0xffffffffu, s, 2);
-      const int64_t token = tg * 8 + g;
-      if (c == 0 && token < p.rows) atomicAdd(ws.tile_sum_sq + (tile * p.taps + tap) * kWsTokens + token, s);
-    }
+    sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, 1);
+    sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, 2);
+    if (c == 0 && has_x) atomicAdd(ws.tile_sum_sq + (tile * p.taps + tap) * kWsTokens + g, sum_sq);
   }
 
   // The last block of this column tile to finish does the epilogue.
@@ -228,7 +165,7 @@ __global__ void __launch_bounds__(kFcWarps * 32, 4) draft_fc_decode_kernel(Draft
   if (last_flag == 0u) return;
   __threadfence();
 
-  const float* ss = kMode == NormMode::kPrePass ? ws.sum_sq : ws.tile_sum_sq + tile * p.taps * kWsTokens;
+  const float* ss = ws.tile_sum_sq + tile * p.taps * kWsTokens;
   const int64_t left = p.out_features - tile * kFcRowsPerBlock;
   const int64_t rows_here = left < kFcRowsPerBlock ? left : kFcRowsPerBlock;
   const T* bias = static_cast<const T*>(p.bias);
@@ -239,14 +176,14 @@ __global__ void __launch_bounds__(kFcWarps * 32, 4) draft_fc_decode_kernel(Draft
     float y = 0.f;
     for (int tp = 0; tp < p.taps; ++tp) {
       float* a = ws.acc + (static_cast<int64_t>(tp) * p.out_features + n) * kWsTokens + tok;
-      const float scale = kMode == NormMode::kNone ? 1.f : rsqrtf(__ldcg(ss + tp * kWsTokens + tok) * inv_h + p.eps);
+      const float scale = kNorm ? rsqrtf(__ldcg(ss + tp * kWsTokens + tok) * inv_h + p.eps) : 1.f;
       y += scale * __ldcg(a);
       __stcg(a, 0.f);
     }
     if (bias != nullptr) y += to_f(bias[n]);
     out[tok * p.out_row_stride + n] = from_f<T>(y);
   }
-  if (kMode == NormMode::kFused) {
+  if (kNorm) {
     __syncthreads();  // every read of this tile's sums done before they are cleared
     float* tile_ss = ws.tile_sum_sq + tile * p.taps * kWsTokens;
     for (int64_t i = threadIdx.x; i < p.taps * kWsTokens; i += blockDim.x) __stcg(tile_ss + i, 0.f);
@@ -316,46 +253,16 @@ DecodeTiling decode_tiling(int taps, int64_t hidden, int64_t out_features, int b
   return t;
 }
 
-template <typename T, int TG, NormMode kMode>
-cudaError_t launch_decode_mode(const DraftFcParams& p, const DraftFcWorkspace& ws, cudaStream_t s,
-                               const DraftFcDecodeConfig& cfg) {
-  const DecodeTiling t = decode_tiling(p.taps, p.hidden, p.out_features, cfg.blocks_per_sm);
-  if (kMode == NormMode::kPrePass) {
-    const dim3 pre(static_cast<unsigned>(p.rows), static_cast<unsigned>(p.taps));
-    draft_fc_prepass_kernel<T><<<pre, 256, 0, s>>>(p, ws);
-    const cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return e;
-  }
-  cudaLaunchConfig_t lc = {};
-  lc.gridDim = dim3(static_cast<unsigned>(t.n_tiles), static_cast<unsigned>(p.taps * t.splits_per_tap));
-  lc.blockDim = dim3(kFcWarps * 32);
-  lc.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  lc.attrs = attr;
-  lc.numAttrs = cfg.pdl && current_device_attribute(cudaDevAttrComputeCapabilityMajor, 0) >= 9 ? 1 : 0;
-  return cudaLaunchKernelEx(&lc, draft_fc_decode_kernel<T, TG, kMode>, p, t, ws);
-}
-
-template <typename T, int TG>
-cudaError_t launch_decode_tg(const DraftFcParams& p, const DraftFcWorkspace& ws, cudaStream_t s,
-                             const DraftFcDecodeConfig& cfg) {
-  static_assert(kDraftFcFusedNormMaxRows == 8, "fused-norm mode is instantiated for one token group only");
-  if (p.norm_weight == nullptr) return launch_decode_mode<T, TG, NormMode::kNone>(p, ws, s, cfg);
-  if constexpr (TG == 1) {
-    if (p.rows <= kDraftFcFusedNormMaxRows) return launch_decode_mode<T, TG, NormMode::kFused>(p, ws, s, cfg);
-  }
-  return launch_decode_mode<T, TG, NormMode::kPrePass>(p, ws, s, cfg);
-}
-
 template <typename T>
 cudaError_t launch_decode(const DraftFcParams& p, const DraftFcWorkspace& ws, cudaStream_t s,
                           const DraftFcDecodeConfig& cfg) {
-  if (p.rows <= 8) return launch_decode_tg<T, 1>(p, ws, s, cfg);
-  if (p.rows <= 16) return launch_decode_tg<T, 2>(p, ws, s, cfg);
-  if (p.rows <= 32) return launch_decode_tg<T, 4>(p, ws, s, cfg);
-  return launch_decode_tg<T, 8>(p, ws, s, cfg);
+  const DecodeTiling t = decode_tiling(p.taps, p.hidden, p.out_features, cfg.blocks_per_sm);
+  const dim3 grid(static_cast<unsigned>(t.n_tiles), static_cast<unsigned>(p.taps * t.splits_per_tap));
+  if (p.norm_weight != nullptr)
+    draft_fc_decode_kernel<T, true><<<grid, kFcWarps * 32, 0, s>>>(p, t, ws);
+  else
+    draft_fc_decode_kernel<T, false><<<grid, kFcWarps * 32, 0, s>>>(p, t, ws);
+  return cudaGetLastError();
 }
 
 template <typename T>
@@ -387,24 +294,15 @@ int64_t draft_fc_decode_zeroed_bytes(int taps, int64_t out_features) {
          cuda::align256(n_tiles * 4);
 }
 
-int64_t draft_fc_decode_scratch_bytes(int taps, int64_t hidden) {
-  return cuda::align256(taps * kW * 4) + cuda::align256(kW * taps * hidden * 2);
-}
-
-DraftFcWorkspace draft_fc_decode_workspace_view(void* zeroed, void* scratch, int taps, int64_t hidden,
-                                                int64_t out_features) {
+DraftFcWorkspace draft_fc_decode_workspace_view(void* zeroed, int taps, int64_t out_features) {
   const int64_t n_tiles = n_tiles_for(out_features);
   char* z = static_cast<char*>(zeroed);
-  char* s = static_cast<char*>(scratch);
   DraftFcWorkspace ws;
   ws.acc = reinterpret_cast<float*>(z);
   z += cuda::align256(taps * out_features * kW * 4);
   ws.tile_sum_sq = reinterpret_cast<float*>(z);
   z += cuda::align256(n_tiles * taps * kW * 4);
   ws.counters = reinterpret_cast<unsigned*>(z);
-  ws.sum_sq = reinterpret_cast<float*>(s);
-  ws.xg = s + cuda::align256(taps * kW * 4);
-  (void)hidden;
   return ws;
 }
 

@@ -1,4 +1,4 @@
-// CUDA implementation of draft_fc: the decode weight-streaming kernel for M <= 64 bf16/fp16 rows, otherwise the
+// CUDA implementation of draft_fc: the decode weight-streaming kernel for M <= 8 bf16/fp16 rows, otherwise the
 // normalise kernel into scratch plus torch's GEMM (cuBLAS). float32 always takes the second path.
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
@@ -16,16 +16,16 @@
 namespace e3ops {
 namespace {
 
-// Decode workspaces, one pair per device: a "zeroed" buffer that is zero at rest (zero-filled here once; the kernel
-// re-zeroes what it used after every call) and a scratch buffer. Buffers that grow are retired, never freed, so CUDA
-// graphs that captured an older pointer stay valid. Concurrent decode calls on two streams of one device would
-// share them: the draft runs on one stream in SGLang.
+// Decode workspaces, one per device: a buffer that is zero at rest (zero-filled here once; the kernel re-zeroes
+// what it used after every call). Buffers that grow are retired, never freed, so CUDA graphs that captured an older
+// pointer stay valid. Concurrent decode calls on two streams of one device would share them: the draft runs on one
+// stream in SGLang.
 //
 // A buffer first needed during CUDA-graph capture is allocated on the capture stream: its zero fill is recorded
 // into the graph (replays re-zero it, harmless), and it is zero-filled again eagerly before its first use outside
 // the graph (`needs_eager_zero`).
 struct DeviceWorkspace {
-  at::Tensor zeroed, scratch;
+  at::Tensor zeroed;
   bool needs_eager_zero = false;
 };
 struct Workspaces {
@@ -40,7 +40,6 @@ Workspaces& workspaces() {
 
 e3::DraftFcWorkspace decode_workspace(const at::Device& device, const e3::DraftFcParams& p, cudaStream_t stream) {
   const int64_t zeroed_bytes = e3::draft_fc_decode_zeroed_bytes(p.taps, p.out_features);
-  const int64_t scratch_bytes = e3::draft_fc_decode_scratch_bytes(p.taps, p.hidden);
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
   const bool capturing = status != cudaStreamCaptureStatusNone;
@@ -58,12 +57,7 @@ e3::DraftFcWorkspace decode_workspace(const at::Device& device, const e3::DraftF
     d.zeroed.zero_();
     d.needs_eager_zero = false;
   }
-  if (!d.scratch.defined() || d.scratch.numel() < scratch_bytes) {
-    if (d.scratch.defined()) w.retired.push_back(d.scratch);
-    d.scratch = at::empty({scratch_bytes}, opts);
-  }
-  return e3::draft_fc_decode_workspace_view(d.zeroed.data_ptr(), d.scratch.data_ptr(), p.taps, p.hidden,
-                                            p.out_features);
+  return e3::draft_fc_decode_workspace_view(d.zeroed.data_ptr(), p.taps, p.out_features);
 }
 
 void check_vector_aligned(const void* ptr, int64_t row_stride, const char* what) {

@@ -69,7 +69,7 @@ PyObject* py_set_draft_fc_decode_max_rows(PyObject*, PyObject* arg) {
 PyMethodDef kMethods[] = {
     {"build_info", py_build_info, METH_NOARGS, "JSON string: backends, CUDA archs and versions built against."},
     {"set_draft_fc_decode_max_rows", py_set_draft_fc_decode_max_rows, METH_O,
-     "Benchmark knob: rows at or below which CUDA draft_fc takes the decode kernel (clamped to 0..64); returns the "
+     "Benchmark knob: rows at or below which CUDA draft_fc takes the decode kernel (clamped to 0..8); returns the "
      "previous value."},
     {nullptr, nullptr, 0, nullptr},
 };

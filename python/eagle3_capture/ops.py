@@ -86,7 +86,7 @@ def draft_fc(x, weight: torch.Tensor, norm_weights=None, eps: float = 1e-6, bias
        or a list of K [M, H] tensors. weight: [N, K*H] (N = H, or H/tp for a column-parallel shard).
     norm_weights: None (EAGLE-3), or the per-tap RMSNorm weights of EAGLE-3.1 drafts (`fc_norm`) as [K, H] or a
        list of K [H]. bias: [N] or None. out: optional [M, N] contiguous output.
-    bf16/fp16 (CUDA decode kernel for M <= 64: weights streamed once, norms applied on the fly; above that the
+    bf16/fp16 (CUDA decode kernel for M <= 8: weights streamed once, norms applied on the fly; above that the
     normalised taps go through cuBLAS) and float32 (CPU, and the cuBLAS path on CUDA). H must be a multiple of 8.
     """
     taps = _tap_list(x)
@@ -98,7 +98,7 @@ def draft_fc(x, weight: torch.Tensor, norm_weights=None, eps: float = 1e-6, bias
 
 
 def _set_draft_fc_decode_max_rows(rows: int) -> int:
-    """Benchmark knob: CUDA bf16/fp16 draft_fc takes the decode kernel for M <= rows (clamped to 0..64), the
+    """Benchmark knob: CUDA bf16/fp16 draft_fc takes the decode kernel for M <= rows (clamped to 0..8), the
     normalise + cuBLAS path above. Process-wide; returns the previous value so callers can restore it."""
 
     return int(load().set_draft_fc_decode_max_rows(int(rows)))
