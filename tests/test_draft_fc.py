@@ -72,7 +72,11 @@ def make_inputs(c, device):
 @settings(max_examples=fuzz_examples(400))
 @given(data=st.data())
 def test_draft_fc_matches_reference(device, data):
-    c = data.draw(fc_cases(device))
+    check_case(data.draw(fc_cases(device)), device)
+
+
+def check_case(c, device):
+    """Runs one drawn case against the float64 reference, output poisoned first when `out` is given."""
     x, taps64, weight, g, b = make_inputs(c, device)
     if not c["norm"] and c["packed"]:
         # Without norms the packed row is one input; the reference sees the same concatenation.
@@ -281,6 +285,23 @@ def test_cuda_decode_threshold_knob_keeps_results(m):
     finally:
         ops._set_draft_fc_decode_max_rows(prev)
     assert rel_err(via_cublas, want) <= 1e-2 and rel_err(via_decode, want) <= 1e-2
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("bulk", [True, False])
+@settings(max_examples=fuzz_examples(120))
+@given(data=st.data())
+def test_cuda_both_decode_kernels_match_reference(bulk, data):
+    """The bulk-copy kernel (sm_90+ default) and the register-streaming kernel (before sm_90) on M <= 8."""
+    prev = ops._set_draft_fc_decode_bulk(bulk)
+    try:
+        case = data.draw(fc_cases("cuda"))
+        case["m"] = data.draw(st.integers(1, 8))
+        if case["dtype"] == torch.float32:
+            case["dtype"] = torch.bfloat16  # float32 never takes a decode kernel
+        check_case(case, "cuda")
+    finally:
+        ops._set_draft_fc_decode_bulk(prev)
 
 
 @pytest.mark.cuda

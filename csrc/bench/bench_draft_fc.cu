@@ -13,8 +13,9 @@ namespace {
 void usage() {
   std::printf(
       "usage: bench_draft_fc [--M 8] [--N 896] [--H 7168] [--K 3] [--norm 1] [--blocks-per-sm 4] [--iters 50]\n"
-      "                      [--samples 15]\n"
+      "                      [--samples 15] [--bulk 1] [--stages 0]\n"
       "  bf16, decode kernel (M <= 8). Weight copies rotate so one rotation spans >= 256 MB.\n"
+      "  --bulk 0: the register-streaming kernel (--blocks-per-sm) instead of the bulk-copy one (--stages, 0 = max).\n"
 );
 }
 
@@ -49,6 +50,8 @@ int main(int argc, char** argv) {
   const e3::DraftFcWorkspace wsv = e3::draft_fc_decode_workspace_view(zeroed, static_cast<int>(K), N);
   e3::DraftFcDecodeConfig cfg;
   cfg.blocks_per_sm = static_cast<int>(bench::arg_long(argc, argv, "--blocks-per-sm", cfg.blocks_per_sm));
+  cfg.bulk = bench::arg_long(argc, argv, "--bulk", cfg.bulk ? 1 : 0) != 0;
+  cfg.bulk_stages = static_cast<int>(bench::arg_long(argc, argv, "--stages", cfg.bulk_stages));
 
   e3::DraftFcParams p{};
   p.x_base = x; p.x_tap_stride = H; p.x_row_stride[0] = K * H; p.taps = static_cast<int>(K); p.hidden = H;
@@ -91,10 +94,11 @@ int main(int argc, char** argv) {
 
   const double t = bench::time_us(run, iters, samples);
   const double bytes = double(w_bytes) + double(M) * K * H * 2 + double(M) * N * 2;
-  const char* kernel = "decode";
+  const char* kernel = cfg.bulk ? "bulk" : "regs";
   std::printf("%-6s %5s %6s %6s %3s %4s %12s %10s %12s\n", "kernel", "M", "N", "H", "K", "bpsm", "bytes", "time_us",
               "weight_GB/s");
-  std::printf("%-6s %5ld %6ld %6ld %3ld %4d %12.0f %10.2f %12.1f\n", kernel, M, N, H, K, cfg.blocks_per_sm, bytes,
+  std::printf("%-6s %5ld %6ld %6ld %3ld %4d %12.0f %10.2f %12.1f\n", kernel, M, N, H, K,
+              cfg.bulk ? cfg.bulk_stages : cfg.blocks_per_sm, bytes,
               t, w_bytes / t / 1e3);
   return 0;
 }

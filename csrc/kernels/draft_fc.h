@@ -93,7 +93,9 @@ DraftFcWorkspace draft_fc_decode_workspace_view(void* zeroed, int taps, int64_t 
 
 // Launch tuning; the defaults are what the library uses. Exposed for the bench binary's sweeps.
 struct DraftFcDecodeConfig {
-  int blocks_per_sm = 4;  // K-split so that about this many 128-thread blocks per SM stream weights
+  bool bulk = true;       // sm_90+: the bulk-copy kernel (draft_fc_bulk.h); false: the register-streaming kernel
+  int bulk_stages = 0;    // bulk kernel: shared-memory stages (0: as many as fit)
+  int blocks_per_sm = 4;  // register-streaming kernel: K-split so that about this many blocks per SM stream weights
 };
 
 int draft_fc_decode_cuda(const DraftFcParams& p, DType dtype, const DraftFcWorkspace& ws, void* stream,

@@ -24,6 +24,13 @@ int64_t set_draft_fc_decode_max_rows(int64_t rows) {
 }
 
 namespace {
+std::atomic<bool> g_decode_bulk{true};
+}  // namespace
+
+bool draft_fc_decode_bulk() { return g_decode_bulk.load(std::memory_order_relaxed); }
+bool set_draft_fc_decode_bulk(bool bulk) { return g_decode_bulk.exchange(bulk); }
+
+namespace {
 const char* kOp = "draft_fc";
 
 void check_x_tensor(const at::Tensor& t, const at::Tensor& ref, const char* what) {

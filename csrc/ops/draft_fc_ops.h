@@ -18,6 +18,10 @@ namespace e3ops {
 // rounding of the two paths. Clamped to 0..e3::kDraftFcDecodeMaxRows.
 int64_t draft_fc_decode_max_rows();
 int64_t set_draft_fc_decode_max_rows(int64_t rows);  // returns the previous value
+// Which decode kernel runs on sm_90 and later: the bulk-copy one (default) or the register-streaming one (the only
+// one before sm_90). Tuning and test knob; returns the previous value.
+bool draft_fc_decode_bulk();
+bool set_draft_fc_decode_bulk(bool bulk);
 
 // x: one packed [M, K*H] tensor (K from norm_weight, 1 without a norm) or K [M, H] tensors.
 e3::DraftFcParams draft_fc_params(const std::vector<at::Tensor>& x, const at::Tensor& weight,

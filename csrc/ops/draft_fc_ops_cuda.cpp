@@ -88,7 +88,9 @@ void draft_fc_out_cuda(const std::vector<at::Tensor>& x, const at::Tensor& weigh
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   if (decode) {
     const e3::DraftFcWorkspace ws = decode_workspace(x[0].device(), p, stream);
-    C10_CUDA_CHECK(static_cast<cudaError_t>(e3::draft_fc_decode_cuda(p, dtype, ws, stream)));
+    e3::DraftFcDecodeConfig cfg;
+    cfg.bulk = draft_fc_decode_bulk();
+    C10_CUDA_CHECK(static_cast<cudaError_t>(e3::draft_fc_decode_cuda(p, dtype, ws, stream, cfg)));
     return;
   }
   draft_fc_prefill(x, weight, norm_weight, bias, out, p, [&](at::Tensor& xn) {

@@ -66,11 +66,20 @@ PyObject* py_set_draft_fc_decode_max_rows(PyObject*, PyObject* arg) {
   return PyLong_FromLongLong(static_cast<long long>(e3ops::set_draft_fc_decode_max_rows(rows)));
 }
 
+PyObject* py_set_draft_fc_decode_bulk(PyObject*, PyObject* arg) {
+  const int bulk = PyObject_IsTrue(arg);
+  if (bulk < 0) return nullptr;
+  return PyBool_FromLong(e3ops::set_draft_fc_decode_bulk(bulk != 0) ? 1 : 0);
+}
+
 PyMethodDef kMethods[] = {
     {"build_info", py_build_info, METH_NOARGS, "JSON string: backends, CUDA archs and versions built against."},
     {"set_draft_fc_decode_max_rows", py_set_draft_fc_decode_max_rows, METH_O,
      "Benchmark knob: rows at or below which CUDA draft_fc takes the decode kernel (clamped to 0..8); returns the "
      "previous value."},
+    {"set_draft_fc_decode_bulk", py_set_draft_fc_decode_bulk, METH_O,
+     "Test knob: on sm_90+ the decode path uses the bulk-copy kernel (True, default) or the register-streaming one; "
+     "returns the previous value."},
     {nullptr, nullptr, 0, nullptr},
 };
 

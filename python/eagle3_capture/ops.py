@@ -104,6 +104,12 @@ def _set_draft_fc_decode_max_rows(rows: int) -> int:
     return int(load().set_draft_fc_decode_max_rows(int(rows)))
 
 
+def _set_draft_fc_decode_bulk(bulk: bool) -> bool:
+    """Test/benchmark knob: on sm_90 and later the decode path runs the bulk-copy kernel (True, the default) or the
+    register-streaming kernel that older GPUs use. Process-wide; returns the previous value."""
+    return bool(load().set_draft_fc_decode_bulk(bool(bulk)))
+
+
 def capture_(packed: torch.Tensor, slot: int, hidden: torch.Tensor, residual: Optional[torch.Tensor] = None) -> None:
     """Writes `hidden` (+ `residual`, added in fp32 and rounded once, exactly like torch's `hidden + residual`) into
     columns [slot*H, (slot+1)*H) of the packed [T, K*H] buffer, in one pass with no temporary.

@@ -1,0 +1,120 @@
+// Device-side pieces shared by the draft fc decode kernels (draft_fc_cuda.cu, draft_fc_bulk_cuda.cu): the MMA
+// wrappers, the x * g helper, and the split-K epilogue of one column tile. Torch-free.
+//
+// Fragment layout of both decode kernels. The weight W [N, K*H] is the MMA's A operand (16 rows of N per warp) and
+// the activations are the B operand (8 token rows), so tensor cores serve M = 1..8 with no wasted weight bytes
+// (mma.sync m16n8k16: sm_80 and later, so the same code serves sm_90a, sm_100a and sm_120a). Each lane holds 16
+// contiguous bytes of a weight row; the k order inside a 32-wide chunk is permuted so those 8 elements are exactly
+// the A fragment of two MMA steps, and the activation fragment uses the same permutation, so no shuffles are
+// needed. The dot product is permutation-invariant, so the result is exact.
+#pragma once
+
+#include "cuda_common.cuh"
+#include "draft_fc.h"
+
+namespace e3 {
+namespace cuda {
+namespace kernels {
+
+constexpr int kFcWarps = 4;                  // warps per block, 16 weight rows each
+constexpr int kFcRowsPerBlock = kFcWarps * 16;
+constexpr int kFcChunk = 32;                 // k elements per lane group step (4 lanes x 8 elements)
+constexpr int kFcUnroll = 8;                 // weight chunks in flight per warp: a step's loads precede its MMAs
+constexpr int kWsTokens = kDraftFcDecodeMaxRows;  // workspace row pitch: one MMA token group
+
+template <typename T> struct Mma;
+// No `volatile`: the MMA has outputs and no side effects, so the compiler may schedule loads around it.
+template <> struct Mma<__nv_bfloat16> {
+  __device__ __forceinline__ static void run(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                             uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+};
+template <> struct Mma<__half> {
+  __device__ __forceinline__ static void run(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                             uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+};
+
+// Two elements packed in one 32-bit word <-> floats.
+template <typename T> __device__ __forceinline__ float2 unpack2(uint32_t w);
+template <> __device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t w) {
+  return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+}
+template <> __device__ __forceinline__ float2 unpack2<__half>(uint32_t w) {
+  __half2 h;
+  memcpy(&h, &w, 4);
+  return __half22float2(h);
+}
+template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  uint32_t w;
+  memcpy(&w, &v, 4);
+  return w;
+}
+template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  uint32_t w;
+  memcpy(&w, &v, 4);
+  return w;
+}
+
+// x * g on 8 elements (one 16-byte vector), rounded back to T; adds sum(x^2) to sum_sq when `count`.
+template <typename T>
+__device__ __forceinline__ uint4 scale8(uint4 xv, uint4 gv, float& sum_sq, bool count) {
+  const uint32_t xw[4] = {xv.x, xv.y, xv.z, xv.w}, gw[4] = {gv.x, gv.y, gv.z, gv.w};
+  uint32_t o[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 a = unpack2<T>(xw[i]), b = unpack2<T>(gw[i]);
+    if (count) sum_sq += a.x * a.x + a.y * a.y;
+    o[i] = pack2<T>(a.x * b.x, a.y * b.y);
+  }
+  return make_uint4(o[0], o[1], o[2], o[3]);
+}
+
+// Weight stream: read once, evict first, so the workspace and activations keep their L2 lines.
+__device__ __forceinline__ uint4 load_weight16(const void* p) { return __ldcs(static_cast<const uint4*>(p)); }
+
+// Split-K epilogue of one column tile, run by every thread of the block that finished the tile last (after its
+// __threadfence): y = sum_tap rrms(tap) * acc(tap) + bias, rounded once into out; the tile's workspace (partial sums,
+// sums of squares, counter) is zeroed again for the next call.
+template <typename T, bool kNorm>
+__device__ void decode_tile_epilogue(const DraftFcParams& p, const DraftFcWorkspace& ws, int64_t tile) {
+  const float* ss = ws.tile_sum_sq + tile * p.taps * kWsTokens;
+  const int64_t left = p.out_features - tile * kFcRowsPerBlock;
+  const int64_t rows_here = left < kFcRowsPerBlock ? left : kFcRowsPerBlock;
+  const T* bias = static_cast<const T*>(p.bias);
+  T* out = static_cast<T*>(p.out);
+  const float inv_h = 1.0f / static_cast<float>(p.hidden);
+  for (int64_t i = threadIdx.x; i < rows_here * p.rows; i += blockDim.x) {
+    const int64_t n = tile * kFcRowsPerBlock + i / p.rows, tok = i % p.rows;
+    float y = 0.f;
+    for (int tp = 0; tp < p.taps; ++tp) {
+      float* a = ws.acc + (static_cast<int64_t>(tp) * p.out_features + n) * kWsTokens + tok;
+      const float scale = kNorm ? rsqrtf(__ldcg(ss + tp * kWsTokens + tok) * inv_h + p.eps) : 1.f;
+      y += scale * __ldcg(a);
+      __stcg(a, 0.f);
+    }
+    if (bias != nullptr) y += to_f(bias[n]);
+    out[tok * p.out_row_stride + n] = from_f<T>(y);
+  }
+  if (kNorm) {
+    __syncthreads();  // every read of this tile's sums done before they are cleared
+    float* tile_ss = ws.tile_sum_sq + tile * p.taps * kWsTokens;
+    for (int64_t i = threadIdx.x; i < p.taps * kWsTokens; i += blockDim.x) __stcg(tile_ss + i, 0.f);
+  }
+  if (threadIdx.x == 0) ws.counters[tile] = 0;
+}
+
+}  // namespace kernels
+}  // namespace cuda
+}  // namespace e3
