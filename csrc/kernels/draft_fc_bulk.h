@@ -6,10 +6,12 @@
 
 namespace e3 {
 
-// Whether the current device runs the bulk-copy kernel (cp.async.bulk + mbarrier: sm_90 and later).
+// Whether the current device runs the TMA kernel (sm_90 and later, and the driver's tensor-map encoder found).
 bool draft_fc_bulk_supported();
+// Whether the call's inputs suit it: packed activations (one tensor map), M <= 8.
+bool draft_fc_bulk_applies(const DraftFcParams& p);
 
-// M <= 8 rows. `stages` (>= 2): shared-memory stages per block; 0: as many as fit (at most 8). cudaError_t value.
+// M <= 8 rows. `stages` (>= 2): shared-memory stages per block; 0: as many as fit (at most 16). cudaError_t value.
 int draft_fc_decode_bulk_cuda(const DraftFcParams& p, DType dtype, const DraftFcWorkspace& ws, void* stream,
                               int stages = 0);
 

@@ -1,17 +1,22 @@
-// The draft fc decode kernel fed by bulk asynchronous copies (cp.async.bulk + mbarrier, sm_90 and later).
+// The draft fc decode kernel fed by the tensor memory accelerator (TMA: cp.async.bulk.tensor + mbarrier, sm_90+).
 //
 // Why: the register-streaming kernel (draft_fc_cuda.cu) keeps every weight byte in flight as a per-thread 16-byte
 // load, and Nsight Compute showed it limited by the L1's outstanding-miss tracking: 37% of DRAM bandwidth in
-// isolation at N=896 with the warps stalled on those loads, where cuBLAS's bulk-copy GEMV reached 63%. Bulk copies
-// move whole row slices into shared memory without per-thread loads, so a block keeps many stages in flight.
+// isolation at N=896 with the warps stalled on those loads, where cuBLAS's TMA-fed GEMV reached 63%. A first version
+// with one 1-D bulk copy per 256-byte row slice ran at 0.5 TB/s: the copy engine's cost is per copy, so each unit
+// here is one 2-D tensor copy (a 64 x 64 weight box, 8 KB) plus one for the 8 token rows and one for the norm slice.
 //
-// Work: stream-K over units u = (column tile of 64 rows, tap, slice of kBulkSlice k elements); each block (one per
-// SM) takes an equal run of units. A unit's stage holds the tile's 64 weight-row slices, the M <= 8 token rows'
-// slices and the norm weight's slice, each one bulk copy issued by a lane of warp 0 and counted on the stage's
-// mbarrier. The four warps read their MMA fragments from shared memory (the layout of draft_fc_device.cuh), and after
-// each unit warp 0 refills the freed stage with the unit `stages` ahead. At the end of each (tile, tap) run the
-// block adds its fp32 partials and sums of squares to the workspace and the unit count to the tile's counter; the
-// block that completes a tile runs decode_tile_epilogue.
+// Work: stream-K over units u = (column tile of 64 rows, tap, slice of kBulkSlice = 64 k elements); each block (one
+// per SM) takes an equal run of units, `stages` of them in flight in shared memory (128-byte swizzled boxes, so the
+// fragment reads below are bank-conflict-light), counted on one mbarrier per stage. The four warps read their MMA
+// fragments (the layout of draft_fc_device.cuh) from the stage; after each unit thread 0 refills the freed stage with
+// the unit `stages` ahead. The tensor copies zero-fill rows >= N, token rows >= M and columns past K*H; columns of the
+// next tap inside a box are masked here. At the end of each (tile, tap) run the block adds its fp32 partials and
+// sums of squares to the workspace and the unit count to the tile's counter; the block that completes a tile runs
+// decode_tile_epilogue. Packed activations only (one tensor map); a list of taps uses the register kernel.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
 #include "draft_fc_bulk.h"
 #include "draft_fc_device.cuh"
 
@@ -19,15 +24,14 @@ namespace e3 {
 namespace cuda {
 namespace kernels {
 
-constexpr int kBulkSlice = 128;                       // k elements per unit (256 bytes of a bf16/fp16 row)
-constexpr int kBulkPitch = kBulkSlice * 2 + 64;       // bytes per shared row: = 64 (mod 128), so the two rows of
-                                                      // an 8-lane phase of a 16-byte shared load use distinct banks
-constexpr int kBulkXRow = kFcRowsPerBlock;            // first token row in a stage (after the 64 weight rows)
-constexpr int kBulkGRow = kBulkXRow + kWsTokens;      // the norm weight row
-constexpr int kBulkStageBytes = (kBulkGRow + 1) * kBulkPitch;
-constexpr int kBulkMaxStages = 8;
-constexpr int kBulkBarrierBytes = 128;                // mbarriers ahead of the stages (16-byte aligned stages)
-static_assert(kBulkStageBytes % 16 == 0 && kBulkMaxStages * 8 <= kBulkBarrierBytes, "stage layout");
+constexpr int kBulkSlice = 64;                        // k elements per unit: one 128-byte swizzle span
+constexpr int kBulkWBytes = kFcRowsPerBlock * 128;    // weight box: 64 rows x 128 bytes
+constexpr int kBulkXBytes = kWsTokens * 128;          // token box: 8 rows x 128 bytes
+constexpr int kBulkGBytes = 128;                      // norm-weight box
+constexpr int kBulkStageBytes = kBulkWBytes + kBulkXBytes + 1024;  // 1024-aligned boxes (128-byte swizzle atoms)
+constexpr int kBulkMaxStages = 16;
+constexpr int kBulkBarrierBytes = 1024;               // mbarriers ahead of the stages, stages 1024-aligned
+static_assert(kBulkStageBytes % 1024 == 0 && kBulkMaxStages * 8 <= kBulkBarrierBytes, "stage layout");
 
 struct BulkTiling {
   int64_t slices_per_tap;  // ceil(H / kBulkSlice)
@@ -36,9 +40,17 @@ struct BulkTiling {
   int stages;
 };
 
+struct BulkMaps {
+  CUtensorMap w;  // [N, K*H] weight, box 64 x 64
+  CUtensorMap x;  // [M, K*H] packed activations, box 8 x 64
+  CUtensorMap g;  // [K*H] norm weights, box 64 (unused without a norm)
+};
+
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
+// Byte offset of (row, byte) in a box of 128-byte rows under the 128-byte swizzle: 16-byte chunk ^ (row % 8).
+__device__ __forceinline__ int swz(int row, int byte) { return row * 128 + (byte ^ ((row & 7) << 4)); }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 __device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {
@@ -56,20 +68,27 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
       "r"(parity)
       : "memory");
 }
-// Global -> shared bulk copy completing on `bar` (16-byte aligned addresses, size a multiple of 16).
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                   smem_u32(dst)),
-               "l"(src), "r"(bytes), "r"(smem_u32(bar))
+__device__ __forceinline__ void tma_2d(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::
+          "r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_u32(bar))
+      : "memory");
+}
+__device__ __forceinline__ void tma_1d(void* dst, const CUtensorMap* map, int c0, uint64_t* bar) {
+  asm volatile("cp.async.bulk.tensor.1d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2}], [%3];" ::
+                   "r"(smem_u32(dst)),
+               "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(smem_u32(bar))
                : "memory");
 }
 #endif
 
 template <typename T, bool kNorm>
-__global__ void __launch_bounds__(kFcWarps * 32, 1) draft_fc_bulk_kernel(DraftFcParams p, BulkTiling t,
+__global__ void __launch_bounds__(kFcWarps * 32, 1) draft_fc_bulk_kernel(const __grid_constant__ BulkMaps maps,
+                                                                           DraftFcParams p, BulkTiling t,
                                                                            DraftFcWorkspace ws) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  extern __shared__ __align__(128) unsigned char bulk_smem[];
+  extern __shared__ __align__(1024) unsigned char bulk_smem[];
   uint64_t* bars = reinterpret_cast<uint64_t*>(bulk_smem);
   unsigned char* stages = bulk_smem + kBulkBarrierBytes;
   __shared__ unsigned last_flag;
@@ -78,6 +97,7 @@ __global__ void __launch_bounds__(kFcWarps * 32, 1) draft_fc_bulk_kernel(DraftFc
   const int64_t u_begin = blockIdx.x * t.per_block;
   const int64_t u_end = u_begin + t.per_block < t.total ? u_begin + t.per_block : t.total;
   const int64_t per_tile = p.taps * t.slices_per_tap;
+  const unsigned unit_bytes = static_cast<unsigned>(kBulkWBytes + kBulkXBytes + (kNorm ? kBulkGBytes : 0));
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < t.stages; ++s) mbar_init(bars + s, 1);
@@ -85,88 +105,64 @@ __global__ void __launch_bounds__(kFcWarps * 32, 1) draft_fc_bulk_kernel(DraftFc
   }
   __syncthreads();
 
-  // Warp 0: bulk copies of unit u into stage s, one row slice per lane at a time.
+  // Thread 0: the tensor copies of unit u into stage s.
   auto issue = [&](int64_t u, int s) {
     const int64_t seg = u / t.slices_per_tap;
-    const int64_t k0 = (u - seg * t.slices_per_tap) * kBulkSlice;
+    const int k0 = static_cast<int>((u - seg * t.slices_per_tap) * kBulkSlice);
     const int64_t tile = seg / p.taps;
-    const int tap = static_cast<int>(seg - tile * p.taps);
-    const int64_t left_k = p.hidden - k0;
-    const unsigned row_bytes = static_cast<unsigned>((left_k < kBulkSlice ? left_k : kBulkSlice) * sizeof(T));
-    const int64_t left_n = p.out_features - tile * kFcRowsPerBlock;
-    const int rows_w = static_cast<int>(left_n < kFcRowsPerBlock ? left_n : kFcRowsPerBlock);
-    const int rows_x = static_cast<int>(p.rows);
-    const int copies = rows_w + rows_x + (kNorm ? 1 : 0);
+    const int col = static_cast<int>(seg - tile * p.taps) * static_cast<int>(p.hidden) + k0;
     unsigned char* st = stages + static_cast<int64_t>(s) * kBulkStageBytes;
-    if (lane == 0) mbar_arrive_expect_tx(bars + s, static_cast<unsigned>(copies) * row_bytes);
-    __syncwarp();
-    for (int r = lane; r < copies; r += 32) {
-      const T* src;
-      unsigned char* dst;
-      if (r < rows_w) {
-        src = static_cast<const T*>(p.weight) + (tile * kFcRowsPerBlock + r) * p.weight_row_stride + tap * p.hidden + k0;
-        dst = st + r * kBulkPitch;
-      } else if (r < rows_w + rows_x) {
-        const int m = r - rows_w;
-        src = static_cast<const T*>(p.tap(tap)) + m * p.tap_row_stride(tap) + k0;
-        dst = st + (kBulkXRow + m) * kBulkPitch;
-      } else {
-        src = static_cast<const T*>(p.norm_weight) + tap * p.hidden + k0;
-        dst = st + kBulkGRow * kBulkPitch;
-      }
-      bulk_copy(dst, src, row_bytes, bars + s);
-    }
+    mbar_arrive_expect_tx(bars + s, unit_bytes);
+    tma_2d(st, &maps.w, col, static_cast<int>(tile * kFcRowsPerBlock), bars + s);
+    tma_2d(st + kBulkWBytes, &maps.x, col, 0, bars + s);
+    if (kNorm) tma_1d(st + kBulkWBytes + kBulkXBytes, &maps.g, col, bars + s);
   };
-
-  if (warp == 0)
+  if (threadIdx.x == 0)
     for (int s = 0; s < t.stages && u_begin + s < u_end; ++s) issue(u_begin + s, s);
 
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   float sum_sq = 0.f;
   int64_t run_units = 0;
+  const int wrow = warp * 16 + g;  // this lane's weight rows in the box: wrow, wrow + 8
   for (int64_t u = u_begin, i = 0; u < u_end; ++u, ++i) {
     const int s = static_cast<int>(i % t.stages);
     const int64_t seg = u / t.slices_per_tap;
     const int64_t k0 = (u - seg * t.slices_per_tap) * kBulkSlice;
     const int64_t tile = seg / p.taps;
     const int tap = static_cast<int>(seg - tile * p.taps);
-    const int64_t len = p.hidden - k0 < kBulkSlice ? p.hidden - k0 : kBulkSlice;
-    const int64_t row_a = tile * kFcRowsPerBlock + warp * 16 + g;
-    const bool has_a = row_a < p.out_features, has_b = row_a + 8 < p.out_features, has_x = g < p.rows;
+    const int64_t len = p.hidden - k0 < kBulkSlice ? p.hidden - k0 : kBulkSlice;  // past it: the next tap's columns
     const unsigned char* st = stages + static_cast<int64_t>(s) * kBulkStageBytes;
     mbar_wait(bars + s, static_cast<unsigned>((i / t.stages) & 1));
 #pragma unroll
     for (int j = 0; j < kBulkSlice / kFcChunk; ++j) {
-      if (j * kFcChunk >= len) break;  // warp-uniform: the slice ends (H not a multiple of kBulkSlice)
       const int kl = j * kFcChunk + 8 * c;
-      const bool in = kl < len;        // H is a multiple of 8: a lane's 8 elements are all in or all out
-      const int off = kl * static_cast<int>(sizeof(T));
-      const uint4 zero = make_uint4(0, 0, 0, 0);
-      const uint4 wa = in && has_a ? *reinterpret_cast<const uint4*>(st + (warp * 16 + g) * kBulkPitch + off) : zero;
-      const uint4 wb = in && has_b ? *reinterpret_cast<const uint4*>(st + (warp * 16 + g + 8) * kBulkPitch + off) : zero;
-      uint4 xv = in && has_x ? *reinterpret_cast<const uint4*>(st + (kBulkXRow + g) * kBulkPitch + off) : zero;
-      if (kNorm && in)
-        xv = scale8<T>(xv, *reinterpret_cast<const uint4*>(st + kBulkGRow * kBulkPitch + off), sum_sq, warp == 0);
+      const int b = kl * static_cast<int>(sizeof(T));
+      uint4 wa = *reinterpret_cast<const uint4*>(st + swz(wrow, b));
+      uint4 wb = *reinterpret_cast<const uint4*>(st + swz(wrow + 8, b));
+      uint4 xv = *reinterpret_cast<const uint4*>(st + kBulkWBytes + swz(g, b));
+      if (kl >= len) wa = wb = xv = make_uint4(0, 0, 0, 0);  // H a multiple of 8: a lane is all in or all out
+      if (kNorm) xv = scale8<T>(xv, *reinterpret_cast<const uint4*>(st + kBulkWBytes + kBulkXBytes + b), sum_sq, warp == 0);
       // Step s uses this lane's elements [4s, 4s+4): words 2s, 2s+1 of the weight and activation vectors.
       Mma<T>::run(acc, wa.x, wb.x, wa.y, wb.y, xv.x, xv.y);
       Mma<T>::run(acc, wa.z, wb.z, wa.w, wb.w, xv.z, xv.w);
     }
     ++run_units;
     __syncthreads();  // every warp is done with stage s
-    if (warp == 0 && u + t.stages < u_end) {
+    if (threadIdx.x == 0 && u + t.stages < u_end) {
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // generic reads before the async refill
       issue(u + t.stages, s);
     }
     if (u + 1 < u_end && (u + 1) / t.slices_per_tap == seg) continue;
 
-    // End of this block's run of (tile, tap): partials to the workspace.
+    // End of this block's run of (tile, tap): partials to the workspace. acc: (row_a, tokens 2c, 2c+1), (row_b, ...).
+    const int64_t row_a = tile * kFcRowsPerBlock + wrow;
     float* ws_acc = ws.acc + static_cast<int64_t>(tap) * p.out_features * kWsTokens;
     const int64_t t0 = 2 * c;
-    if (has_a) {
+    if (row_a < p.out_features) {
       if (t0 < p.rows) atomicAdd(ws_acc + row_a * kWsTokens + t0, acc[0]);
       if (t0 + 1 < p.rows) atomicAdd(ws_acc + row_a * kWsTokens + t0 + 1, acc[1]);
     }
-    if (has_b) {
+    if (row_a + 8 < p.out_features) {
       if (t0 < p.rows) atomicAdd(ws_acc + (row_a + 8) * kWsTokens + t0, acc[2]);
       if (t0 + 1 < p.rows) atomicAdd(ws_acc + (row_a + 8) * kWsTokens + t0 + 1, acc[3]);
     }
@@ -174,7 +170,7 @@ __global__ void __launch_bounds__(kFcWarps * 32, 1) draft_fc_bulk_kernel(DraftFc
       // Lanes 4g..4g+3 hold parts of token g's sum over this run's k range.
       sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, 1);
       sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, 2);
-      if (c == 0 && has_x) atomicAdd(ws.tile_sum_sq + (tile * p.taps + tap) * kWsTokens + g, sum_sq);
+      if (c == 0 && g < p.rows) atomicAdd(ws.tile_sum_sq + (tile * p.taps + tap) * kWsTokens + g, sum_sq);
     }
     acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
     sum_sq = 0.f;
@@ -196,9 +192,38 @@ __global__ void __launch_bounds__(kFcWarps * 32, 1) draft_fc_bulk_kernel(DraftFc
 #endif
 }
 
+// cuTensorMapEncodeTiled from the driver, through the runtime (no link against libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      f = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// A row-major [rows, cols] map (row pitch `pitch_bytes`) with a box of box_rows x 64 elements, 128-byte swizzle; or
+// 1-D over `cols` when rows == 0.
+bool encode_map(CUtensorMap* m, CUtensorMapDataType type, const void* base, uint64_t cols, uint64_t rows,
+                uint64_t pitch_bytes, uint32_t box_rows) {
+  auto fn = encode_fn();
+  if (fn == nullptr) return false;
+  const cuuint64_t dims[2] = {cols, rows};
+  const cuuint64_t strides[1] = {pitch_bytes};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(kBulkSlice), box_rows};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  const bool one_d = rows == 0;
+  return fn(m, type, one_d ? 1u : 2u, const_cast<void*>(base), dims, strides, box, elem_strides,
+            CU_TENSOR_MAP_INTERLEAVE_NONE, one_d ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B,
+            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 template <typename T, bool kNorm>
-cudaError_t launch_bulk_kernel(const DraftFcParams& p, const BulkTiling& t, int64_t grid, const DraftFcWorkspace& ws,
-                               cudaStream_t s) {
+cudaError_t launch_bulk_kernel(const BulkMaps& maps, const DraftFcParams& p, const BulkTiling& t, int64_t grid,
+                               const DraftFcWorkspace& ws, cudaStream_t s) {
   const size_t smem = kBulkBarrierBytes + static_cast<size_t>(t.stages) * kBulkStageBytes;
   // The opt-in shared-memory size is a per-device function attribute: set it once per device and size.
   static size_t set_for[64] = {};
@@ -211,7 +236,7 @@ cudaError_t launch_bulk_kernel(const DraftFcParams& p, const BulkTiling& t, int6
     if (e != cudaSuccess) return e;
     if (dev < 64) set_for[dev] = smem;
   }
-  draft_fc_bulk_kernel<T, kNorm><<<static_cast<unsigned>(grid), kFcWarps * 32, smem, s>>>(p, t, ws);
+  draft_fc_bulk_kernel<T, kNorm><<<static_cast<unsigned>(grid), kFcWarps * 32, smem, s>>>(maps, p, t, ws);
   return cudaGetLastError();
 }
 
@@ -219,15 +244,23 @@ cudaError_t launch_bulk_kernel(const DraftFcParams& p, const BulkTiling& t, int6
 }  // namespace cuda
 
 bool draft_fc_bulk_supported() {
-  return cuda::current_device_attribute(cudaDevAttrComputeCapabilityMajor, 0) >= 9;
+  return cuda::current_device_attribute(cudaDevAttrComputeCapabilityMajor, 0) >= 9 &&
+         cuda::kernels::encode_fn() != nullptr;
+}
+
+bool draft_fc_bulk_applies(const DraftFcParams& p) {
+  // One tensor map for the activations: the packed input; every base and pitch 16-byte aligned (the ops check it).
+  return p.x_base != nullptr && p.rows <= cuda::kernels::kWsTokens && p.taps * p.hidden < (int64_t(1) << 31) &&
+         p.out_features < (int64_t(1) << 31);
 }
 
 int draft_fc_decode_bulk_cuda(const DraftFcParams& p, DType dtype, const DraftFcWorkspace& ws, void* stream,
                               int stages) {
   using namespace cuda::kernels;
   if (p.rows == 0 || p.out_features == 0) return 0;
-  if (p.rows > kWsTokens) return static_cast<int>(cudaErrorInvalidValue);
-  // As many stages as the opt-in shared memory allows (8 on sm_90/sm_100, 4 on sm_120's 99 KB), or `stages`.
+  if (!draft_fc_bulk_applies(p) || (dtype != DType::BF16 && dtype != DType::F16))
+    return static_cast<int>(cudaErrorInvalidValue);
+  // As many stages as the opt-in shared memory allows (16 on sm_90/sm_100, 9 on sm_120's 99 KB), or `stages`.
   const int optin = cuda::current_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, 48 * 1024);
   int fit = (optin - kBulkBarrierBytes - 1024) / kBulkStageBytes;
   fit = fit > kBulkMaxStages ? kBulkMaxStages : fit;
@@ -240,15 +273,27 @@ int draft_fc_decode_bulk_cuda(const DraftFcParams& p, DType dtype, const DraftFc
   const int64_t sms = cuda::current_device_attribute(cudaDevAttrMultiProcessorCount, 132);
   t.per_block = (t.total + sms - 1) / sms;
   const int64_t grid = (t.total + t.per_block - 1) / t.per_block;
+
+  const CUtensorMapDataType type =
+      dtype == DType::BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const uint64_t width = static_cast<uint64_t>(p.taps * p.hidden);
+  BulkMaps maps;
+  memset(&maps, 0, sizeof(maps));
+  if (!encode_map(&maps.w, type, p.weight, width, static_cast<uint64_t>(p.out_features),
+                  static_cast<uint64_t>(p.weight_row_stride) * 2, kFcRowsPerBlock) ||
+      !encode_map(&maps.x, type, p.x_base, width, static_cast<uint64_t>(p.rows),
+                  static_cast<uint64_t>(p.x_row_stride[0]) * 2, kWsTokens) ||
+      (p.norm_weight != nullptr && !encode_map(&maps.g, type, p.norm_weight, width, 0, 0, 1)))
+    return static_cast<int>(cudaErrorInvalidValue);
   auto s = static_cast<cudaStream_t>(stream);
   const bool norm = p.norm_weight != nullptr;
   switch (dtype) {
     case DType::BF16:
-      return norm ? launch_bulk_kernel<__nv_bfloat16, true>(p, t, grid, ws, s)
-                  : launch_bulk_kernel<__nv_bfloat16, false>(p, t, grid, ws, s);
-    case DType::F16:
-      return norm ? launch_bulk_kernel<__half, true>(p, t, grid, ws, s) : launch_bulk_kernel<__half, false>(p, t, grid, ws, s);
-    default: return static_cast<int>(cudaErrorInvalidValue);
+      return norm ? launch_bulk_kernel<__nv_bfloat16, true>(maps, p, t, grid, ws, s)
+                  : launch_bulk_kernel<__nv_bfloat16, false>(maps, p, t, grid, ws, s);
+    default:
+      return norm ? launch_bulk_kernel<__half, true>(maps, p, t, grid, ws, s)
+                  : launch_bulk_kernel<__half, false>(maps, p, t, grid, ws, s);
   }
 }
 

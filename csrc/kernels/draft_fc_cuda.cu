@@ -214,7 +214,8 @@ int draft_fc_decode_cuda(const DraftFcParams& p, DType dtype, const DraftFcWorks
                          const DraftFcDecodeConfig& cfg) {
   if (p.rows == 0 || p.out_features == 0) return 0;
   if (p.rows > kDraftFcDecodeMaxRows) return static_cast<int>(cudaErrorInvalidValue);
-  if (cfg.bulk && draft_fc_bulk_supported()) return draft_fc_decode_bulk_cuda(p, dtype, ws, stream, cfg.bulk_stages);
+  if (cfg.bulk && draft_fc_bulk_applies(p) && draft_fc_bulk_supported())
+    return draft_fc_decode_bulk_cuda(p, dtype, ws, stream, cfg.bulk_stages);
   auto s = static_cast<cudaStream_t>(stream);
   switch (dtype) {
     case DType::BF16: return cuda::launch_decode<__nv_bfloat16>(p, ws, s, cfg);
