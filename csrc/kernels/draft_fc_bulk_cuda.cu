@@ -24,11 +24,12 @@ namespace e3 {
 namespace cuda {
 namespace kernels {
 
-constexpr int kBulkSlice = 64;                        // k elements per unit: one 128-byte swizzle span
-constexpr int kBulkWBytes = kFcRowsPerBlock * 128;    // weight box: 64 rows x 128 bytes
-constexpr int kBulkXBytes = kWsTokens * 128;          // token box: 8 rows x 128 bytes
-constexpr int kBulkGBytes = 128;                      // norm-weight box
-constexpr int kBulkStageBytes = kBulkWBytes + kBulkXBytes + 1024;  // 1024-aligned boxes (128-byte swizzle atoms)
+constexpr int kBulkSlice = 256;                       // k elements per unit (the largest tensor-copy box row)
+constexpr int kBulkRowBytes = kBulkSlice * 2;         // bytes of one box row in shared memory (bf16/fp16)
+constexpr int kBulkWBytes = kFcRowsPerBlock * kBulkRowBytes;  // weight box: 64 rows
+constexpr int kBulkXBytes = kWsTokens * kBulkRowBytes;        // token box: 8 rows
+constexpr int kBulkGBytes = kBulkRowBytes;                    // norm-weight box
+constexpr int kBulkStageBytes = (kBulkWBytes + kBulkXBytes + kBulkGBytes + 1023) / 1024 * 1024;
 constexpr int kBulkMaxStages = 16;
 constexpr int kBulkBarrierBytes = 1024;               // mbarriers ahead of the stages, stages 1024-aligned
 static_assert(kBulkStageBytes % 1024 == 0 && kBulkMaxStages * 8 <= kBulkBarrierBytes, "stage layout");
@@ -49,8 +50,8 @@ struct BulkMaps {
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
-// Byte offset of (row, byte) in a box of 128-byte rows under the 128-byte swizzle: 16-byte chunk ^ (row % 8).
-__device__ __forceinline__ int swz(int row, int byte) { return row * 128 + (byte ^ ((row & 7) << 4)); }
+// Byte offset of (row, byte) in a box (dense rows, no swizzle).
+__device__ __forceinline__ int swz(int row, int byte) { return row * kBulkRowBytes + byte; }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 __device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {
@@ -217,7 +218,7 @@ bool encode_map(CUtensorMap* m, CUtensorMapDataType type, const void* base, uint
   const cuuint32_t elem_strides[2] = {1, 1};
   const bool one_d = rows == 0;
   return fn(m, type, one_d ? 1u : 2u, const_cast<void*>(base), dims, strides, box, elem_strides,
-            CU_TENSOR_MAP_INTERLEAVE_NONE, one_d ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B,
+            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
