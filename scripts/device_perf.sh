@@ -12,15 +12,16 @@ step draft fc tests
 timeout 150 python3 -m pytest -m cuda -q -x tests/test_draft_fc.py 2>&1 | tee "$OUT/pytest_fc.log" | tail -4
 wait
 step memcheck bulk kernel, odd shapes
-for args in "--M 3 --N 130 --H 1000 --K 2" "--M 8 --N 64 --H 8 --K 1" "--M 1 --N 1 --H 136 --K 3 --norm 0" "--M 5 --N 1000 --H 7168 --K 3"; do
+for args in "--bulk 1 --M 3 --N 130 --H 1000 --K 2" "--bulk 1 --M 8 --N 64 --H 8 --K 1" \
+    "--bulk 1 --M 1 --N 1 --H 136 --K 3 --norm 0" "--bulk 1 --M 5 --N 1000 --H 7168 --K 3" "--M 5 --N 1000 --H 7168 --K 3"; do
   timeout 60 compute-sanitizer --tool memcheck --error-exitcode 3 ./build/bench/bench_draft_fc $args --iters 2 \
     --samples 1 > "$OUT/memcheck_bulk.log" 2>&1; echo "memcheck [$args] rc=$?"; grep -E "ERROR SUMMARY|check" "$OUT/memcheck_bulk.log"
 done
 step bench_draft_fc binary sweep
 {
 for n in 896 7168; do for m in 1 4 8; do
-  ./build/bench/bench_draft_fc --M $m --N $n --bulk 0 --samples 9 | tail -1
-  for st in 0 4 2; do ./build/bench/bench_draft_fc --M $m --N $n --stages $st --samples 9 | tail -1; done
+  for b in 4 3; do ./build/bench/bench_draft_fc --M $m --N $n --blocks-per-sm $b --samples 9 | tail -1; done
+  for st in 2 3; do ./build/bench/bench_draft_fc --M $m --N $n --bulk 1 --stages $st --samples 9 | tail -1; done
 done; done
 } 2>&1 | tee "$OUT/bench_fc_bin.log" | grep -v "^check" | head -40
 step bench draft fc python

@@ -292,7 +292,7 @@ def test_cuda_decode_threshold_knob_keeps_results(m):
 @settings(max_examples=fuzz_examples(120))
 @given(data=st.data())
 def test_cuda_both_decode_kernels_match_reference(bulk, data):
-    """The bulk-copy kernel (sm_90+ default) and the register-streaming kernel (before sm_90) on M <= 8."""
+    """Both decode kernels on M <= 8: the TMA one (sm_90+, packed input, opt-in) and the register-streaming one."""
     prev = ops._set_draft_fc_decode_bulk(bulk)
     try:
         case = data.draw(fc_cases("cuda"))

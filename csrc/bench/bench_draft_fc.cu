@@ -13,9 +13,10 @@ namespace {
 void usage() {
   std::printf(
       "usage: bench_draft_fc [--M 8] [--N 896] [--H 7168] [--K 3] [--norm 1] [--blocks-per-sm 4] [--iters 50]\n"
-      "                      [--samples 15] [--bulk 1] [--stages 0]\n"
+      "                      [--samples 15] [--bulk 0] [--stages 2]\n"
       "  bf16, decode kernel (M <= 8). Weight copies rotate so one rotation spans >= 256 MB.\n"
-      "  --bulk 0: the register-streaming kernel (--blocks-per-sm) instead of the bulk-copy one (--stages, 0 = max).\n"
+      "  --bulk 1: the TMA kernel (sm_90+; --stages, 0 = as many as fit) instead of the register-streaming one\n"
+      "  (--blocks-per-sm).\n"
 );
 }
 

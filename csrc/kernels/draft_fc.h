@@ -93,8 +93,10 @@ DraftFcWorkspace draft_fc_decode_workspace_view(void* zeroed, int taps, int64_t 
 
 // Launch tuning; the defaults are what the library uses. Exposed for the bench binary's sweeps.
 struct DraftFcDecodeConfig {
-  bool bulk = true;       // sm_90+: the bulk-copy kernel (draft_fc_bulk.h); false: the register-streaming kernel
-  int bulk_stages = 0;    // bulk kernel: shared-memory stages (0: as many as fit)
+  // sm_90+ and packed input: the TMA kernel (draft_fc_bulk.h) instead of the register-streaming one. Off by default:
+  // on the H200 it was not faster (benchmarks/NOTES.md); kept, tested and selectable for further tuning.
+  bool bulk = false;
+  int bulk_stages = 2;    // TMA kernel: shared-memory stages (0: as many as fit); 2 measured fastest
   int blocks_per_sm = 4;  // register-streaming kernel: K-split so that about this many blocks per SM stream weights
 };
 

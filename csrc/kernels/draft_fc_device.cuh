@@ -20,6 +20,7 @@ constexpr int kFcWarps = 4;                  // warps per block, 16 weight rows 
 constexpr int kFcRowsPerBlock = kFcWarps * 16;
 constexpr int kFcChunk = 32;                 // k elements per lane group step (4 lanes x 8 elements)
 constexpr int kFcUnroll = 8;                 // weight chunks in flight per warp: a step's loads precede its MMAs
+constexpr int kFcUnrollNorm = 6;             // with the norm weights also in registers (128 registers a thread)
 constexpr int kWsTokens = kDraftFcDecodeMaxRows;  // workspace row pitch: one MMA token group
 
 template <typename T> struct Mma;

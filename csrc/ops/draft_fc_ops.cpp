@@ -24,7 +24,7 @@ int64_t set_draft_fc_decode_max_rows(int64_t rows) {
 }
 
 namespace {
-std::atomic<bool> g_decode_bulk{true};
+std::atomic<bool> g_decode_bulk{e3::DraftFcDecodeConfig{}.bulk};
 }  // namespace
 
 bool draft_fc_decode_bulk() { return g_decode_bulk.load(std::memory_order_relaxed); }

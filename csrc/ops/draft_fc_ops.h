@@ -18,8 +18,8 @@ namespace e3ops {
 // rounding of the two paths. Clamped to 0..e3::kDraftFcDecodeMaxRows.
 int64_t draft_fc_decode_max_rows();
 int64_t set_draft_fc_decode_max_rows(int64_t rows);  // returns the previous value
-// Which decode kernel runs on sm_90 and later: the bulk-copy one (default) or the register-streaming one (the only
-// one before sm_90). Tuning and test knob; returns the previous value.
+// Which decode kernel runs on sm_90 and later for packed input: the TMA one or the register-streaming one (the
+// default, and the only one before sm_90). Tuning and test knob; the setter returns the previous value.
 bool draft_fc_decode_bulk();
 bool set_draft_fc_decode_bulk(bool bulk);
 

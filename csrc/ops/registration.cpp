@@ -78,8 +78,8 @@ PyMethodDef kMethods[] = {
      "Benchmark knob: rows at or below which CUDA draft_fc takes the decode kernel (clamped to 0..8); returns the "
      "previous value."},
     {"set_draft_fc_decode_bulk", py_set_draft_fc_decode_bulk, METH_O,
-     "Test knob: on sm_90+ the decode path uses the bulk-copy kernel (True, default) or the register-streaming one; "
-     "returns the previous value."},
+     "Test knob: on sm_90+ with packed input the decode path uses the TMA kernel (True) or the register-streaming "
+     "one (False, default); returns the previous value."},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -105,8 +105,9 @@ def _set_draft_fc_decode_max_rows(rows: int) -> int:
 
 
 def _set_draft_fc_decode_bulk(bulk: bool) -> bool:
-    """Test/benchmark knob: on sm_90 and later the decode path runs the bulk-copy kernel (True, the default) or the
-    register-streaming kernel that older GPUs use. Process-wide; returns the previous value."""
+    """Test/benchmark knob: on sm_90 and later, with packed input, the decode path runs the TMA kernel (True) or the
+    register-streaming kernel (False, the default and the only one before sm_90). Process-wide; returns the
+    previous value."""
     return bool(load().set_draft_fc_decode_bulk(bool(bulk)))
 
 
