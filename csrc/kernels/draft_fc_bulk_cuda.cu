@@ -2,18 +2,20 @@
 //
 // Why: the register-streaming kernel (draft_fc_cuda.cu) keeps every weight byte in flight as a per-thread 16-byte
 // load, and Nsight Compute showed it limited by the L1's outstanding-miss tracking: 37% of DRAM bandwidth in
-// isolation at N=896 with the warps stalled on those loads, where cuBLAS's TMA-fed GEMV reached 63%. A first version
-// with one 1-D bulk copy per 256-byte row slice ran at 0.5 TB/s: the copy engine's cost is per copy, so each unit
-// here is one 2-D tensor copy (a 64 x 64 weight box, 8 KB) plus one for the 8 token rows and one for the norm slice.
+// isolation at N=896 with the warps stalled on those loads, where cuBLAS's TMA-fed GEMV reached 63%. Status: opt-in
+// (DraftFcDecodeConfig::bulk, ops._set_draft_fc_decode_bulk), because on the H200 it is not faster yet (20.4 against
+// 17.5 us at M=1 N=896, 107.6 against 91.4 at N=7168; benchmarks/NOTES.md has the versions: one 1-D copy per
+// 256-byte row slice ran at 0.5 TB/s, 64x64 boxes at 0.9 TB/s, these 64x256 boxes at 1.9-2.9 TB/s, fastest with
+// few stages, which points at DRAM page locality across 64 rows).
 //
-// Work: stream-K over units u = (column tile of 64 rows, tap, slice of kBulkSlice = 64 k elements); each block (one
-// per SM) takes an equal run of units, `stages` of them in flight in shared memory (128-byte swizzled boxes, so the
-// fragment reads below are bank-conflict-light), counted on one mbarrier per stage. The four warps read their MMA
-// fragments (the layout of draft_fc_device.cuh) from the stage; after each unit thread 0 refills the freed stage with
-// the unit `stages` ahead. The tensor copies zero-fill rows >= N, token rows >= M and columns past K*H; columns of the
-// next tap inside a box are masked here. At the end of each (tile, tap) run the block adds its fp32 partials and
-// sums of squares to the workspace and the unit count to the tile's counter; the block that completes a tile runs
-// decode_tile_epilogue. Packed activations only (one tensor map); a list of taps uses the register kernel.
+// Work: stream-K over units u = (column tile of 64 rows, tap, slice of kBulkSlice = 256 k elements); each block (one
+// per SM) takes an equal run of units, `stages` of them in flight in shared memory, counted on one mbarrier per
+// stage. A unit is one 2-D tensor copy of the 64 x 256 weight box, one of the 8 x 256 token box and one of the norm
+// slice. The four warps read their MMA fragments (the layout of draft_fc_device.cuh) from the stage; after each unit
+// thread 0 refills the freed stage with the unit `stages` ahead. The tensor copies zero-fill rows >= N, token rows
+// >= M and columns past K*H; columns of the next tap inside a box are masked here. At the end of each (tile, tap) run
+// the block adds its fp32 partials and sums of squares to the workspace and the unit count to the tile's counter;
+// the block that completes a tile runs decode_tile_epilogue. Packed activations only (one tensor map).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -51,7 +53,7 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 // Byte offset of (row, byte) in a box (dense rows, no swizzle).
-__device__ __forceinline__ int swz(int row, int byte) { return row * kBulkRowBytes + byte; }
+__device__ __forceinline__ int box_offset(int row, int byte) { return row * kBulkRowBytes + byte; }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 __device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {
@@ -138,9 +140,9 @@ __global__ void __launch_bounds__(kFcWarps * 32, 1) draft_fc_bulk_kernel(const _
     for (int j = 0; j < kBulkSlice / kFcChunk; ++j) {
       const int kl = j * kFcChunk + 8 * c;
       const int b = kl * static_cast<int>(sizeof(T));
-      uint4 wa = *reinterpret_cast<const uint4*>(st + swz(wrow, b));
-      uint4 wb = *reinterpret_cast<const uint4*>(st + swz(wrow + 8, b));
-      uint4 xv = *reinterpret_cast<const uint4*>(st + kBulkWBytes + swz(g, b));
+      uint4 wa = *reinterpret_cast<const uint4*>(st + box_offset(wrow, b));
+      uint4 wb = *reinterpret_cast<const uint4*>(st + box_offset(wrow + 8, b));
+      uint4 xv = *reinterpret_cast<const uint4*>(st + kBulkWBytes + box_offset(g, b));
       if (kl >= len) wa = wb = xv = make_uint4(0, 0, 0, 0);  // H a multiple of 8: a lane is all in or all out
       if (kNorm) xv = scale8<T>(xv, *reinterpret_cast<const uint4*>(st + kBulkWBytes + kBulkXBytes + b), sum_sq, warp == 0);
       // Step s uses this lane's elements [4s, 4s+4): words 2s, 2s+1 of the weight and activation vectors.
@@ -206,8 +208,8 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   return fn;
 }
 
-// A row-major [rows, cols] map (row pitch `pitch_bytes`) with a box of box_rows x 64 elements, 128-byte swizzle; or
-// 1-D over `cols` when rows == 0.
+// A row-major [rows, cols] map (row pitch `pitch_bytes`) with a box of box_rows x kBulkSlice elements, no swizzle;
+// or 1-D over `cols` when rows == 0.
 bool encode_map(CUtensorMap* m, CUtensorMapDataType type, const void* base, uint64_t cols, uint64_t rows,
                 uint64_t pitch_bytes, uint32_t box_rows) {
   auto fn = encode_fn();
@@ -261,7 +263,7 @@ int draft_fc_decode_bulk_cuda(const DraftFcParams& p, DType dtype, const DraftFc
   if (p.rows == 0 || p.out_features == 0) return 0;
   if (!draft_fc_bulk_applies(p) || (dtype != DType::BF16 && dtype != DType::F16))
     return static_cast<int>(cudaErrorInvalidValue);
-  // As many stages as the opt-in shared memory allows (16 on sm_90/sm_100, 9 on sm_120's 99 KB), or `stages`.
+  // `stages`, or as many as the opt-in shared memory allows when 0 (6 on sm_90/sm_100, 2 on sm_120's 99 KB).
   const int optin = cuda::current_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, 48 * 1024);
   int fit = (optin - kBulkBarrierBytes - 1024) / kBulkStageBytes;
   fit = fit > kBulkMaxStages ? kBulkMaxStages : fit;

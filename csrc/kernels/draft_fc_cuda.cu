@@ -1,6 +1,6 @@
 // CUDA kernels of the draft fc: the register-streaming decode kernel (fragment layout in draft_fc_device.cuh; the
-// decode path before sm_90, where bulk copies do not exist), the prefill normalise kernel, the decode workspace and
-// the decode dispatch (the bulk-copy kernel of draft_fc_bulk_cuda.cu on sm_90 and later).
+// default decode path), the prefill normalise kernel, the decode workspace and the decode dispatch (which runs the
+// opt-in TMA kernel of draft_fc_bulk_cuda.cu instead when asked for, on sm_90 and later with packed input).
 #include "draft_fc_bulk.h"
 #include "draft_fc_device.cuh"
 
@@ -14,11 +14,10 @@ struct DecodeTiling {
   int64_t k_block;  // k elements per split (multiple of 32)
 };
 
-
 // grid.x: column tiles of 64 weight rows; grid.y: K-splits (taps x splits_per_tap). One token group of 8 rows
 // (M <= 8; larger M goes through normalise + cuBLAS, which measured faster from M = 9 on, benchmarks/NOTES.md).
-// Each warp streams 16 weight rows over the block's k range, kFcUnroll 32-wide chunks per step, all of a step's
-// weight and activation loads issued before its MMAs. kNorm: g multiplies the activations as they are loaded and
+// Each warp streams 16 weight rows over the block's k range, kUnroll 32-wide chunks per step, all of a step's
+// loads issued before its MMAs. kNorm: g multiplies the activations as they are loaded and
 // warp 0 sums x^2 for the per-tap rsqrt, which the epilogue applies to each tap's partial dot product.
 template <typename T, bool kNorm>
 __global__ void __launch_bounds__(kFcWarps * 32, 4) draft_fc_decode_kernel(DraftFcParams p, DecodeTiling t,
