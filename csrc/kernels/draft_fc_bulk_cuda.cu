@@ -94,7 +94,6 @@ __global__ void __launch_bounds__(kFcWarps * 32, 1) draft_fc_bulk_kernel(const _
   extern __shared__ __align__(1024) unsigned char bulk_smem[];
   uint64_t* bars = reinterpret_cast<uint64_t*>(bulk_smem);
   unsigned char* stages = bulk_smem + kBulkBarrierBytes;
-  __shared__ unsigned last_flag;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, c = lane & 3;
   const int64_t u_begin = blockIdx.x * t.per_block;
@@ -157,38 +156,12 @@ __global__ void __launch_bounds__(kFcWarps * 32, 1) draft_fc_bulk_kernel(const _
     }
     if (u + 1 < u_end && (u + 1) / t.slices_per_tap == seg) continue;
 
-    // End of this block's run of (tile, tap): partials to the workspace. acc: (row_a, tokens 2c, 2c+1), (row_b, ...).
-    const int64_t row_a = tile * kFcRowsPerBlock + wrow;
-    float* ws_acc = ws.acc + static_cast<int64_t>(tap) * p.out_features * kWsTokens;
-    const int64_t t0 = 2 * c;
-    if (row_a < p.out_features) {
-      if (t0 < p.rows) atomicAdd(ws_acc + row_a * kWsTokens + t0, acc[0]);
-      if (t0 + 1 < p.rows) atomicAdd(ws_acc + row_a * kWsTokens + t0 + 1, acc[1]);
-    }
-    if (row_a + 8 < p.out_features) {
-      if (t0 < p.rows) atomicAdd(ws_acc + (row_a + 8) * kWsTokens + t0, acc[2]);
-      if (t0 + 1 < p.rows) atomicAdd(ws_acc + (row_a + 8) * kWsTokens + t0 + 1, acc[3]);
-    }
-    if (kNorm && warp == 0) {
-      // Lanes 4g..4g+3 hold parts of token g's sum over this run's k range.
-      sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, 1);
-      sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, 2);
-      if (c == 0 && g < p.rows) atomicAdd(ws.tile_sum_sq + (tile * p.taps + tap) * kWsTokens + g, sum_sq);
-    }
+    // End of this block's run of (tile, tap): the tile is complete after all its taps * slices_per_tap units.
+    decode_add_partials<T, kNorm>(p, ws, tile, tap, tile * kFcRowsPerBlock + wrow, acc, sum_sq,
+                                  static_cast<unsigned>(run_units), static_cast<unsigned>(per_tile));
     acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
     sum_sq = 0.f;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      const unsigned add = static_cast<unsigned>(run_units);
-      last_flag = atomicAdd(ws.counters + tile, add) + add == static_cast<unsigned>(per_tile) ? 1u : 0u;
-    }
     run_units = 0;
-    __syncthreads();
-    if (last_flag) {
-      __threadfence();
-      decode_tile_epilogue<T, kNorm>(p, ws, tile);
-    }
   }
 #else
   __trap();  // launched only on sm_90 and later (draft_fc_bulk_supported)

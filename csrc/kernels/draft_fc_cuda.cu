@@ -64,37 +64,9 @@ __global__ void __launch_bounds__(kFcWarps * 32, 4) draft_fc_decode_kernel(Draft
     }
   }
 
-  // Partials to the workspace. acc: (row_a, tokens 2c, 2c+1), (row_b, tokens 2c, 2c+1).
-  float* ws_acc = ws.acc + static_cast<int64_t>(tap) * p.out_features * kWsTokens;
-  const int64_t t0 = 2 * c;
-  if (has_a) {
-    if (t0 < p.rows) atomicAdd(ws_acc + row_a * kWsTokens + t0, acc[0]);
-    if (t0 + 1 < p.rows) atomicAdd(ws_acc + row_a * kWsTokens + t0 + 1, acc[1]);
-  }
-  if (has_b) {
-    if (t0 < p.rows) atomicAdd(ws_acc + row_b * kWsTokens + t0, acc[2]);
-    if (t0 + 1 < p.rows) atomicAdd(ws_acc + row_b * kWsTokens + t0 + 1, acc[3]);
-  }
-  if (count_sq) {
-    // Lanes 4g..4g+3 hold parts of token g's sum over this block's k range.
-    sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, 1);
-    sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, 2);
-    if (c == 0 && has_x) atomicAdd(ws.tile_sum_sq + (tile * p.taps + tap) * kWsTokens + g, sum_sq);
-  }
-
-  // The last block of this column tile to finish does the epilogue.
-  __shared__ unsigned last_flag;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const unsigned total = static_cast<unsigned>(p.taps * t.splits_per_tap);
-    last_flag = atomicAdd(ws.counters + tile, 1u) == total - 1 ? 1u : 0u;
-  }
-  __syncthreads();
-  if (last_flag == 0u) return;
-  __threadfence();
-
-  decode_tile_epilogue<T, kNorm>(p, ws, tile);
+  // One block per (tile, tap, split): the tile is complete after taps * splits_per_tap blocks.
+  decode_add_partials<T, kNorm>(p, ws, tile, tap, row_a, acc, sum_sq, 1u,
+                                static_cast<unsigned>(p.taps * t.splits_per_tap));
 }
 
 // Prefill: one block per (row, tap): rrms over the row's H values, then xn = round(x * rrms * g) (or a copy).

@@ -116,6 +116,41 @@ __device__ void decode_tile_epilogue(const DraftFcParams& p, const DraftFcWorksp
   if (threadIdx.x == 0) ws.counters[tile] = 0;
 }
 
+// The end of a block's run over one (column tile, tap), shared by both decode kernels; every thread of the block
+// calls it. Adds the MMA partials (acc: rows row_a and row_a + 8, tokens 2c and 2c+1 of this lane) to the workspace
+// and, with the norm, warp 0's sums of x^2 (lanes 4g..4g+3 hold parts of token g's) to the tile's sums of squares;
+// then adds `units` to the tile's counter, and the block that brings it to `tile_units` runs the epilogue.
+template <typename T, bool kNorm>
+__device__ void decode_add_partials(const DraftFcParams& p, const DraftFcWorkspace& ws, int64_t tile, int tap,
+                                    int64_t row_a, const float (&acc)[4], float sum_sq, unsigned units,
+                                    unsigned tile_units) {
+  __shared__ unsigned last_flag;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, c = lane & 3;
+  float* ws_acc = ws.acc + static_cast<int64_t>(tap) * p.out_features * kWsTokens;
+  const int64_t t0 = 2 * c;
+  if (row_a < p.out_features) {
+    if (t0 < p.rows) atomicAdd(ws_acc + row_a * kWsTokens + t0, acc[0]);
+    if (t0 + 1 < p.rows) atomicAdd(ws_acc + row_a * kWsTokens + t0 + 1, acc[1]);
+  }
+  if (row_a + 8 < p.out_features) {
+    if (t0 < p.rows) atomicAdd(ws_acc + (row_a + 8) * kWsTokens + t0, acc[2]);
+    if (t0 + 1 < p.rows) atomicAdd(ws_acc + (row_a + 8) * kWsTokens + t0 + 1, acc[3]);
+  }
+  if (kNorm && warp == 0) {
+    sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, 1);
+    sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, 2);
+    if (c == 0 && g < p.rows) atomicAdd(ws.tile_sum_sq + (tile * p.taps + tap) * kWsTokens + g, sum_sq);
+  }
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last_flag = atomicAdd(ws.counters + tile, units) + units == tile_units ? 1u : 0u;
+  __syncthreads();
+  if (last_flag == 0u) return;
+  __threadfence();
+  decode_tile_epilogue<T, kNorm>(p, ws, tile);
+}
+
 }  // namespace kernels
 }  // namespace cuda
 }  // namespace e3
