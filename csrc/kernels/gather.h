@@ -2,20 +2,22 @@
 //
 // Each rank pushes its own rows (or its column shards) into every rank's registered output buffer, then tells each
 // peer through a counter in the peer's flag area; no host sync, so the call is CUDA-graph capturable. Per rank
-// flag area (u64, written by peers with system-scope atomics, read with acquire loads):
+// flag area (u64, written by peers with system-scope reductions, read with acquire loads):
 //   entered[r]  how many gathers rank r has entered (so this rank's previous output is no longer being read)
-//   arrived[r]  how many gathers of rank r have finished writing into this rank's output
-// and a local state (completed gathers, blocks done in the current call). Counters only grow, so nothing is
-// reset between calls and replays of a captured graph keep counting.
+//   arrived[r]  kGatherArriveUnit times the gathers of rank r that finished writing into this rank's output
+// and a local word (completed gathers). Counters only grow, so nothing is reset between calls and replays of a
+// captured graph keep counting.
 //
-// Protocol of gather n on rank me (grid of B blocks; B may differ across ranks):
+// Protocol of gather n on rank me (grid of B blocks; B may differ across ranks and calls):
 //   1. block 0 adds 1 to entered[me] at every peer; every block with rows to copy issues its first loads, then
 //      waits until entered[p] >= n for all peers p, i.e. every peer has started gather n and so finished with its
 //      output of gather n-1.
-//   2. the blocks copy this rank's rows into every rank's output, fence (system scope) and count themselves done
-//      in a local counter; the last block adds 1 to arrived[me] at every peer (its fence and the counter order
-//      every block's stores before that signal).
-//   3. that last block waits until arrived[p] >= n for all peers, then records n.
+//   2. every block copies its share of this rank's rows into every rank's output, fences (release, system scope)
+//      and adds its share of kGatherArriveUnit to arrived[me] at every peer: the B shares sum to exactly one unit,
+//      so a peer sees arrived[me] >= n * kGatherArriveUnit only once every block of gather n has written.
+//   3. block 0 waits until arrived[p] >= n * kGatherArriveUnit for all peers, then records n.
+// No block waits for another block of its own rank: the last store to land is followed by one fence round trip and
+// one one-way signal (an earlier version funnelled every block through a local counter and a second fence).
 // A wait longer than the timeout stops the kernel and writes {code, peer, step, n} to a host-mapped error word.
 #pragma once
 
@@ -30,8 +32,9 @@ constexpr int kGatherMaxSegments = 16;
 constexpr int kGatherFlagEntered = 0;                     // [kGatherMaxRanks]
 constexpr int kGatherFlagArrived = kGatherMaxRanks;       // [kGatherMaxRanks]
 constexpr int kGatherFlagCompleted = 2 * kGatherMaxRanks; // local: gathers completed
-constexpr int kGatherFlagBlocksDone = 2 * kGatherMaxRanks + 1;  // local: blocks done in the current gather
-constexpr int kGatherFlagWords = 2 * kGatherMaxRanks + 2;
+constexpr int kGatherFlagWords = 2 * kGatherMaxRanks + 1;
+// One gather's worth of arrival: the blocks of a grid split it among themselves (any grid of up to 2^20 blocks).
+constexpr unsigned long long kGatherArriveUnit = 1ull << 20;
 
 // Error word codes written to GatherParams::error[0].
 constexpr int kGatherErrEnterTimeout = 1;   // a peer did not enter the gather

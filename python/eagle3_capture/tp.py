@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 ROWS = "rows"
 COLUMNS = "columns"
-_FLAG_WORDS = 64  # >= e3::kGatherFlagWords (34), padded
+_FLAG_WORDS = 64  # >= e3::kGatherFlagWords (33), padded
 _STEPS = {1: "waiting for the peer to enter the gather", 2: "waiting for the peer's rows to arrive"}
 
 
