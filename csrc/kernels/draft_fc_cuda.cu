@@ -4,6 +4,8 @@
 #include "draft_fc_bulk.h"
 #include "draft_fc_device.cuh"
 
+#include <type_traits>
+
 namespace e3 {
 namespace cuda {
 namespace kernels {
@@ -19,7 +21,7 @@ struct DecodeTiling {
 // Each warp streams 16 weight rows over the block's k range, kUnroll 32-wide chunks per step, all of a step's
 // loads issued before its MMAs. kNorm: g multiplies the activations as they are loaded and
 // warp 0 sums x^2 for the per-tap rsqrt, which the epilogue applies to each tap's partial dot product.
-template <typename T, bool kNorm>
+template <typename T, bool kNorm, int kLoad>
 __global__ void __launch_bounds__(kFcWarps * 32, 4) draft_fc_decode_kernel(DraftFcParams p, DecodeTiling t,
                                                                              DraftFcWorkspace ws) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -49,8 +51,8 @@ __global__ void __launch_bounds__(kFcWarps * 32, 4) draft_fc_decode_kernel(Draft
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t k = k0 + u * kFcChunk + 8 * c;  // this lane's 8 contiguous elements
       const bool in = k < k_end;
-      wa[u] = in && has_a ? load_weight16(w_a + k) : make_uint4(0, 0, 0, 0);
-      wb[u] = in && has_b ? load_weight16(w_b + k) : make_uint4(0, 0, 0, 0);
+      wa[u] = in && has_a ? load_weight16_as<kLoad>(w_a + k) : make_uint4(0, 0, 0, 0);
+      wb[u] = in && has_b ? load_weight16_as<kLoad>(w_b + k) : make_uint4(0, 0, 0, 0);
       xv[u] = in && has_x ? __ldg(reinterpret_cast<const uint4*>(x + k)) : make_uint4(0, 0, 0, 0);
       if (kNorm) gv[u] = in ? __ldg(reinterpret_cast<const uint4*>(gw + k)) : make_uint4(0, 0, 0, 0);
     }
@@ -116,17 +118,20 @@ constexpr int64_t align256(int64_t b) { return (b + 255) / 256 * 256; }
 
 int sm_count() { return current_device_attribute(cudaDevAttrMultiProcessorCount, 132); }
 
-DecodeTiling decode_tiling(int taps, int64_t hidden, int64_t out_features, int blocks_per_sm) {
+DecodeTiling decode_tiling(int taps, int64_t hidden, int64_t out_features, const DraftFcDecodeConfig& cfg, bool norm) {
   DecodeTiling t;
+  const int blocks_per_sm = cfg.blocks_per_sm;
   t.n_tiles = (out_features + kFcRowsPerBlock - 1) / kFcRowsPerBlock;
   // As many K-splits as fit in one wave of resident blocks (a second, partial wave would idle most SMs while it
   // runs); every warp then streams its k range, loads for a whole step issued before its MMAs.
   const int64_t target_blocks = static_cast<int64_t>(blocks_per_sm > 0 ? blocks_per_sm : 4) * sm_count();
   const int64_t max_splits = (hidden + kFcChunk - 1) / kFcChunk;
   int64_t spt = target_blocks / (t.n_tiles * taps);
+  if (cfg.splits_per_tap > 0) spt = cfg.splits_per_tap;
   spt = spt < 1 ? 1 : (spt > max_splits ? max_splits : spt);
   const int64_t per = (hidden + spt - 1) / spt;
-  t.k_block = (per + kFcChunk - 1) / kFcChunk * kFcChunk;
+  const int64_t align = cfg.align_k_to_step ? kFcChunk * (norm ? kFcUnrollNorm : kFcUnroll) : kFcChunk;
+  t.k_block = (per + align - 1) / align * align;
   t.splits_per_tap = (hidden + t.k_block - 1) / t.k_block;
   return t;
 }
@@ -134,12 +139,21 @@ DecodeTiling decode_tiling(int taps, int64_t hidden, int64_t out_features, int b
 template <typename T>
 cudaError_t launch_decode(const DraftFcParams& p, const DraftFcWorkspace& ws, cudaStream_t s,
                           const DraftFcDecodeConfig& cfg) {
-  const DecodeTiling t = decode_tiling(p.taps, p.hidden, p.out_features, cfg.blocks_per_sm);
+  const bool norm = p.norm_weight != nullptr;
+  const DecodeTiling t = decode_tiling(p.taps, p.hidden, p.out_features, cfg, norm);
   const dim3 grid(static_cast<unsigned>(t.n_tiles), static_cast<unsigned>(p.taps * t.splits_per_tap));
-  if (p.norm_weight != nullptr)
-    draft_fc_decode_kernel<T, true><<<grid, kFcWarps * 32, 0, s>>>(p, t, ws);
-  else
-    draft_fc_decode_kernel<T, false><<<grid, kFcWarps * 32, 0, s>>>(p, t, ws);
+  auto go = [&](auto load) {
+    constexpr int kLoad = decltype(load)::value;
+    if (norm)
+      draft_fc_decode_kernel<T, true, kLoad><<<grid, kFcWarps * 32, 0, s>>>(p, t, ws);
+    else
+      draft_fc_decode_kernel<T, false, kLoad><<<grid, kFcWarps * 32, 0, s>>>(p, t, ws);
+  };
+  switch (cfg.weight_load) {
+    case 1: go(std::integral_constant<int, 1>()); break;
+    case 2: go(std::integral_constant<int, 2>()); break;
+    default: go(std::integral_constant<int, 0>()); break;
+  }
   return cudaGetLastError();
 }
 
