@@ -4,8 +4,6 @@
 #include "draft_fc_bulk.h"
 #include "draft_fc_device.cuh"
 
-#include <type_traits>
-
 namespace e3 {
 namespace cuda {
 namespace kernels {
@@ -21,7 +19,7 @@ struct DecodeTiling {
 // Each warp streams 16 weight rows over the block's k range, kUnroll 32-wide chunks per step, all of a step's
 // loads issued before its MMAs. kNorm: g multiplies the activations as they are loaded and
 // warp 0 sums x^2 for the per-tap rsqrt, which the epilogue applies to each tap's partial dot product.
-template <typename T, bool kNorm, int kLoad>
+template <typename T, bool kNorm>
 __global__ void __launch_bounds__(kFcWarps * 32, 4) draft_fc_decode_kernel(DraftFcParams p, DecodeTiling t,
                                                                              DraftFcWorkspace ws) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -51,8 +49,8 @@ __global__ void __launch_bounds__(kFcWarps * 32, 4) draft_fc_decode_kernel(Draft
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t k = k0 + u * kFcChunk + 8 * c;  // this lane's 8 contiguous elements
       const bool in = k < k_end;
-      wa[u] = in && has_a ? load_weight16_as<kLoad>(w_a + k) : make_uint4(0, 0, 0, 0);
-      wb[u] = in && has_b ? load_weight16_as<kLoad>(w_b + k) : make_uint4(0, 0, 0, 0);
+      wa[u] = in && has_a ? load_weight16(w_a + k) : make_uint4(0, 0, 0, 0);
+      wb[u] = in && has_b ? load_weight16(w_b + k) : make_uint4(0, 0, 0, 0);
       xv[u] = in && has_x ? __ldg(reinterpret_cast<const uint4*>(x + k)) : make_uint4(0, 0, 0, 0);
       if (kNorm) gv[u] = in ? __ldg(reinterpret_cast<const uint4*>(gw + k)) : make_uint4(0, 0, 0, 0);
     }
@@ -130,7 +128,9 @@ DecodeTiling decode_tiling(int taps, int64_t hidden, int64_t out_features, const
   if (cfg.splits_per_tap > 0) spt = cfg.splits_per_tap;
   spt = spt < 1 ? 1 : (spt > max_splits ? max_splits : spt);
   const int64_t per = (hidden + spt - 1) / spt;
-  const int64_t align = cfg.align_k_to_step ? kFcChunk * (norm ? kFcUnrollNorm : kFcUnroll) : kFcChunk;
+  // k blocks in whole warp steps (32 x unroll elements): with blocks in multiples of 32 the last step of a block was
+  // often nearly empty, one more DRAM round trip for a few bytes (3% at N=896, benchmarks/NOTES.md).
+  const int64_t align = kFcChunk * (norm ? kFcUnrollNorm : kFcUnroll);
   t.k_block = (per + align - 1) / align * align;
   t.splits_per_tap = (hidden + t.k_block - 1) / t.k_block;
   return t;
@@ -142,18 +142,10 @@ cudaError_t launch_decode(const DraftFcParams& p, const DraftFcWorkspace& ws, cu
   const bool norm = p.norm_weight != nullptr;
   const DecodeTiling t = decode_tiling(p.taps, p.hidden, p.out_features, cfg, norm);
   const dim3 grid(static_cast<unsigned>(t.n_tiles), static_cast<unsigned>(p.taps * t.splits_per_tap));
-  auto go = [&](auto load) {
-    constexpr int kLoad = decltype(load)::value;
-    if (norm)
-      draft_fc_decode_kernel<T, true, kLoad><<<grid, kFcWarps * 32, 0, s>>>(p, t, ws);
-    else
-      draft_fc_decode_kernel<T, false, kLoad><<<grid, kFcWarps * 32, 0, s>>>(p, t, ws);
-  };
-  switch (cfg.weight_load) {
-    case 1: go(std::integral_constant<int, 1>()); break;
-    case 2: go(std::integral_constant<int, 2>()); break;
-    default: go(std::integral_constant<int, 0>()); break;
-  }
+  if (norm)
+    draft_fc_decode_kernel<T, true><<<grid, kFcWarps * 32, 0, s>>>(p, t, ws);
+  else
+    draft_fc_decode_kernel<T, false><<<grid, kFcWarps * 32, 0, s>>>(p, t, ws);
   return cudaGetLastError();
 }
 

@@ -82,26 +82,16 @@ __device__ __forceinline__ uint4 scale8(uint4 xv, uint4 gv, float& sum_sq, bool 
   return make_uint4(o[0], o[1], o[2], o[3]);
 }
 
-// Weight stream: read once, evict first, so the workspace and activations keep their L2 lines.
-__device__ __forceinline__ uint4 load_weight16(const void* p) { return __ldcs(static_cast<const uint4*>(p)); }
-
-// Weight load flavours of the register-streaming kernel (DraftFcDecodeConfig::weight_load): 0 = load_weight16;
-// 1 = read-only path, no L1 allocation, L2 fetches 256-byte blocks (a warp step reads 384-512 contiguous bytes
-// of each row); 2 = load_weight16 (evict-first) with the 256-byte L2 fetch.
-template <int kLoad>
-__device__ __forceinline__ uint4 load_weight16_as(const void* p) {
-  if constexpr (kLoad == 0) {
-    return load_weight16(p);
-  } else {
-    uint4 v;
-    if constexpr (kLoad == 1)
-      asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
-                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    else
-      asm volatile("ld.global.cs.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
-                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return v;
-  }
+// Weight stream: read once through the read-only path, not kept in L1, and fetched into L2 in 256-byte blocks (a
+// warp step reads 384-512 contiguous bytes of each of its 16 rows). The 256-byte fetch measured 4-5% faster than
+// 32-byte sector fetches at N=7168 on the H200 (bench_draft_fc, benchmarks/NOTES.md); the eviction hint made no
+// difference.
+__device__ __forceinline__ uint4 load_weight16(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
 }
 
 // Split-K epilogue of one column tile, run by every thread of the block that finished the tile last (after its
