@@ -55,10 +55,7 @@ __device__ bool wait_at_least(const unsigned long long* p, unsigned long long ta
 constexpr int kGatherUnroll = 4;
 
 // Work unit: a piece of one (row, segment) of at most blockDim * kGatherUnroll vectors; pieces of a segment are
-// equal to within one vector. When there are fewer (row, segment)s than blocks (small T), segments are cut into as
-// many more pieces as keep every unit on a block of its own (one vector per thread at the least), so small T still
-// spreads over the whole grid: at T=64 on 2 ranks, 256 units of ~5 KB instead of 96 of 14 KB. Index math is per
-// unit, not per vector.
+// equal to within one vector, so small T still spreads over every block. Index math is per unit, not per vector.
 struct GatherUnits {
   int64_t vec_per_seg, pieces, piece_len, count;
 };
@@ -67,15 +64,8 @@ __host__ __device__ inline GatherUnits gather_units(const GatherParams& g, int64
   u.vec_per_seg = g.seg_len / vec_elems;
   const int64_t per_piece_max = threads * kGatherUnroll;
   u.pieces = (u.vec_per_seg + per_piece_max - 1) / per_piece_max;
-  const int64_t row_segs = g.local_rows * g.segments;
-  if (row_segs > 0) {
-    int64_t spread = g.blocks / row_segs;                  // pieces per segment that keep units <= blocks
-    const int64_t most = u.vec_per_seg / threads;          // no piece below one vector per thread
-    spread = spread < most ? spread : most;
-    u.pieces = u.pieces > spread ? u.pieces : spread;
-  }
   u.piece_len = u.pieces > 0 ? (u.vec_per_seg + u.pieces - 1) / u.pieces : 0;
-  u.count = row_segs * u.pieces;
+  u.count = g.local_rows * g.segments * u.pieces;
   return u;
 }
 
