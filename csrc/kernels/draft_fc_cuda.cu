@@ -69,38 +69,74 @@ __global__ void __launch_bounds__(kFcWarps * 32, 4) draft_fc_decode_kernel(Draft
                                 static_cast<unsigned>(p.taps * t.splits_per_tap));
 }
 
-// Prefill: one block per (row, tap): rrms over the row's H values, then xn = round(x * rrms * g) (or a copy).
-// Rows move as 16-byte vectors (V elements); H is a multiple of 8, hence of V.
+// Normalise (the M > 8 path, before cuBLAS): one block per (row, tap): rrms over the row's H values, then
+// xn = round(x * rrms * g) (or a copy). Rows move as 16-byte vectors (V elements); H is a multiple of 8, hence of V.
+// Up to kHeld vectors per thread (H <= 8192 bf16 at 256 threads) stay in registers from the sum of squares to the
+// store, and their norm weights are loaded before the block reduction: one round trip to memory per row instead of
+// a second pass over x after the reduction (at decode sizes the kernel is latency, not bytes).
 template <typename T, bool kNorm>
 __global__ void __launch_bounds__(256) draft_fc_normalize_kernel(DraftFcParams p, T* xn) {
   constexpr int V = 16 / sizeof(T);
+  constexpr int kHeld = 4;
   __shared__ float scratch[32];
   const int tap = blockIdx.y;
   const T* gk = kNorm ? static_cast<const T*>(p.norm_weight) + tap * p.hidden : nullptr;
   const int64_t nvec = p.hidden / V;
   const int64_t width = p.taps * p.hidden;
+  const int64_t held_end = static_cast<int64_t>(blockDim.x) * kHeld;  // vectors [0, held_end) stay in registers
   for (int64_t m = blockIdx.x; m < p.rows; m += gridDim.x) {
     const T* x = static_cast<const T*>(p.tap(tap)) + m * p.tap_row_stride(tap);
     T* o = xn + m * width + tap * p.hidden;
+    Chunk<T, V> xs[kHeld], gs[kHeld];
+#pragma unroll
+    for (int i = 0; i < kHeld; ++i) {
+      const int64_t v = threadIdx.x + i * static_cast<int64_t>(blockDim.x);
+      if (v < nvec) {
+        xs[i] = load_chunk<T, V>(x + v * V);
+        if (kNorm) gs[i] = load_chunk<T, V>(gk + v * V);
+      }
+    }
     float rrms = 1.f;
     if (kNorm) {
       float s = 0.f;
-      for (int64_t v = threadIdx.x; v < nvec; v += blockDim.x) {
+#pragma unroll
+      for (int i = 0; i < kHeld; ++i) {
+        if (threadIdx.x + i * static_cast<int64_t>(blockDim.x) < nvec) {
+#pragma unroll
+          for (int e = 0; e < V; ++e) {
+            const float f = to_f(xs[i].v[e]);
+            s += f * f;
+          }
+        }
+      }
+      for (int64_t v = held_end + threadIdx.x; v < nvec; v += blockDim.x) {  // rows longer than the registers hold
         const Chunk<T, V> xv = load_chunk<T, V>(x + v * V);
 #pragma unroll
-        for (int i = 0; i < V; ++i) {
-          const float f = to_f(xv.v[i]);
+        for (int e = 0; e < V; ++e) {
+          const float f = to_f(xv.v[e]);
           s += f * f;
         }
       }
       rrms = rsqrtf(block_sum(s, scratch) / static_cast<float>(p.hidden) + p.eps);
     }
-    for (int64_t v = threadIdx.x; v < nvec; v += blockDim.x) {
+#pragma unroll
+    for (int i = 0; i < kHeld; ++i) {
+      const int64_t v = threadIdx.x + i * static_cast<int64_t>(blockDim.x);
+      if (v < nvec) {
+        Chunk<T, V> xv = xs[i];
+        if (kNorm) {
+#pragma unroll
+          for (int e = 0; e < V; ++e) xv.v[e] = from_f<T>(to_f(xv.v[e]) * rrms * to_f(gs[i].v[e]));
+        }
+        store_chunk<T, V>(o + v * V, xv);
+      }
+    }
+    for (int64_t v = held_end + threadIdx.x; v < nvec; v += blockDim.x) {
       Chunk<T, V> xv = load_chunk<T, V>(x + v * V);
       if (kNorm) {
         const Chunk<T, V> gv = load_chunk<T, V>(gk + v * V);
 #pragma unroll
-        for (int i = 0; i < V; ++i) xv.v[i] = from_f<T>(to_f(xv.v[i]) * rrms * to_f(gv.v[i]));
+        for (int e = 0; e < V; ++e) xv.v[e] = from_f<T>(to_f(xv.v[e]) * rrms * to_f(gv.v[e]));
       }
       store_chunk<T, V>(o + v * V, xv);
     }

@@ -96,26 +96,48 @@ __device__ __forceinline__ uint4 load_weight16(const void* p) {
 
 // Split-K epilogue of one column tile, run by every thread of the block that finished the tile last (after its
 // __threadfence): y = sum_tap rrms(tap) * acc(tap) + bias, rounded once into out; the tile's workspace (partial sums,
-// sums of squares, counter) is zeroed again for the next call.
+// sums of squares, counter) is zeroed again for the next call. Each thread owns 4 tokens of one row (a float4 of
+// the [row][8 tokens] workspace) and issues every load (all taps' partials and sums of squares) before any store:
+// with loads and stores interleaved per tap and per (row, token), the epilogue was a chain of dependent L2 round
+// trips that grew with M (benchmarks/NOTES.md).
 template <typename T, bool kNorm>
 __device__ void decode_tile_epilogue(const DraftFcParams& p, const DraftFcWorkspace& ws, int64_t tile) {
-  const float* ss = ws.tile_sum_sq + tile * p.taps * kWsTokens;
+  static_assert(kWsTokens == 8, "the epilogue moves the workspace's 8 tokens of a row as two float4");
+  const float4* ss = reinterpret_cast<const float4*>(ws.tile_sum_sq + tile * p.taps * kWsTokens);
   const int64_t left = p.out_features - tile * kFcRowsPerBlock;
   const int64_t rows_here = left < kFcRowsPerBlock ? left : kFcRowsPerBlock;
   const T* bias = static_cast<const T*>(p.bias);
   T* out = static_cast<T*>(p.out);
   const float inv_h = 1.0f / static_cast<float>(p.hidden);
-  for (int64_t i = threadIdx.x; i < rows_here * p.rows; i += blockDim.x) {
-    const int64_t n = tile * kFcRowsPerBlock + i / p.rows, tok = i % p.rows;
-    float y = 0.f;
-    for (int tp = 0; tp < p.taps; ++tp) {
-      float* a = ws.acc + (static_cast<int64_t>(tp) * p.out_features + n) * kWsTokens + tok;
-      const float scale = kNorm ? rsqrtf(__ldcg(ss + tp * kWsTokens + tok) * inv_h + p.eps) : 1.f;
-      y += scale * __ldcg(a);
-      __stcg(a, 0.f);
+  const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int64_t i = threadIdx.x; i < rows_here * 2; i += blockDim.x) {
+    const int64_t n = tile * kFcRowsPerBlock + i / 2;
+    const int tok0 = static_cast<int>(i % 2) * 4;
+    if (tok0 >= p.rows) continue;  // tokens never written: their partial sums are still zero
+    const float b = bias != nullptr ? to_f(bias[n]) : 0.f;
+    float4* acc = reinterpret_cast<float4*>(ws.acc + n * kWsTokens + tok0);
+    const int64_t tap_pitch = p.out_features * kWsTokens / 4;  // float4s per tap
+    float y[4] = {b, b, b, b};
+#pragma unroll 4
+    for (int tp = 0; tp < p.taps; ++tp) {  // loads only: the taps' round trips overlap
+      const float4 a = __ldcg(acc + tp * tap_pitch);
+      if (kNorm) {
+        const float4 q = __ldcg(ss + tp * 2 + tok0 / 4);
+        y[0] += rsqrtf(q.x * inv_h + p.eps) * a.x;
+        y[1] += rsqrtf(q.y * inv_h + p.eps) * a.y;
+        y[2] += rsqrtf(q.z * inv_h + p.eps) * a.z;
+        y[3] += rsqrtf(q.w * inv_h + p.eps) * a.w;
+      } else {
+        y[0] += a.x;
+        y[1] += a.y;
+        y[2] += a.z;
+        y[3] += a.w;
+      }
     }
-    if (bias != nullptr) y += to_f(bias[n]);
-    out[tok * p.out_row_stride + n] = from_f<T>(y);
+    for (int tp = 0; tp < p.taps; ++tp) __stcg(acc + tp * tap_pitch, zero);
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      if (tok0 + j < p.rows) out[(tok0 + j) * p.out_row_stride + n] = from_f<T>(y[j]);
   }
   if (kNorm) {
     __syncthreads();  // every read of this tile's sums done before they are cleared
