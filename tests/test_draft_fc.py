@@ -218,6 +218,21 @@ def test_cuda_decode_repeated_calls_and_shapes(m):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("m", [20, 300])
+def test_cuda_normalise_both_forms(m):
+    """M > 8 normalises then runs the GEMM: few rows keep x in registers across the reduction, many rows (more
+    (row, tap) blocks than two per SM) re-read it; H = 1000 leaves a partial vector set per thread."""
+    gen = torch.Generator().manual_seed(m)
+    dt = torch.bfloat16
+    x = randn((m, 3 * 1000), dt, "cuda", gen)
+    w = randn((130, 3000), dt, "cuda", gen, 0.03)
+    g = randn((3, 1000), dt, "cuda", gen) + 1
+    want = reference.draft_fc(x.double().cpu(), w.double().cpu(), g.double().cpu(), 1e-6)
+    got = ops.draft_fc(x, w, g, 1e-6)
+    assert rel_err(got, want) <= 1e-2
+
+
+@pytest.mark.cuda
 def test_cuda_decode_and_prefill_paths_agree():
     gen = torch.Generator().manual_seed(11)
     dt = torch.float16

@@ -71,13 +71,15 @@ __global__ void __launch_bounds__(kFcWarps * 32, 4) draft_fc_decode_kernel(Draft
 
 // Normalise (the M > 8 path, before cuBLAS): one block per (row, tap): rrms over the row's H values, then
 // xn = round(x * rrms * g) (or a copy). Rows move as 16-byte vectors (V elements); H is a multiple of 8, hence of V.
-// Up to kHeld vectors per thread (H <= 8192 bf16 at 256 threads) stay in registers from the sum of squares to the
-// store, and their norm weights are loaded before the block reduction: one round trip to memory per row instead of
-// a second pass over x after the reduction (at decode sizes the kernel is latency, not bytes).
-template <typename T, bool kNorm>
+// kHeld > 0 (few rows: the grid fits one wave, the kernel is latency, not bytes): up to kHeld vectors per thread
+// (H <= 8192 bf16 at 256 threads) stay in registers from the sum of squares to the store, their norm weights
+// loaded before the block reduction, so a row costs one round trip to memory instead of a second pass over x. It
+// needs ~96 registers (2 blocks per SM), which made prefill (M = 4096) 20% slower, hence kHeld = 0 there: the
+// streaming two-pass form at ~30 registers.
+template <typename T, bool kNorm, int kHeld>
 __global__ void __launch_bounds__(256) draft_fc_normalize_kernel(DraftFcParams p, T* xn) {
   constexpr int V = 16 / sizeof(T);
-  constexpr int kHeld = 4;
+  constexpr int kSlots = kHeld > 0 ? kHeld : 1;
   __shared__ float scratch[32];
   const int tap = blockIdx.y;
   const T* gk = kNorm ? static_cast<const T*>(p.norm_weight) + tap * p.hidden : nullptr;
@@ -87,7 +89,7 @@ __global__ void __launch_bounds__(256) draft_fc_normalize_kernel(DraftFcParams p
   for (int64_t m = blockIdx.x; m < p.rows; m += gridDim.x) {
     const T* x = static_cast<const T*>(p.tap(tap)) + m * p.tap_row_stride(tap);
     T* o = xn + m * width + tap * p.hidden;
-    Chunk<T, V> xs[kHeld], gs[kHeld];
+    Chunk<T, V> xs[kSlots], gs[kSlots];
 #pragma unroll
     for (int i = 0; i < kHeld; ++i) {
       const int64_t v = threadIdx.x + i * static_cast<int64_t>(blockDim.x);
@@ -191,10 +193,15 @@ cudaError_t launch_normalize(const DraftFcParams& p, void* xn, cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(p.taps));
   int64_t threads = ((p.hidden / (16 / static_cast<int64_t>(sizeof(T))) + 31) / 32) * 32;
   threads = threads < 32 ? 32 : (threads > 256 ? 256 : threads);
-  if (p.norm_weight != nullptr)
-    draft_fc_normalize_kernel<T, true><<<grid, static_cast<unsigned>(threads), 0, s>>>(p, static_cast<T*>(xn));
-  else
-    draft_fc_normalize_kernel<T, false><<<grid, static_cast<unsigned>(threads), 0, s>>>(p, static_cast<T*>(xn));
+  const unsigned nt = static_cast<unsigned>(threads);
+  T* o = static_cast<T*>(xn);
+  // Registers across the reduction only while the whole grid is one wave at 2 blocks per SM.
+  const bool held = blocks * p.taps <= 2 * static_cast<int64_t>(sm_count());
+  const bool norm = p.norm_weight != nullptr;
+  if (held && norm) draft_fc_normalize_kernel<T, true, 4><<<grid, nt, 0, s>>>(p, o);
+  else if (held) draft_fc_normalize_kernel<T, false, 4><<<grid, nt, 0, s>>>(p, o);
+  else if (norm) draft_fc_normalize_kernel<T, true, 0><<<grid, nt, 0, s>>>(p, o);
+  else draft_fc_normalize_kernel<T, false, 0><<<grid, nt, 0, s>>>(p, o);
   return cudaGetLastError();
 }
 
