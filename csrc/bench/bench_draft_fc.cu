@@ -13,11 +13,10 @@ namespace {
 void usage() {
   std::printf(
       "usage: bench_draft_fc [--M 8] [--N 896] [--H 7168] [--K 3] [--norm 1] [--blocks-per-sm 4] [--iters 50]\n"
-      "                      [--samples 15] [--bulk 0] [--stages 2] [--splits 0] [--wide -1]\n"
+      "                      [--samples 15] [--bulk 0] [--stages 2] [--splits 0]\n"
       "  bf16, decode kernel (M <= 8). Weight copies rotate so one rotation spans >= 256 MB.\n"
       "  --bulk 1: the TMA kernel (sm_90+; --stages, 0 = as many as fit) instead of the register-streaming one\n"
-      "  (--blocks-per-sm, or --splits K-splits per tap; --wide 1/0/-1: 3 blocks per SM and 8 chunks a step with the\n"
-      "  norm / 4 and 6 / auto).\n"
+      "  (--blocks-per-sm, or --splits K-splits per tap).\n"
 );
 }
 
@@ -55,7 +54,6 @@ int main(int argc, char** argv) {
   cfg.bulk = bench::arg_long(argc, argv, "--bulk", cfg.bulk ? 1 : 0) != 0;
   cfg.bulk_stages = static_cast<int>(bench::arg_long(argc, argv, "--stages", cfg.bulk_stages));
   cfg.splits_per_tap = static_cast<int>(bench::arg_long(argc, argv, "--splits", cfg.splits_per_tap));
-  cfg.wide = static_cast<int>(bench::arg_long(argc, argv, "--wide", cfg.wide));
 
   e3::DraftFcParams p{};
   p.x_base = x; p.x_tap_stride = H; p.x_row_stride[0] = K * H; p.taps = static_cast<int>(K); p.hidden = H;
@@ -99,9 +97,9 @@ int main(int argc, char** argv) {
   const double t = bench::time_us(run, iters, samples);
   const double bytes = double(w_bytes) + double(M) * K * H * 2 + double(M) * N * 2;
   const char* kernel = cfg.bulk ? "bulk" : "regs";
-  std::printf("%-6s %5s %6s %6s %3s %4s %6s %4s %12s %10s %12s\n", "kernel", "M", "N", "H", "K", "bpsm", "splits",
-              "wide", "bytes", "time_us", "weight_GB/s");
-  std::printf("%-6s %5ld %6ld %6ld %3ld %4d %6d %4d %12.0f %10.2f %12.1f\n", kernel, M, N, H, K,
-              cfg.bulk ? cfg.bulk_stages : cfg.blocks_per_sm, cfg.splits_per_tap, cfg.wide, bytes, t, w_bytes / t / 1e3);
+  std::printf("%-6s %5s %6s %6s %3s %4s %6s %12s %10s %12s\n", "kernel", "M", "N", "H", "K", "bpsm", "splits",
+              "bytes", "time_us", "weight_GB/s");
+  std::printf("%-6s %5ld %6ld %6ld %3ld %4d %6d %12.0f %10.2f %12.1f\n", kernel, M, N, H, K,
+              cfg.bulk ? cfg.bulk_stages : cfg.blocks_per_sm, cfg.splits_per_tap, bytes, t, w_bytes / t / 1e3);
   return 0;
 }

@@ -19,9 +19,9 @@ struct DecodeTiling {
 // Each warp streams 16 weight rows over the block's k range, kUnroll 32-wide chunks per step, all of a step's
 // loads issued before its MMAs. kNorm: g multiplies the activations as they are loaded and
 // warp 0 sums x^2 for the per-tap rsqrt, which the epilogue applies to each tap's partial dot product.
-template <typename T, bool kNorm, bool kWide>
-__global__ void __launch_bounds__(kFcWarps * 32, kWide ? 3 : 4) draft_fc_decode_kernel(DraftFcParams p, DecodeTiling t,
-                                                                                       DraftFcWorkspace ws) {
+template <typename T, bool kNorm>
+__global__ void __launch_bounds__(kFcWarps * 32, 4) draft_fc_decode_kernel(DraftFcParams p, DecodeTiling t,
+                                                                             DraftFcWorkspace ws) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, c = lane & 3;
   const int64_t tile = blockIdx.x;
@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(kFcWarps * 32, kWide ? 3 : 4) draft_fc_decode_
   float sum_sq = 0.f;
   const bool count_sq = kNorm && warp == 0;  // one warp per block: the k range is the same for all four
 
-  constexpr int kUnroll = decode_unroll(kNorm, kWide);
+  constexpr int kUnroll = kNorm ? kFcUnrollNorm : kFcUnroll;
   for (int64_t k0 = k_begin; k0 < k_end; k0 += kFcChunk * kUnroll) {
     // Every load of the step (weights, activations, norm weights) is issued before its first MMA: a norm-weight
     // load left next to its use serialised one L2 round trip per chunk (a 30% slower kernel on the H200).
@@ -154,8 +154,7 @@ constexpr int64_t align256(int64_t b) { return (b + 255) / 256 * 256; }
 
 int sm_count() { return current_device_attribute(cudaDevAttrMultiProcessorCount, 132); }
 
-DecodeTiling decode_tiling(int taps, int64_t hidden, int64_t out_features, const DraftFcDecodeConfig& cfg, bool norm,
-                           bool wide) {
+DecodeTiling decode_tiling(int taps, int64_t hidden, int64_t out_features, const DraftFcDecodeConfig& cfg, bool norm) {
   DecodeTiling t;
   const int blocks_per_sm = cfg.blocks_per_sm;
   t.n_tiles = (out_features + kFcRowsPerBlock - 1) / kFcRowsPerBlock;
@@ -169,7 +168,7 @@ DecodeTiling decode_tiling(int taps, int64_t hidden, int64_t out_features, const
   const int64_t per = (hidden + spt - 1) / spt;
   // k blocks in whole warp steps (32 x unroll elements): with blocks in multiples of 32 the last step of a block was
   // often nearly empty, one more DRAM round trip for a few bytes (3% at N=896, benchmarks/NOTES.md).
-  const int64_t align = kFcChunk * decode_unroll(norm, wide);
+  const int64_t align = kFcChunk * (norm ? kFcUnrollNorm : kFcUnroll);
   t.k_block = (per + align - 1) / align * align;
   t.splits_per_tap = (hidden + t.k_block - 1) / t.k_block;
   return t;
@@ -179,21 +178,12 @@ template <typename T>
 cudaError_t launch_decode(const DraftFcParams& p, const DraftFcWorkspace& ws, cudaStream_t s,
                           const DraftFcDecodeConfig& cfg) {
   const bool norm = p.norm_weight != nullptr;
-  // Wide (norm only): 3 blocks per SM at up to 168 registers, so a step holds 8 chunks with the norm weights
-  // too; used when the grid is at most one wave at 3 blocks per SM anyway (auto) or when asked for.
-  bool wide = norm && cfg.wide != 0;
-  DecodeTiling t = decode_tiling(p.taps, p.hidden, p.out_features, cfg, norm, wide);
-  if (wide && cfg.wide < 0 && t.n_tiles * p.taps * t.splits_per_tap > 3 * static_cast<int64_t>(sm_count())) {
-    wide = false;
-    t = decode_tiling(p.taps, p.hidden, p.out_features, cfg, norm, wide);
-  }
+  const DecodeTiling t = decode_tiling(p.taps, p.hidden, p.out_features, cfg, norm);
   const dim3 grid(static_cast<unsigned>(t.n_tiles), static_cast<unsigned>(p.taps * t.splits_per_tap));
-  if (wide)
-    draft_fc_decode_kernel<T, true, true><<<grid, kFcWarps * 32, 0, s>>>(p, t, ws);
-  else if (norm)
-    draft_fc_decode_kernel<T, true, false><<<grid, kFcWarps * 32, 0, s>>>(p, t, ws);
+  if (norm)
+    draft_fc_decode_kernel<T, true><<<grid, kFcWarps * 32, 0, s>>>(p, t, ws);
   else
-    draft_fc_decode_kernel<T, false, false><<<grid, kFcWarps * 32, 0, s>>>(p, t, ws);
+    draft_fc_decode_kernel<T, false><<<grid, kFcWarps * 32, 0, s>>>(p, t, ws);
   return cudaGetLastError();
 }
 

@@ -21,10 +21,6 @@ constexpr int kFcRowsPerBlock = kFcWarps * 16;
 constexpr int kFcChunk = 32;                 // k elements per lane group step (4 lanes x 8 elements)
 constexpr int kFcUnroll = 8;                 // weight chunks in flight per warp: a step's loads precede its MMAs
 constexpr int kFcUnrollNorm = 6;             // with the norm weights also in registers (128 registers a thread)
-// Chunks per step of the register-streaming kernel: kWide = 3 blocks per SM (168 registers) instead of 4.
-__host__ __device__ constexpr int decode_unroll(bool norm, bool wide) {
-  return norm && !wide ? kFcUnrollNorm : kFcUnroll;
-}
 constexpr int kWsTokens = kDraftFcDecodeMaxRows;  // workspace row pitch: one MMA token group
 
 template <typename T> struct Mma;
