@@ -3,8 +3,8 @@
 # one GPU (capture, draft fc, the SGLang hooks' op calls), memcheck and racecheck of the draft fc, the draft fc
 # benchmark (both op paths) and a bench_draft_fc confirmation; the gather tests, memcheck of the p2p gather and the
 # gather benchmark; initcheck of the decode kernel without a kernel filter (the filtered run had reported reads of
-# memory that uninstrumented torch kernels wrote). One GPU: the gather steps are skipped. SWEEP_WIDE=1 adds a
-# bench_draft_fc sweep of the wide register kernel.
+# memory that uninstrumented torch kernels wrote). One GPU: the gather steps are skipped. (Run 4 of the round also swept
+# the wide register kernel of commit f349617, since dropped.)
 source "$(dirname "$0")/device_env.sh"
 step build
 TORCH_CUDA_ARCH_LIST=9.0a MAX_JOBS=32 python3 -m pip install -q --no-build-isolation --no-deps -e . \
@@ -25,12 +25,6 @@ timeout 150 python3 benchmarks/bench_draft_fc.py --samples 15 --M 1,4,8,16,32,64
 wait
 step bench_draft_fc binary
 for n in 896 7168; do for m in 1 8; do ./build/bench/bench_draft_fc --M $m --N $n --samples 9 | tail -1; done; done
-if [ "${SWEEP_WIDE:-0}" = 1 ]; then
-step bench_draft_fc sweep: wide kernel
-for n in 896 7168; do for m in 1 8; do for w in 0 1; do
-  ./build/bench/bench_draft_fc --M $m --N $n --wide $w --samples 9 | tail -1
-done; done; ./build/bench/bench_draft_fc --M 1 --N $n --wide 1 --blocks-per-sm 3 --samples 9 | tail -1; done
-fi
 step racecheck draft fc decode path
 E3_HYPOTHESIS_PROFILE=sanitizer timeout 90 compute-sanitizer --tool racecheck --report-api-errors no \
   --kernel-name kns=draft_fc --error-exitcode 3 python3 -m pytest -m cuda -q tests/test_draft_fc.py \

@@ -98,10 +98,7 @@ struct DraftFcDecodeConfig {
   bool bulk = false;
   int bulk_stages = 2;    // TMA kernel: shared-memory stages (0: as many as fit); 2 measured fastest
   int blocks_per_sm = 4;  // register-streaming kernel: K-split so that about this many blocks per SM stream weights
-  // Register-streaming kernel, under measurement (bench_draft_fc --load/--splits/--align):
-  int weight_load = 0;      // 0: ld.global.cs; 1: ld.global.nc.L1::no_allocate.L2::256B; 2: ld.global.cs + L2::256B
-  int splits_per_tap = 0;   // K-splits per tap (0: from blocks_per_sm)
-  bool align_k_to_step = false;  // k_block a multiple of the warp's step (32 x unroll elements), not of 32
+  int splits_per_tap = 0;  // register-streaming kernel: K-splits per tap (0: from blocks_per_sm)
 };
 
 int draft_fc_decode_cuda(const DraftFcParams& p, DType dtype, const DraftFcWorkspace& ws, void* stream,
