@@ -11,12 +11,7 @@ TORCH_CUDA_ARCH_LIST=9.0a MAX_JOBS=32 python3 -m pip install -q --no-build-isola
 step cuda tests one GPU
 CUDA_VISIBLE_DEVICES=0 timeout 200 python3 -m pytest -m "cuda and not multigpu" -q tests/test_capture.py \
   tests/test_draft_fc.py tests/sglang/test_hook_calls_cuda.py 2>&1 | tee "$OUT/pytest_cuda.log" | tail -4
-step gather tests two GPUs
-timeout 100 python3 -m pytest -m multigpu -q tests/test_gather_cuda.py 2>&1 | tee "$OUT/pytest_gather.log" | tail -4
-step memcheck gather
-timeout 100 compute-sanitizer --tool memcheck --report-api-errors no --target-processes all --error-exitcode 3 \
-  python3 -m pytest -m multigpu -q -x tests/test_gather_cuda.py -k "matches_reference and p2p" > "$OUT/memcheck_gather.log" 2>&1
-echo "memcheck gather rc=$?"; grep -E "ERROR SUMMARY|passed|failed" "$OUT/memcheck_gather.log" | tail -3
+gather_checks
 step bench gather
 timeout 120 python3 benchmarks/bench_gather.py --samples 20 --sweep-blocks 64,132,528 --out "$OUT/gather-h200x2.json" \
   2>&1 | tee "$OUT/bench_gather.log" | tail -12

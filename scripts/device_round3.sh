@@ -32,12 +32,7 @@ E3_HYPOTHESIS_PROFILE=sanitizer timeout 90 compute-sanitizer --tool racecheck --
 echo "racecheck rc=$?"; grep -E "RACECHECK SUMMARY|passed|failed" "$OUT/racecheck_fc.log" | tail -2
 unset CUDA_VISIBLE_DEVICES
 if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
-step gather tests two GPUs
-timeout 120 python3 -m pytest -m multigpu -q tests/test_gather_cuda.py 2>&1 | tee "$OUT/pytest_gather.log" | tail -3
-step memcheck gather
-timeout 100 compute-sanitizer --tool memcheck --report-api-errors no --target-processes all --error-exitcode 3 \
-  python3 -m pytest -m multigpu -q -x tests/test_gather_cuda.py -k "matches_reference and p2p" > "$OUT/memcheck_gather.log" 2>&1
-echo "memcheck gather rc=$?"; grep -E "ERROR SUMMARY|passed|failed" "$OUT/memcheck_gather.log" | tail -3
+gather_checks
 step bench gather
 timeout 150 python3 benchmarks/bench_gather.py --samples 30 --sweep-blocks 64,132 --out "$OUT/gather-h200x2.json" \
   2>&1 | tee "$OUT/bench_gather.log" | tail -6
