@@ -24,11 +24,7 @@ import torch.multiprocessing as mp
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
-def timed_graph(fn, reps: int, samples: int, sync=None) -> float:
-    """Median per-call time of `reps` calls of fn captured in one CUDA graph. `sync` (a captured graph holding one
-    tiny NCCL all_reduce) runs right before the first timed event: the ranks leave dist.barrier() on the host tens
-    of microseconds apart, and without it the first call of every replay absorbs that launch skew (~1 us per call at
-    20 calls); both ours and NCCL are timed the same way."""
+def timed_graph(fn, reps: int, samples: int) -> float:
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -44,8 +40,6 @@ def timed_graph(fn, reps: int, samples: int, sync=None) -> float:
     for _ in range(samples):
         dist.barrier()
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        if sync is not None:
-            sync.replay()
         a.record()
         g.replay()
         b.record()
@@ -54,23 +48,7 @@ def timed_graph(fn, reps: int, samples: int, sync=None) -> float:
     return statistics.median(times)
 
 
-def skew_sync_graph() -> torch.cuda.CUDAGraph:
-    """One NCCL all_reduce of one element, captured: it ends on every rank within about one NVLink trip."""
-    t = torch.ones(1, device="cuda")
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        dist.all_reduce(t)
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        dist.all_reduce(t)
-    g.keep = t  # the captured buffer lives with the graph
-    return g
-
-
-def worker(rank, world, port, ts, k, h, samples, queue, sweep_blocks=(), skew_sync=True):
+def worker(rank, world, port, ts, k, h, samples, queue, sweep_blocks=()):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NCCL_NVLS_ENABLE="0",
                       TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
     torch.cuda.set_device(rank)
@@ -79,7 +57,6 @@ def worker(rank, world, port, ts, k, h, samples, queue, sweep_blocks=(), skew_sy
 
     rows = []
     dt = torch.bfloat16
-    sync = skew_sync_graph() if skew_sync else None
     for t in ts:
         parts = [t // world + (1 if r < t % world else 0) for r in range(world)]
         m = max(parts)  # NCCL's equal part per rank
@@ -104,17 +81,17 @@ def worker(rank, world, port, ts, k, h, samples, queue, sweep_blocks=(), skew_sy
                 dist.all_gather_into_tensor(tap_out[j], taps[j])
                 packed[:, j * h:(j + 1) * h].copy_(tap_out[j])
 
-        t_ours = timed_graph(ours, reps, samples, sync)
+        t_ours = timed_graph(ours, reps, samples)
         gat.check()
-        t_nccl = timed_graph(nccl_packed, reps, samples, sync)
-        t_tap = timed_graph(nccl_per_tap, reps, samples, sync)
-        t_ours2 = timed_graph(ours, reps, samples, sync)
+        t_nccl = timed_graph(nccl_packed, reps, samples)
+        t_tap = timed_graph(nccl_per_tap, reps, samples)
+        t_ours2 = timed_graph(ours, reps, samples)
         gat.check()
         by_blocks = {}
         for b in sweep_blocks:  # the same gather with other grid sizes (the default is 2 x SMs)
             other = PackedGatherer(None, num_taps=k, hidden_size=h, dtype=dt, max_rows_per_rank=t, backend="p2p",
                                    device=f"cuda:{rank}", timeout_s=30.0, blocks=b)
-            by_blocks[b] = timed_graph(lambda: other.gather(local, rows_per_rank=parts), reps, samples, sync)
+            by_blocks[b] = timed_graph(lambda: other.gather(local, rows_per_rank=parts), reps, samples)
             other.check()
             other.close()
         # Correctness of what was timed: the gathered rows equal NCCL's (its padding rows left out).
@@ -146,9 +123,6 @@ def main() -> int:
     ap.add_argument("--samples", type=int, default=30)
     ap.add_argument("--out", default="benchmarks/results/gather-h200x2.json")
     ap.add_argument("--sweep-blocks", default="", help="comma list of other p2p grid sizes to time as well")
-    ap.add_argument("--no-skew-sync", action="store_true",
-                    help="time without the captured all_reduce that lines the ranks up before each sample "
-                         "(the method of the first two rounds)")
     args = ap.parse_args()
     world = torch.cuda.device_count()
     if world < 2:
@@ -160,8 +134,7 @@ def main() -> int:
     q = ctx.Queue()
     ts = [int(v) for v in args.T.split(",")]
     sweep = [int(v) for v in args.sweep_blocks.split(",") if v]
-    procs = [ctx.Process(target=worker, args=(r, world, port, ts, args.K, args.H, args.samples, q, sweep,
-                                              not args.no_skew_sync))
+    procs = [ctx.Process(target=worker, args=(r, world, port, ts, args.K, args.H, args.samples, q, sweep))
              for r in range(world)]
     for p in procs:
         p.start()
@@ -190,9 +163,7 @@ def main() -> int:
     print(common.markdown_table(rows, cols))
     common.write_results(args.out, rows, {"baseline": "NCCL all_gather_into_tensor of the packed [T, K*H] buffer",
                                           "per_tap": "NCCL all_gather per tap + copy_ into the packed slot",
-                                          "time": "slower rank's median over CUDA-graph replays" + (
-                                              "" if args.no_skew_sync else
-                                              ", each sample started by a captured 1-element all_reduce")})
+                                          "time": "slower rank's median over CUDA-graph replays"})
     return 0 if all(r["matches_nccl"] for r in rows) else 1
 
 
