@@ -163,8 +163,7 @@ cudaError_t launch_fused(const FusedAddRmsnormCaptureParams& p, cudaStream_t str
   if (threads < 64) threads = 64;
   if (threads > 1024) threads = 1024;
   // Enough blocks to fill the machine many times over; more rows than that are walked grid-stride.
-  const int64_t sms = current_device_attribute(cudaDevAttrMultiProcessorCount, 132);
-  const int64_t max_blocks = sms * 64;
+  const int64_t max_blocks = static_cast<int64_t>(sm_count()) * 64;
   const int64_t blocks = p.rows < max_blocks ? p.rows : max_blocks;
   kernel<<<static_cast<unsigned>(blocks), static_cast<unsigned>(threads), smem, stream>>>(p);
   return cudaGetLastError();

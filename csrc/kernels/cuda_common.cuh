@@ -51,6 +51,9 @@ inline int current_device_attribute(cudaDeviceAttr attr, int fallback) {
   return value;
 }
 
+// SMs of the current device (132, an H200's, if the query fails): grid sizing of every launcher.
+inline int sm_count() { return current_device_attribute(cudaDevAttrMultiProcessorCount, 132); }
+
 // Widest access (in bytes, at most 16) that every pointer, every row stride and the element size allow, so each
 // row of each array starts on an access boundary. Rows whose length is not a multiple of the width are finished
 // element by element (the tail); results never depend on the width chosen.

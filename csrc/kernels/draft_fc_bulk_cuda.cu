@@ -44,9 +44,9 @@ struct BulkTiling {
 };
 
 struct BulkMaps {
-  CUtensorMap w;  // [N, K*H] weight, box 64 x 64
-  CUtensorMap x;  // [M, K*H] packed activations, box 8 x 64
-  CUtensorMap g;  // [K*H] norm weights, box 64 (unused without a norm)
+  CUtensorMap w;  // [N, K*H] weight, box 64 x kBulkSlice
+  CUtensorMap x;  // [M, K*H] packed activations, box 8 x kBulkSlice
+  CUtensorMap g;  // [K*H] norm weights, box kBulkSlice (unused without a norm)
 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -243,10 +243,10 @@ int draft_fc_decode_bulk_cuda(const DraftFcParams& p, DType dtype, const DraftFc
   BulkTiling t;
   t.stages = stages > 0 && stages < fit ? stages : fit;
   if (t.stages < 2) return static_cast<int>(cudaErrorInvalidConfiguration);
-  const int64_t n_tiles = (p.out_features + kFcRowsPerBlock - 1) / kFcRowsPerBlock;
+  const int64_t n_tiles = decode_n_tiles(p.out_features);
   t.slices_per_tap = (p.hidden + kBulkSlice - 1) / kBulkSlice;
   t.total = n_tiles * p.taps * t.slices_per_tap;
-  const int64_t sms = cuda::current_device_attribute(cudaDevAttrMultiProcessorCount, 132);
+  const int64_t sms = cuda::sm_count();
   t.per_block = (t.total + sms - 1) / sms;
   const int64_t grid = (t.total + t.per_block - 1) / t.per_block;
 

@@ -11,7 +11,7 @@ namespace kernels {
 struct DecodeTiling {
   int64_t n_tiles;
   int64_t splits_per_tap;
-  int64_t k_block;  // k elements per split (multiple of 32)
+  int64_t k_block;  // k elements per split (whole warp steps: 32 x the kernel's unroll)
 };
 
 // grid.x: column tiles of 64 weight rows; grid.y: K-splits (taps x splits_per_tap). One token group of 8 rows
@@ -69,6 +69,22 @@ __global__ void __launch_bounds__(kFcWarps * 32, 4) draft_fc_decode_kernel(Draft
                                 static_cast<unsigned>(p.taps * t.splits_per_tap));
 }
 
+// The normalise kernel's per-vector math, shared by its register-held and streaming loops: x^2 added element by
+// element into the running sum (the order of the additions is the kernel's), and round(x * rrms * g).
+template <typename T, int V>
+__device__ __forceinline__ void add_squares(const Chunk<T, V>& x, float& s) {
+#pragma unroll
+  for (int e = 0; e < V; ++e) {
+    const float f = to_f(x.v[e]);
+    s += f * f;
+  }
+}
+template <typename T, int V>
+__device__ __forceinline__ void rms_scale(Chunk<T, V>& x, const Chunk<T, V>& g, float rrms) {
+#pragma unroll
+  for (int e = 0; e < V; ++e) x.v[e] = from_f<T>(to_f(x.v[e]) * rrms * to_f(g.v[e]));
+}
+
 // Normalise (the M > 8 path, before cuBLAS): one block per (row, tap): rrms over the row's H values, then
 // xn = round(x * rrms * g) (or a copy). Rows move as 16-byte vectors (V elements); H is a multiple of 8, hence of V.
 // kHeld > 0 (few rows: the grid fits one wave, the kernel is latency, not bytes): up to kHeld vectors per thread
@@ -103,22 +119,10 @@ __global__ void __launch_bounds__(256) draft_fc_normalize_kernel(DraftFcParams p
       float s = 0.f;
 #pragma unroll
       for (int i = 0; i < kHeld; ++i) {
-        if (threadIdx.x + i * static_cast<int64_t>(blockDim.x) < nvec) {
-#pragma unroll
-          for (int e = 0; e < V; ++e) {
-            const float f = to_f(xs[i].v[e]);
-            s += f * f;
-          }
-        }
+        if (threadIdx.x + i * static_cast<int64_t>(blockDim.x) < nvec) add_squares(xs[i], s);
       }
-      for (int64_t v = held_end + threadIdx.x; v < nvec; v += blockDim.x) {  // rows longer than the registers hold
-        const Chunk<T, V> xv = load_chunk<T, V>(x + v * V);
-#pragma unroll
-        for (int e = 0; e < V; ++e) {
-          const float f = to_f(xv.v[e]);
-          s += f * f;
-        }
-      }
+      for (int64_t v = held_end + threadIdx.x; v < nvec; v += blockDim.x)  // rows longer than the registers hold
+        add_squares(load_chunk<T, V>(x + v * V), s);
       rrms = rsqrtf(block_sum(s, scratch) / static_cast<float>(p.hidden) + p.eps);
     }
 #pragma unroll
@@ -126,10 +130,7 @@ __global__ void __launch_bounds__(256) draft_fc_normalize_kernel(DraftFcParams p
       const int64_t v = threadIdx.x + i * static_cast<int64_t>(blockDim.x);
       if (v < nvec) {
         Chunk<T, V> xv = xs[i];
-        if (kNorm) {
-#pragma unroll
-          for (int e = 0; e < V; ++e) xv.v[e] = from_f<T>(to_f(xv.v[e]) * rrms * to_f(gs[i].v[e]));
-        }
+        if (kNorm) rms_scale(xv, gs[i], rrms);
         store_chunk<T, V>(o + v * V, xv);
       }
     }
@@ -137,8 +138,7 @@ __global__ void __launch_bounds__(256) draft_fc_normalize_kernel(DraftFcParams p
       Chunk<T, V> xv = load_chunk<T, V>(x + v * V);
       if (kNorm) {
         const Chunk<T, V> gv = load_chunk<T, V>(gk + v * V);
-#pragma unroll
-        for (int e = 0; e < V; ++e) xv.v[e] = from_f<T>(to_f(xv.v[e]) * rrms * to_f(gv.v[e]));
+        rms_scale(xv, gv, rrms);
       }
       store_chunk<T, V>(o + v * V, xv);
     }
@@ -152,12 +152,10 @@ using namespace kernels;
 
 constexpr int64_t align256(int64_t b) { return (b + 255) / 256 * 256; }
 
-int sm_count() { return current_device_attribute(cudaDevAttrMultiProcessorCount, 132); }
-
 DecodeTiling decode_tiling(int taps, int64_t hidden, int64_t out_features, const DraftFcDecodeConfig& cfg, bool norm) {
   DecodeTiling t;
   const int blocks_per_sm = cfg.blocks_per_sm;
-  t.n_tiles = (out_features + kFcRowsPerBlock - 1) / kFcRowsPerBlock;
+  t.n_tiles = decode_n_tiles(out_features);
   // As many K-splits as fit in one wave of resident blocks (a second, partial wave would idle most SMs while it
   // runs); every warp then streams its k range, loads for a whole step issued before its MMAs.
   const int64_t target_blocks = static_cast<int64_t>(blocks_per_sm > 0 ? blocks_per_sm : 4) * sm_count();
@@ -209,20 +207,17 @@ cudaError_t launch_normalize(const DraftFcParams& p, void* xn, cudaStream_t s) {
 }  // namespace cuda
 
 namespace {
-int64_t n_tiles_for(int64_t out_features) {
-  return (out_features + cuda::kernels::kFcRowsPerBlock - 1) / cuda::kernels::kFcRowsPerBlock;
-}
 constexpr int64_t kW = cuda::kernels::kWsTokens;
 }  // namespace
 
 int64_t draft_fc_decode_zeroed_bytes(int taps, int64_t out_features) {
-  const int64_t n_tiles = n_tiles_for(out_features);
+  const int64_t n_tiles = cuda::kernels::decode_n_tiles(out_features);
   return cuda::align256(taps * out_features * kW * 4) + cuda::align256(n_tiles * taps * kW * 4) +
          cuda::align256(n_tiles * 4);
 }
 
 DraftFcWorkspace draft_fc_decode_workspace_view(void* zeroed, int taps, int64_t out_features) {
-  const int64_t n_tiles = n_tiles_for(out_features);
+  const int64_t n_tiles = cuda::kernels::decode_n_tiles(out_features);
   char* z = static_cast<char*>(zeroed);
   DraftFcWorkspace ws;
   ws.acc = reinterpret_cast<float*>(z);

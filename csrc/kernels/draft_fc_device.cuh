@@ -18,6 +18,11 @@ namespace kernels {
 
 constexpr int kFcWarps = 4;                  // warps per block, 16 weight rows each
 constexpr int kFcRowsPerBlock = kFcWarps * 16;
+// Column tiles of kFcRowsPerBlock weight rows (output features) covering N: the decode kernels' tile grid and the
+// workspace's counter and sums-of-squares arrays.
+__host__ __device__ constexpr int64_t decode_n_tiles(int64_t out_features) {
+  return (out_features + kFcRowsPerBlock - 1) / kFcRowsPerBlock;
+}
 constexpr int kFcChunk = 32;                 // k elements per lane group step (4 lanes x 8 elements)
 constexpr int kFcUnroll = 8;                 // weight chunks in flight per warp: a step's loads precede its MMAs
 constexpr int kFcUnrollNorm = 6;             // with the norm weights also in registers (128 registers a thread)
