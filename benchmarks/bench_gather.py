@@ -89,7 +89,7 @@ def worker(rank, world, port, ts, k, h, samples, queue, sweep_blocks=()):
         gat.check()
         by_blocks = {}
         for b in sweep_blocks:  # the same gather with other grid sizes (the default is 2 x SMs)
-            other = PackedGatherer(None, num_taps=k, hidden_size=h, dtype=dt, max_rows_per_rank=t, backend="p2p",
+            other = PackedGatherer(None, num_taps=k, hidden_size=h, dtype=dt, max_rows_per_rank=m, backend="p2p",
                                    device=f"cuda:{rank}", timeout_s=30.0, blocks=b)
             by_blocks[b] = timed_graph(lambda: other.gather(local, rows_per_rank=parts), reps, samples)
             other.check()

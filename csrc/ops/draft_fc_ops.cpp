@@ -14,6 +14,7 @@ namespace e3ops {
 
 namespace {
 std::atomic<int64_t> g_decode_max_rows{e3::kDraftFcDecodeMaxRows};
+std::atomic<bool> g_decode_bulk{e3::DraftFcDecodeConfig{}.bulk};
 }  // namespace
 
 int64_t draft_fc_decode_max_rows() { return g_decode_max_rows.load(std::memory_order_relaxed); }
@@ -22,10 +23,6 @@ int64_t set_draft_fc_decode_max_rows(int64_t rows) {
   rows = rows < 0 ? 0 : (rows > e3::kDraftFcDecodeMaxRows ? e3::kDraftFcDecodeMaxRows : rows);
   return g_decode_max_rows.exchange(rows);
 }
-
-namespace {
-std::atomic<bool> g_decode_bulk{e3::DraftFcDecodeConfig{}.bulk};
-}  // namespace
 
 bool draft_fc_decode_bulk() { return g_decode_bulk.load(std::memory_order_relaxed); }
 bool set_draft_fc_decode_bulk(bool bulk) { return g_decode_bulk.exchange(bulk); }
