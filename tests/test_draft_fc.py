@@ -1,6 +1,6 @@
 """draft_fc against the float64 reference: fuzzed shapes, packed and list inputs, with and without per-tap norms
-and bias, poisoned outputs, both CUDA paths (decode kernel M <= 8, normalise + GEMM above), bad inputs, opcheck,
-CUDA graphs."""
+and bias, poisoned outputs, both CUDA paths (decode kernels M <= 8 by default, up to 16 by the knob; normalise +
+GEMM above), every decode kernel, bad inputs, opcheck, CUDA graphs."""
 from __future__ import annotations
 
 import pytest
@@ -189,18 +189,41 @@ def test_decode_threshold_knob_is_clamped_and_restorable():
     prev = ops._set_draft_fc_decode_max_rows(100)
     try:
         assert prev == 8  # the default: one MMA token group
-        assert ops._set_draft_fc_decode_max_rows(-3) == 8  # 100 was clamped to 8
+        assert ops._set_draft_fc_decode_max_rows(-3) == 16  # 100 was clamped to 16 (two token groups)
         assert ops._set_draft_fc_decode_max_rows(prev) == 0  # -3 was clamped to 0
     finally:
         ops._set_draft_fc_decode_max_rows(prev)
+
+
+def test_decode_kernel_knob_checks_and_restores():
+    prev = ops._set_draft_fc_decode_kernel("split")
+    try:
+        assert prev == "auto"  # the default
+        assert ops._set_draft_fc_decode_kernel("bulk") == "split"
+        with pytest.raises(ValueError, match="cluster"):
+            ops._set_draft_fc_decode_kernel("fast")
+        assert ops._set_draft_fc_decode_kernel("cluster") == "bulk"  # the bad name changed nothing
+    finally:
+        ops._set_draft_fc_decode_kernel(prev)
+
+
+@pytest.fixture(params=["cluster", "split"])
+def decode_kernel(request):
+    """Runs a CUDA test once per register decode kernel (auto picks one by shape), with the decode threshold at its
+    maximum, 16 rows, so M = 9..16 takes the two-token-group kernels (opt-in by default)."""
+    prev = ops._set_draft_fc_decode_kernel(request.param)
+    prev_rows = ops._set_draft_fc_decode_max_rows(16)
+    yield request.param
+    ops._set_draft_fc_decode_kernel(prev)
+    ops._set_draft_fc_decode_max_rows(prev_rows)
 
 
 # ---------------------------------------------------------------- CUDA only
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("m", [1, 7, 8, 33])
-def test_cuda_decode_repeated_calls_and_shapes(m):
+@pytest.mark.parametrize("m", [1, 7, 8, 9, 16, 33])
+def test_cuda_decode_repeated_calls_and_shapes(m, decode_kernel):
     """The decode workspace re-zeroes itself: repeated calls and calls with other K/N give the same answer."""
     gen = torch.Generator().manual_seed(m)
     dt = torch.bfloat16
@@ -240,15 +263,20 @@ def test_cuda_decode_and_prefill_paths_agree():
     w = randn((512, 2048), dt, "cuda", gen, 0.03)
     g = randn((2, 1024), dt, "cuda", gen) + 1
     b = randn((512,), dt, "cuda", gen)
-    full = ops.draft_fc(x, w, g, 1e-5, b)            # prefill path (M > 8)
-    part = ops.draft_fc(x[:8], w, g, 1e-5, b)        # decode kernel
+    full = ops.draft_fc(x, w, g, 1e-5, b)            # prefill path (M > 16)
+    one = ops.draft_fc(x[:8], w, g, 1e-5, b)         # decode kernel, one token group
+    prev_rows = ops._set_draft_fc_decode_max_rows(16)
+    try:
+        two = ops.draft_fc(x[:13], w, g, 1e-5, b)    # decode kernel, two token groups
+    finally:
+        ops._set_draft_fc_decode_max_rows(prev_rows)
     want = reference.draft_fc(x.double().cpu(), w.double().cpu(), g.double().cpu(), 1e-5, b.double().cpu())
-    assert rel_err(full, want) <= 2e-3 and rel_err(part, want[:8]) <= 2e-3
+    assert rel_err(full, want) <= 2e-3 and rel_err(one, want[:8]) <= 2e-3 and rel_err(two, want[:13]) <= 2e-3
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("graph", [False, True])
-def test_cuda_decode_right_after_its_producers(graph):
+def test_cuda_decode_right_after_its_producers(graph, decode_kernel):
     """The decode kernel reads the activations and weights that the kernels just before it wrote, eagerly and inside
     a CUDA graph (back-to-back launches, each call a different input)."""
     gen = torch.Generator().manual_seed(14)
@@ -283,7 +311,7 @@ def test_cuda_decode_right_after_its_producers(graph):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("m", [1, 5, 8, 9])
+@pytest.mark.parametrize("m", [1, 5, 8, 9, 16, 17])
 def test_cuda_decode_threshold_knob_keeps_results(m):
     """_set_draft_fc_decode_max_rows only moves M between the decode kernel and normalise + cuBLAS."""
     gen = torch.Generator().manual_seed(15 + m)
@@ -296,31 +324,34 @@ def test_cuda_decode_threshold_knob_keeps_results(m):
     try:
         via_cublas = ops.draft_fc(x, w, g, 1e-6)
         ops._set_draft_fc_decode_max_rows(64)
-        via_decode = ops.draft_fc(x, w, g, 1e-6)  # M = 9 stays on normalise + cuBLAS: the knob is clamped to 8
+        via_decode = ops.draft_fc(x, w, g, 1e-6)  # M = 17 stays on normalise + cuBLAS: the knob is clamped to 16
     finally:
         ops._set_draft_fc_decode_max_rows(prev)
     assert rel_err(via_cublas, want) <= 1e-2 and rel_err(via_decode, want) <= 1e-2
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("bulk", [True, False])
+@pytest.mark.parametrize("kernel", ["auto", "cluster", "split", "bulk"])
 @settings(max_examples=fuzz_examples(120))
 @given(data=st.data())
-def test_cuda_both_decode_kernels_match_reference(bulk, data):
-    """Both decode kernels on M <= 8: the TMA one (sm_90+, packed input, opt-in) and the register-streaming one."""
-    prev = ops._set_draft_fc_decode_bulk(bulk)
+def test_cuda_every_decode_kernel_matches_reference(kernel, data):
+    """Every decode kernel on M <= 16 (one or two token groups, the threshold raised to 16): auto, cluster (sm_90+,
+    K <= 8; K > 8 runs split), split, and bulk (sm_90+, packed input, M <= 8; other calls take auto's choice)."""
+    prev = ops._set_draft_fc_decode_kernel(kernel)
+    prev_rows = ops._set_draft_fc_decode_max_rows(16)
     try:
         case = data.draw(fc_cases("cuda"))
-        case["m"] = data.draw(st.integers(1, 8))
+        case["m"] = data.draw(st.integers(1, 16))
         if case["dtype"] == torch.float32:
             case["dtype"] = torch.bfloat16  # float32 never takes a decode kernel
         check_case(case, "cuda")
     finally:
-        ops._set_draft_fc_decode_bulk(prev)
+        ops._set_draft_fc_decode_kernel(prev)
+        ops._set_draft_fc_decode_max_rows(prev_rows)
 
 
 @pytest.mark.cuda
-def test_cuda_graph_capture_and_replay():
+def test_cuda_graph_capture_and_replay(decode_kernel):
     gen = torch.Generator().manual_seed(12)
     dt = torch.bfloat16
     x = randn((8, 3 * 1024), dt, "cuda", gen)

@@ -6,17 +6,41 @@
 #include <vector>
 
 #include "../kernels/draft_fc.h"
+#include "../kernels/draft_fc_device.cuh"
 #include "bench_util.cuh"
 
 namespace {
 
+// The read probe: a plain streaming read of the same weight bytes with the decode kernel's load instruction
+// (16 bytes a lane, 8 loads in flight per thread, 4 blocks of 128 threads per SM), folded into one word per block.
+// What one launch of this size can take at best here: the decode kernel's fixed costs (split-K tail, MMAs,
+// activations) are the difference.
+__global__ void __launch_bounds__(128, 4) read_probe_kernel(const uint4* w, size_t n_vec, unsigned* sink) {
+  unsigned acc = 0;
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n_vec; i += 8 * stride) {
+    uint4 v[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const size_t j = i + u * stride;
+      v[u] = j < n_vec ? e3::cuda::kernels::load_weight16(w + j) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < 8; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  if (acc == 0x9e3779b9u) sink[blockIdx.x] = acc;  // keeps the loads; practically never stores
+}
+
 void usage() {
   std::printf(
       "usage: bench_draft_fc [--M 8] [--N 896] [--H 7168] [--K 3] [--norm 1] [--blocks-per-sm 4] [--iters 50]\n"
-      "                      [--samples 15] [--bulk 0] [--stages 2] [--splits 0]\n"
-      "  bf16, decode kernel (M <= 8). Weight copies rotate so one rotation spans >= 256 MB.\n"
-      "  --bulk 1: the TMA kernel (sm_90+; --stages, 0 = as many as fit) instead of the register-streaming one\n"
-      "  (--blocks-per-sm, or --splits K-splits per tap).\n"
+      "                      [--samples 15] [--kernel cluster] [--stages 2] [--splits 0] [--probe 0]\n"
+      "  bf16, decode kernels. Weight copies rotate so one rotation spans >= 256 MB.\n"
+      "  --kernel auto (default: cluster for small N, else split), cluster (sm_90+, K <= 8: K-splits reduced in a\n"
+      "  thread-block cluster), split (partials in an L2 workspace; --splits K-splits per tap) or bulk (TMA,\n"
+      "  sm_90+, M <= 8; --stages, 0 = as many as fit; --bulk 1 is the same). --blocks-per-sm: the register\n"
+      "  kernels' one-wave grid size (0: as built). M up to 16 (two token groups above 8).\n"
+      "  --probe 1: also time a plain streaming read of the same weight bytes (the floor of one launch this size).\n"
 );
 }
 
@@ -51,7 +75,13 @@ int main(int argc, char** argv) {
   const e3::DraftFcWorkspace wsv = e3::draft_fc_decode_workspace_view(zeroed, static_cast<int>(K), N);
   e3::DraftFcDecodeConfig cfg;
   cfg.blocks_per_sm = static_cast<int>(bench::arg_long(argc, argv, "--blocks-per-sm", cfg.blocks_per_sm));
-  cfg.bulk = bench::arg_long(argc, argv, "--bulk", cfg.bulk ? 1 : 0) != 0;
+  const std::string kname = bench::arg_str(argc, argv, "--kernel", "auto");
+  if (kname == "auto") cfg.kernel = e3::DraftFcDecodeKernel::Auto;
+  else if (kname == "cluster") cfg.kernel = e3::DraftFcDecodeKernel::Cluster;
+  else if (kname == "split") cfg.kernel = e3::DraftFcDecodeKernel::Split;
+  else if (kname == "bulk") cfg.kernel = e3::DraftFcDecodeKernel::Bulk;
+  else { usage(); return 2; }
+  if (bench::arg_long(argc, argv, "--bulk", 0) != 0) cfg.kernel = e3::DraftFcDecodeKernel::Bulk;
   cfg.bulk_stages = static_cast<int>(bench::arg_long(argc, argv, "--stages", cfg.bulk_stages));
   cfg.splits_per_tap = static_cast<int>(bench::arg_long(argc, argv, "--splits", cfg.splits_per_tap));
 
@@ -96,10 +126,23 @@ int main(int argc, char** argv) {
 
   const double t = bench::time_us(run, iters, samples);
   const double bytes = double(w_bytes) + double(M) * K * H * 2 + double(M) * N * 2;
-  const char* kernel = cfg.bulk ? "bulk" : "regs";
+  const bool bulk = cfg.kernel == e3::DraftFcDecodeKernel::Bulk;
+  const char* kernel = bulk ? "bulk" : (cfg.kernel == e3::DraftFcDecodeKernel::Split ? "split" : kname.c_str());
   std::printf("%-6s %5s %6s %6s %3s %4s %6s %12s %10s %12s\n", "kernel", "M", "N", "H", "K", "bpsm", "splits",
               "bytes", "time_us", "weight_GB/s");
   std::printf("%-6s %5ld %6ld %6ld %3ld %4d %6d %12.0f %10.2f %12.1f\n", kernel, M, N, H, K,
-              cfg.bulk ? cfg.bulk_stages : cfg.blocks_per_sm, cfg.splits_per_tap, bytes, t, w_bytes / t / 1e3);
+              bulk ? cfg.bulk_stages : cfg.blocks_per_sm, cfg.splits_per_tap, bytes, t, w_bytes / t / 1e3);
+  if (bench::arg_long(argc, argv, "--probe", 0) != 0) {
+    unsigned* sink;
+    const int blocks = 4 * e3::cuda::sm_count();
+    E3_CHECK(cudaMalloc(&sink, blocks * sizeof(unsigned)));
+    auto probe = [&](int i) {
+      read_probe_kernel<<<blocks, 128>>>(static_cast<const uint4*>(weights[i % ncopies]), w_bytes / 16, sink);
+      E3_CHECK(cudaGetLastError());
+    };
+    const double tp = bench::time_us(probe, iters, samples);
+    std::printf("%-6s %5s %6ld %6ld %3ld %4d %6s %12.0f %10.2f %12.1f\n", "probe", "-", N, H, K, 4, "-",
+                double(w_bytes), tp, w_bytes / tp / 1e3);
+  }
   return 0;
 }

@@ -2,11 +2,13 @@
 // per-tap RMSNorm of EAGLE-3.1 drafts (x * rsqrt(mean(x^2) + eps) * g_k) and fc is [N, K*H]. Torch-free.
 //
 // Two CUDA paths:
-// - decode (M <= 8 rows): one weight-streaming kernel. The norm is applied on the fly: g_k multiplies the
-//   activations as they are loaded, and rsqrt(mean(x^2) + eps), a per-(row, tap) scalar, multiplies each tap's
-//   partial dot product, so nothing is materialised and every weight byte is read once. Split-K partials meet in
-//   an fp32 workspace through L2 atomics; the last block of each column tile scales, sums the taps, adds the bias,
-//   writes the output and re-zeroes the workspace (self-cleaning, so CUDA-graph replays need no memset).
+// - decode (M <= 8 rows by default, up to 16 by the ops' knob): weight-streaming kernels. The norm is applied on the
+//   fly: g_k multiplies the activations as they are loaded, and rsqrt(mean(x^2) + eps), a per-(row, tap) scalar,
+//   multiplies each tap's partial dot product, so nothing is materialised and every weight byte is read once. The
+//   K-split partials of a column tile meet either in an fp32 workspace through L2 atomics, the tile's last block
+//   scaling, summing the taps, adding the bias, writing the output and re-zeroing the workspace (self-cleaning, so
+//   CUDA-graph replays need no memset): the split kernel; or in a thread-block cluster's distributed shared memory
+//   (sm_90+): the cluster kernel (draft_fc_cluster.h). DraftFcDecodeKernel says which runs where.
 // - prefill: the normalised (or just packed) activations are written once to a [M, K*H] scratch and the ops layer
 //   runs the GEMM through torch (cuBLAS).
 // Numerics: fp32 norm statistics and fp32 accumulation. Prefill rounds x*rrms*g to the activation dtype before the
@@ -77,27 +79,48 @@ void draft_fc_normalize_rows_cpu(const DraftFcParams& p, T* xn, int64_t row_begi
 
 // ---- CUDA (draft_fc_cuda.cu). Each returns a cudaError_t value (0 = success); `stream` is a cudaStream_t. ----
 
-// Rows at or below this use the decode kernel (one MMA token group); above, normalise + cuBLAS measured faster.
-constexpr int64_t kDraftFcDecodeMaxRows = 8;
+// Rows the decode kernels take at most (two MMA token groups of 8), and the default rows at or below which the ops
+// use them (one group; above, normalise + cuBLAS). Two groups measured slower than normalise + cuBLAS on the H200
+// except at N = 896, M <= 12 (benchmarks/NOTES.md), so they are opt-in through the ops' threshold knob.
+constexpr int64_t kDraftFcDecodeMaxRows = 16;
+constexpr int64_t kDraftFcDecodeDefaultRows = 8;
 
 // Decode workspace, zero at rest: zero-filled once at allocation and re-zeroed by the kernel after every call
 // (self-cleaning, so CUDA-graph replays need no memset; any (K, N) can reuse a large enough buffer since all of it
 // is zero between calls).
 struct DraftFcWorkspace {
-  float* acc;           // [K][N][8] split-K partial sums per tap
-  float* tile_sum_sq;   // [n_tiles][K][8] per-column-tile sums of squares (per-tap norm)
+  float* acc;           // [K][N][16] split-K partial sums per tap (16 = kDraftFcDecodeMaxRows)
+  float* tile_sum_sq;   // [n_tiles][K][16] per-column-tile sums of squares (per-tap norm)
   unsigned* counters;   // [n_tiles] blocks finished per column tile
 };
 int64_t draft_fc_decode_zeroed_bytes(int taps, int64_t out_features);
 DraftFcWorkspace draft_fc_decode_workspace_view(void* zeroed, int taps, int64_t out_features);
 
+// The decode kernels. Each streams the weights once through registers or shared memory; they differ in where the
+// K-splits of a column tile meet.
+enum class DraftFcDecodeKernel : int {
+  // The default: Cluster where it applies and the split-K grid would cut each tap into at least
+  // kDraftFcClusterMinSplits pieces (small N: many partials per tile, whose L2 round trips the cluster saves),
+  // else Split. On the H200 (H = 7168, K = 3) that is N <= 1792: cluster 0.7-1.3 us faster at N = 896, even at 1792,
+  // 1-3 us slower at N = 3584 and 7168 (benchmarks/NOTES.md).
+  Auto = 0,
+  // sm_90+, K <= 8: one thread-block cluster per column tile, partials reduced in distributed shared memory
+  // (draft_fc_cluster.h); no workspace, deterministic. Where it does not apply, Split.
+  Cluster = 1,
+  // Any GPU: partials added into the fp32 workspace with L2 atomics, the tile's last block finishes it.
+  Split = 2,
+  // sm_90+, packed input, M <= 8: TMA copies into shared memory (draft_fc_bulk.h), workspace as Split. Not faster
+  // on the H200 (benchmarks/NOTES.md); kept, tested and selectable. Where it does not apply, Auto's choice.
+  Bulk = 3,
+};
+constexpr int64_t kDraftFcClusterMinSplits = 4;
+
 // Launch tuning; the defaults are what the library uses. Exposed for the bench binary's sweeps.
 struct DraftFcDecodeConfig {
-  // sm_90+ and packed input: the TMA kernel (draft_fc_bulk.h) instead of the register-streaming one. Off by default:
-  // on the H200 it was not faster (benchmarks/NOTES.md); kept, tested and selectable for further tuning.
-  bool bulk = false;
+  DraftFcDecodeKernel kernel = DraftFcDecodeKernel::Auto;
   int bulk_stages = 2;    // TMA kernel: shared-memory stages (0: as many as fit); 2 measured fastest
-  int blocks_per_sm = 4;  // register-streaming kernel: K-split so that about this many blocks per SM stream weights
+  int blocks_per_sm = 0;  // register kernels: K-split so that about this many blocks per SM stream weights (0: as
+                          // many as the kernel is built to keep resident, decode_blocks_per_sm)
   int splits_per_tap = 0;  // register-streaming kernel: K-splits per tap (0: from blocks_per_sm)
 };
 

@@ -29,7 +29,7 @@ namespace kernels {
 constexpr int kBulkSlice = 256;                       // k elements per unit (the largest tensor-copy box row)
 constexpr int kBulkRowBytes = kBulkSlice * 2;         // bytes of one box row in shared memory (bf16/fp16)
 constexpr int kBulkWBytes = kFcRowsPerBlock * kBulkRowBytes;  // weight box: 64 rows
-constexpr int kBulkXBytes = kWsTokens * kBulkRowBytes;        // token box: 8 rows
+constexpr int kBulkXBytes = kMmaTokens * kBulkRowBytes;       // token box: 8 rows (one token group)
 constexpr int kBulkGBytes = kBulkRowBytes;                    // norm-weight box
 constexpr int kBulkStageBytes = (kBulkWBytes + kBulkXBytes + kBulkGBytes + 1023) / 1024 * 1024;
 constexpr int kBulkMaxStages = 16;
@@ -122,8 +122,8 @@ __global__ void __launch_bounds__(kFcWarps * 32, 1) draft_fc_bulk_kernel(const _
   if (threadIdx.x == 0)
     for (int s = 0; s < t.stages && u_begin + s < u_end; ++s) issue(u_begin + s, s);
 
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
-  float sum_sq = 0.f;
+  float acc[1][4] = {};  // one token group (M <= 8)
+  float sum_sq[1] = {};
   int64_t run_units = 0;
   const int wrow = warp * 16 + g;  // this lane's weight rows in the box: wrow, wrow + 8
   for (int64_t u = u_begin, i = 0; u < u_end; ++u, ++i) {
@@ -143,10 +143,11 @@ __global__ void __launch_bounds__(kFcWarps * 32, 1) draft_fc_bulk_kernel(const _
       uint4 wb = *reinterpret_cast<const uint4*>(st + box_offset(wrow + 8, b));
       uint4 xv = *reinterpret_cast<const uint4*>(st + kBulkWBytes + box_offset(g, b));
       if (kl >= len) wa = wb = xv = make_uint4(0, 0, 0, 0);  // H a multiple of 8: a lane is all in or all out
-      if (kNorm) xv = scale8<T>(xv, *reinterpret_cast<const uint4*>(st + kBulkWBytes + kBulkXBytes + b), sum_sq, warp == 0);
+      if (kNorm)
+        xv = scale8<T>(xv, *reinterpret_cast<const uint4*>(st + kBulkWBytes + kBulkXBytes + b), sum_sq[0], warp == 0);
       // Step s uses this lane's elements [4s, 4s+4): words 2s, 2s+1 of the weight and activation vectors.
-      Mma<T>::run(acc, wa.x, wb.x, wa.y, wb.y, xv.x, xv.y);
-      Mma<T>::run(acc, wa.z, wb.z, wa.w, wb.w, xv.z, xv.w);
+      Mma<T>::run(acc[0], wa.x, wb.x, wa.y, wb.y, xv.x, xv.y);
+      Mma<T>::run(acc[0], wa.z, wb.z, wa.w, wb.w, xv.z, xv.w);
     }
     ++run_units;
     __syncthreads();  // every warp is done with stage s
@@ -157,10 +158,10 @@ __global__ void __launch_bounds__(kFcWarps * 32, 1) draft_fc_bulk_kernel(const _
     if (u + 1 < u_end && (u + 1) / t.slices_per_tap == seg) continue;
 
     // End of this block's run of (tile, tap): the tile is complete after all its taps * slices_per_tap units.
-    decode_add_partials<T, kNorm>(p, ws, tile, tap, tile * kFcRowsPerBlock + wrow, acc, sum_sq,
-                                  static_cast<unsigned>(run_units), static_cast<unsigned>(per_tile));
-    acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
-    sum_sq = 0.f;
+    decode_add_partials<T, kNorm, 1>(p, ws, tile, tap, tile * kFcRowsPerBlock + wrow, acc, sum_sq,
+                                     static_cast<unsigned>(run_units), static_cast<unsigned>(per_tile));
+    acc[0][0] = acc[0][1] = acc[0][2] = acc[0][3] = 0.f;
+    sum_sq[0] = 0.f;
     run_units = 0;
   }
 #else
@@ -226,7 +227,7 @@ bool draft_fc_bulk_supported() {
 
 bool draft_fc_bulk_applies(const DraftFcParams& p) {
   // One tensor map for the activations: the packed input; every base and pitch 16-byte aligned (the ops check it).
-  return p.x_base != nullptr && p.rows <= cuda::kernels::kWsTokens && p.taps * p.hidden < (int64_t(1) << 31) &&
+  return p.x_base != nullptr && p.rows <= cuda::kernels::kMmaTokens && p.taps * p.hidden < (int64_t(1) << 31) &&
          p.out_features < (int64_t(1) << 31);
 }
 
@@ -258,7 +259,7 @@ int draft_fc_decode_bulk_cuda(const DraftFcParams& p, DType dtype, const DraftFc
   if (!encode_map(&maps.w, type, p.weight, width, static_cast<uint64_t>(p.out_features),
                   static_cast<uint64_t>(p.weight_row_stride) * 2, kFcRowsPerBlock) ||
       !encode_map(&maps.x, type, p.x_base, width, static_cast<uint64_t>(p.rows),
-                  static_cast<uint64_t>(p.x_row_stride[0]) * 2, kWsTokens) ||
+                  static_cast<uint64_t>(p.x_row_stride[0]) * 2, kMmaTokens) ||
       (p.norm_weight != nullptr && !encode_map(&maps.g, type, p.norm_weight, width, 0, 0, 1)))
     return static_cast<int>(cudaErrorInvalidValue);
   auto s = static_cast<cudaStream_t>(stream);

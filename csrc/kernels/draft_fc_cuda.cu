@@ -2,6 +2,7 @@
 // default decode path), the prefill normalise kernel, the decode workspace and the decode dispatch (which runs the
 // opt-in TMA kernel of draft_fc_bulk_cuda.cu instead when asked for, on sm_90 and later with packed input).
 #include "draft_fc_bulk.h"
+#include "draft_fc_cluster.h"
 #include "draft_fc_device.cuh"
 
 namespace e3 {
@@ -14,59 +15,26 @@ struct DecodeTiling {
   int64_t k_block;  // k elements per split (whole warp steps: 32 x the kernel's unroll)
 };
 
-// grid.x: column tiles of 64 weight rows; grid.y: K-splits (taps x splits_per_tap). One token group of 8 rows
-// (M <= 8; larger M goes through normalise + cuBLAS, which measured faster from M = 9 on, benchmarks/NOTES.md).
-// Each warp streams 16 weight rows over the block's k range, kUnroll 32-wide chunks per step, all of a step's
-// loads issued before its MMAs. kNorm: g multiplies the activations as they are loaded and
-// warp 0 sums x^2 for the per-tap rsqrt, which the epilogue applies to each tap's partial dot product.
-template <typename T, bool kNorm>
-__global__ void __launch_bounds__(kFcWarps * 32, 4) draft_fc_decode_kernel(DraftFcParams p, DecodeTiling t,
-                                                                             DraftFcWorkspace ws) {
+// The split-K decode kernel. grid.x: column tiles of 64 weight rows; grid.y: K-splits (taps x splits_per_tap).
+// kGroups token groups of 8 rows (M <= 8: one; M = 9..16: two, opt-in; above the threshold, normalise + cuBLAS).
+// Each warp streams 16 weight rows over the block's k range (decode_stream); the partials meet in the workspace
+// and the tile's last block applies the per-tap rsqrt (decode_add_partials).
+template <typename T, bool kNorm, int kGroups>
+__global__ void __launch_bounds__(kFcWarps * 32, decode_blocks_per_sm(kGroups))
+    draft_fc_decode_kernel(DraftFcParams p, DecodeTiling t, DraftFcWorkspace ws) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int g = lane >> 2, c = lane & 3;
   const int64_t tile = blockIdx.x;
   const int tap = static_cast<int>(blockIdx.y / t.splits_per_tap);
   const int64_t k_begin = (blockIdx.y % t.splits_per_tap) * t.k_block;
   const int64_t k_end = k_begin + t.k_block < p.hidden ? k_begin + t.k_block : p.hidden;
-  const int64_t row_a = tile * kFcRowsPerBlock + warp * 16 + g, row_b = row_a + 8;
-  const bool has_a = row_a < p.out_features, has_b = row_b < p.out_features;
-  const T* w_a = static_cast<const T*>(p.weight) + row_a * p.weight_row_stride + tap * p.hidden;
-  const T* w_b = static_cast<const T*>(p.weight) + row_b * p.weight_row_stride + tap * p.hidden;
-  const T* x = static_cast<const T*>(p.tap(tap)) + g * p.tap_row_stride(tap);  // this lane's token row
-  const bool has_x = g < p.rows;
-  const T* gw = static_cast<const T*>(p.norm_weight) + tap * p.hidden;
-
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
-  float sum_sq = 0.f;
-  const bool count_sq = kNorm && warp == 0;  // one warp per block: the k range is the same for all four
-
-  constexpr int kUnroll = kNorm ? kFcUnrollNorm : kFcUnroll;
-  for (int64_t k0 = k_begin; k0 < k_end; k0 += kFcChunk * kUnroll) {
-    // Every load of the step (weights, activations, norm weights) is issued before its first MMA: a norm-weight
-    // load left next to its use serialised one L2 round trip per chunk (a 30% slower kernel on the H200).
-    uint4 wa[kUnroll], wb[kUnroll], xv[kUnroll], gv[kNorm ? kUnroll : 1];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t k = k0 + u * kFcChunk + 8 * c;  // this lane's 8 contiguous elements
-      const bool in = k < k_end;
-      wa[u] = in && has_a ? load_weight16(w_a + k) : make_uint4(0, 0, 0, 0);
-      wb[u] = in && has_b ? load_weight16(w_b + k) : make_uint4(0, 0, 0, 0);
-      xv[u] = in && has_x ? __ldg(reinterpret_cast<const uint4*>(x + k)) : make_uint4(0, 0, 0, 0);
-      if (kNorm) gv[u] = in ? __ldg(reinterpret_cast<const uint4*>(gw + k)) : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      uint4 xu = xv[u];
-      if (kNorm) xu = scale8<T>(xu, gv[kNorm ? u : 0], sum_sq, count_sq);
-      // Step s uses this lane's elements [4s, 4s+4): words 2s, 2s+1 of the weight and activation vectors.
-      Mma<T>::run(acc, wa[u].x, wb[u].x, wa[u].y, wb[u].y, xu.x, xu.y);
-      Mma<T>::run(acc, wa[u].z, wb[u].z, wa[u].w, wb[u].w, xu.z, xu.w);
-    }
-  }
-
+  const int64_t row_a = tile * kFcRowsPerBlock + warp * 16 + (lane >> 2);
+  float acc[kGroups][4] = {};
+  float sum_sq[kGroups] = {};
+  // One warp per block sums x^2: the k range is the same for all four.
+  decode_stream<T, kNorm, kGroups>(p, tap, row_a, k_begin, k_end, kNorm && warp == 0, acc, sum_sq);
   // One block per (tile, tap, split): the tile is complete after taps * splits_per_tap blocks.
-  decode_add_partials<T, kNorm>(p, ws, tile, tap, row_a, acc, sum_sq, 1u,
-                                static_cast<unsigned>(p.taps * t.splits_per_tap));
+  decode_add_partials<T, kNorm, kGroups>(p, ws, tile, tap, row_a, acc, sum_sq, 1u,
+                                         static_cast<unsigned>(p.taps * t.splits_per_tap));
 }
 
 // The normalise kernel's per-vector math, shared by its register-held and streaming loops: x^2 added element by
@@ -85,7 +53,7 @@ __device__ __forceinline__ void rms_scale(Chunk<T, V>& x, const Chunk<T, V>& g, 
   for (int e = 0; e < V; ++e) x.v[e] = from_f<T>(to_f(x.v[e]) * rrms * to_f(g.v[e]));
 }
 
-// Normalise (the M > 8 path, before cuBLAS): one block per (row, tap): rrms over the row's H values, then
+// Normalise (above the decode threshold, before cuBLAS): one block per (row, tap): rrms over the row's H values, then
 // xn = round(x * rrms * g) (or a copy). Rows move as 16-byte vectors (V elements); H is a multiple of 8, hence of V.
 // kHeld > 0 (few rows: the grid fits one wave, the kernel is latency, not bytes): up to kHeld vectors per thread
 // (H <= 8192 bf16 at 256 threads) stay in registers from the sum of squares to the store, their norm weights
@@ -152,13 +120,14 @@ using namespace kernels;
 
 constexpr int64_t align256(int64_t b) { return (b + 255) / 256 * 256; }
 
-DecodeTiling decode_tiling(int taps, int64_t hidden, int64_t out_features, const DraftFcDecodeConfig& cfg, bool norm) {
+DecodeTiling decode_tiling(int taps, int64_t hidden, int64_t out_features, const DraftFcDecodeConfig& cfg, int groups,
+                           int unroll) {
   DecodeTiling t;
-  const int blocks_per_sm = cfg.blocks_per_sm;
   t.n_tiles = decode_n_tiles(out_features);
   // As many K-splits as fit in one wave of resident blocks (a second, partial wave would idle most SMs while it
   // runs); every warp then streams its k range, loads for a whole step issued before its MMAs.
-  const int64_t target_blocks = static_cast<int64_t>(blocks_per_sm > 0 ? blocks_per_sm : 4) * sm_count();
+  const int blocks_per_sm = cfg.blocks_per_sm > 0 ? cfg.blocks_per_sm : decode_blocks_per_sm(groups);
+  const int64_t target_blocks = static_cast<int64_t>(blocks_per_sm) * sm_count();
   const int64_t max_splits = (hidden + kFcChunk - 1) / kFcChunk;
   int64_t spt = target_blocks / (t.n_tiles * taps);
   if (cfg.splits_per_tap > 0) spt = cfg.splits_per_tap;
@@ -166,23 +135,35 @@ DecodeTiling decode_tiling(int taps, int64_t hidden, int64_t out_features, const
   const int64_t per = (hidden + spt - 1) / spt;
   // k blocks in whole warp steps (32 x unroll elements): with blocks in multiples of 32 the last step of a block was
   // often nearly empty, one more DRAM round trip for a few bytes (3% at N=896, benchmarks/NOTES.md).
-  const int64_t align = kFcChunk * (norm ? kFcUnrollNorm : kFcUnroll);
+  const int64_t align = kFcChunk * unroll;
   t.k_block = (per + align - 1) / align * align;
   t.splits_per_tap = (hidden + t.k_block - 1) / t.k_block;
   return t;
 }
 
+// The split-K grid's K-splits per tap for this call (Auto's choice between the split and cluster kernels).
+int64_t split_kernel_splits_per_tap(const DraftFcParams& p, const DraftFcDecodeConfig& cfg) {
+  const int groups = p.rows > kMmaTokens ? 2 : 1;
+  return decode_tiling(p.taps, p.hidden, p.out_features, cfg, groups, decode_unroll(p.norm_weight != nullptr, groups))
+      .splits_per_tap;
+}
+
+template <typename T, bool kNorm, int kGroups>
+cudaError_t launch_decode_groups(const DraftFcParams& p, const DraftFcWorkspace& ws, cudaStream_t s,
+                                 const DraftFcDecodeConfig& cfg) {
+  const DecodeTiling t = decode_tiling(p.taps, p.hidden, p.out_features, cfg, kGroups, decode_unroll(kNorm, kGroups));
+  const dim3 grid(static_cast<unsigned>(t.n_tiles), static_cast<unsigned>(p.taps * t.splits_per_tap));
+  draft_fc_decode_kernel<T, kNorm, kGroups><<<grid, kFcWarps * 32, 0, s>>>(p, t, ws);
+  return cudaGetLastError();
+}
+
 template <typename T>
 cudaError_t launch_decode(const DraftFcParams& p, const DraftFcWorkspace& ws, cudaStream_t s,
                           const DraftFcDecodeConfig& cfg) {
-  const bool norm = p.norm_weight != nullptr;
-  const DecodeTiling t = decode_tiling(p.taps, p.hidden, p.out_features, cfg, norm);
-  const dim3 grid(static_cast<unsigned>(t.n_tiles), static_cast<unsigned>(p.taps * t.splits_per_tap));
+  const bool norm = p.norm_weight != nullptr, two = p.rows > kMmaTokens;
   if (norm)
-    draft_fc_decode_kernel<T, true><<<grid, kFcWarps * 32, 0, s>>>(p, t, ws);
-  else
-    draft_fc_decode_kernel<T, false><<<grid, kFcWarps * 32, 0, s>>>(p, t, ws);
-  return cudaGetLastError();
+    return two ? launch_decode_groups<T, true, 2>(p, ws, s, cfg) : launch_decode_groups<T, true, 1>(p, ws, s, cfg);
+  return two ? launch_decode_groups<T, false, 2>(p, ws, s, cfg) : launch_decode_groups<T, false, 1>(p, ws, s, cfg);
 }
 
 template <typename T>
@@ -232,8 +213,13 @@ int draft_fc_decode_cuda(const DraftFcParams& p, DType dtype, const DraftFcWorks
                          const DraftFcDecodeConfig& cfg) {
   if (p.rows == 0 || p.out_features == 0) return 0;
   if (p.rows > kDraftFcDecodeMaxRows) return static_cast<int>(cudaErrorInvalidValue);
-  if (cfg.bulk && draft_fc_bulk_applies(p) && draft_fc_bulk_supported())
+  if (cfg.kernel == DraftFcDecodeKernel::Bulk && draft_fc_bulk_applies(p) && draft_fc_bulk_supported())
     return draft_fc_decode_bulk_cuda(p, dtype, ws, stream, cfg.bulk_stages);
+  const bool cluster = cfg.kernel == DraftFcDecodeKernel::Cluster ||
+                       ((cfg.kernel == DraftFcDecodeKernel::Auto || cfg.kernel == DraftFcDecodeKernel::Bulk) &&
+                        cuda::split_kernel_splits_per_tap(p, cfg) >= kDraftFcClusterMinSplits);
+  if (cluster && draft_fc_cluster_applies(p) && draft_fc_cluster_supported())
+    return draft_fc_decode_cluster_cuda(p, dtype, stream, cfg);
   auto s = static_cast<cudaStream_t>(stream);
   switch (dtype) {
     case DType::BF16: return cuda::launch_decode<__nv_bfloat16>(p, ws, s, cfg);

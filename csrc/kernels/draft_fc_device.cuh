@@ -24,9 +24,17 @@ __host__ __device__ constexpr int64_t decode_n_tiles(int64_t out_features) {
   return (out_features + kFcRowsPerBlock - 1) / kFcRowsPerBlock;
 }
 constexpr int kFcChunk = 32;                 // k elements per lane group step (4 lanes x 8 elements)
-constexpr int kFcUnroll = 8;                 // weight chunks in flight per warp: a step's loads precede its MMAs
-constexpr int kFcUnrollNorm = 6;             // with the norm weights also in registers (128 registers a thread)
-constexpr int kWsTokens = kDraftFcDecodeMaxRows;  // workspace row pitch: one MMA token group
+constexpr int kMmaTokens = 8;                // token rows of one MMA (its B operand): one token group
+constexpr int kWsTokens = kDraftFcDecodeMaxRows;  // workspace row pitch: every token group of the decode kernel
+static_assert(kWsTokens % kMmaTokens == 0 && kWsTokens % 4 == 0, "workspace pitch: whole token groups, float4s");
+// Resident blocks per SM the register decode kernels are built for (their __launch_bounds__): 4 (128 registers a
+// thread) with one token group, 3 (168 registers) with two, whose activation vectors take the extra registers.
+__host__ __device__ constexpr int decode_blocks_per_sm(int groups) { return groups == 1 ? 4 : 3; }
+// Weight chunks in flight per warp (a step's loads precede its MMAs), as many as those registers hold: each chunk
+// holds two weight vectors, one activation vector per token group and, with the norm, one norm-weight vector.
+__host__ __device__ constexpr int decode_unroll(bool norm, int groups) {
+  return groups == 1 ? (norm ? 6 : 8) : (norm ? 6 : 7);
+}
 
 template <typename T> struct Mma;
 // No `volatile`: the MMA has outputs and no side effects, so the compiler may schedule loads around it.
@@ -99,15 +107,70 @@ __device__ __forceinline__ uint4 load_weight16(const void* p) {
   return v;
 }
 
-// Split-K epilogue of one column tile, run by every thread of the block that finished the tile last (after its
-// __threadfence): y = sum_tap rrms(tap) * acc(tap) + bias, rounded once into out; the tile's workspace (partial sums,
-// sums of squares, counter) is zeroed again for the next call. Each thread owns 4 tokens of one row (a float4 of
-// the [row][8 tokens] workspace) and issues every load (all taps' partials and sums of squares) before any store:
-// with loads and stores interleaved per tap and per (row, token), the epilogue was a chain of dependent L2 round
-// trips that grew with M (benchmarks/NOTES.md).
+// One warp's weight stream, shared by the register decode kernels (split-K and cluster): the warp's 16 weight rows
+// (row_a = its first row + lane / 4, and row_a + 8) over k in [k_begin, k_end) of tap `tap`, kUnroll 32-wide chunks
+// per step, all of a step's loads issued before its MMAs; each weight fragment feeds one MMA per token group of 8
+// (acc[q]: rows row_a, row_a + 8 x tokens 8q + 2c, 8q + 2c + 1). kNorm: g multiplies the activations as they are
+// loaded, and with count_sq the lane adds token (8q + lane / 4)'s x^2 over its elements to sum_sq[q].
+template <typename T, bool kNorm, int kGroups>
+__device__ __forceinline__ void decode_stream(const DraftFcParams& p, int tap, int64_t row_a, int64_t k_begin,
+                                              int64_t k_end, bool count_sq, float (&acc)[kGroups][4],
+                                              float (&sum_sq)[kGroups]) {
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2, c = lane & 3;
+  const int64_t row_b = row_a + 8;
+  const bool has_a = row_a < p.out_features, has_b = row_b < p.out_features;
+  const T* w_a = static_cast<const T*>(p.weight) + row_a * p.weight_row_stride + tap * p.hidden;
+  const T* w_b = static_cast<const T*>(p.weight) + row_b * p.weight_row_stride + tap * p.hidden;
+  const T* x[kGroups];  // this lane's token rows: g, g + 8
+  bool has_x[kGroups];
+#pragma unroll
+  for (int q = 0; q < kGroups; ++q) {
+    const int tok = q * kMmaTokens + g;
+    has_x[q] = tok < p.rows;
+    x[q] = static_cast<const T*>(p.tap(tap)) + (has_x[q] ? tok : 0) * p.tap_row_stride(tap);
+  }
+  const T* gw = static_cast<const T*>(p.norm_weight) + tap * p.hidden;
+
+  constexpr int kUnroll = decode_unroll(kNorm, kGroups);
+  for (int64_t k0 = k_begin; k0 < k_end; k0 += kFcChunk * kUnroll) {
+    // Every load of the step (weights, activations, norm weights) is issued before its first MMA: a norm-weight
+    // load left next to its use serialised one L2 round trip per chunk (a 30% slower kernel on the H200).
+    uint4 wa[kUnroll], wb[kUnroll], xv[kUnroll][kGroups], gv[kNorm ? kUnroll : 1];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t k = k0 + u * kFcChunk + 8 * c;  // this lane's 8 contiguous elements
+      const bool in = k < k_end;
+      wa[u] = in && has_a ? load_weight16(w_a + k) : make_uint4(0, 0, 0, 0);
+      wb[u] = in && has_b ? load_weight16(w_b + k) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int q = 0; q < kGroups; ++q)
+        xv[u][q] = in && has_x[q] ? __ldg(reinterpret_cast<const uint4*>(x[q] + k)) : make_uint4(0, 0, 0, 0);
+      if (kNorm) gv[u] = in ? __ldg(reinterpret_cast<const uint4*>(gw + k)) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+      for (int q = 0; q < kGroups; ++q) {
+        uint4 xu = xv[u][q];
+        if (kNorm) xu = scale8<T>(xu, gv[kNorm ? u : 0], sum_sq[q], count_sq);
+        // Step s uses this lane's elements [4s, 4s+4): words 2s, 2s+1 of the weight and activation vectors.
+        Mma<T>::run(acc[q], wa[u].x, wb[u].x, wa[u].y, wb[u].y, xu.x, xu.y);
+        Mma<T>::run(acc[q], wa[u].z, wb[u].z, wa[u].w, wb[u].w, xu.z, xu.w);
+      }
+    }
+  }
+}
+
+// Split-K epilogue of one column tile, run by every thread of the block that finished the tile last (after it
+// acquired the tile's counter): y = sum_tap rrms(tap) * acc(tap) + bias, rounded once into out; the tile's workspace
+// (partial sums, sums of squares, counter) is zeroed again for the next call. Each thread owns 4 tokens of one row
+// (a float4 of the [row][kWsTokens] workspace) and issues every load (all taps' partials and sums of squares)
+// before any store: with loads and stores interleaved per tap and per (row, token), the epilogue was a chain of
+// dependent L2 round trips that grew with M (benchmarks/NOTES.md).
 template <typename T, bool kNorm>
 __device__ void decode_tile_epilogue(const DraftFcParams& p, const DraftFcWorkspace& ws, int64_t tile) {
-  static_assert(kWsTokens == 8, "the epilogue moves the workspace's 8 tokens of a row as two float4");
+  constexpr int kQuads = kWsTokens / 4;  // float4s per workspace row
   const float4* ss = reinterpret_cast<const float4*>(ws.tile_sum_sq + tile * p.taps * kWsTokens);
   const int64_t left = p.out_features - tile * kFcRowsPerBlock;
   const int64_t rows_here = left < kFcRowsPerBlock ? left : kFcRowsPerBlock;
@@ -115,19 +178,20 @@ __device__ void decode_tile_epilogue(const DraftFcParams& p, const DraftFcWorksp
   T* out = static_cast<T*>(p.out);
   const float inv_h = 1.0f / static_cast<float>(p.hidden);
   const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int64_t i = threadIdx.x; i < rows_here * 2; i += blockDim.x) {
-    const int64_t n = tile * kFcRowsPerBlock + i / 2;
-    const int tok0 = static_cast<int>(i % 2) * 4;
+  for (int64_t i = threadIdx.x; i < rows_here * kQuads; i += blockDim.x) {
+    const int64_t n = tile * kFcRowsPerBlock + i / kQuads;
+    const int quad = static_cast<int>(i % kQuads);
+    const int tok0 = quad * 4;
     if (tok0 >= p.rows) continue;  // tokens never written: their partial sums are still zero
     const float b = bias != nullptr ? to_f(bias[n]) : 0.f;
     float4* acc = reinterpret_cast<float4*>(ws.acc + n * kWsTokens + tok0);
-    const int64_t tap_pitch = p.out_features * kWsTokens / 4;  // float4s per tap
+    const int64_t tap_pitch = p.out_features * kQuads;  // float4s per tap
     float y[4] = {b, b, b, b};
 #pragma unroll 4
     for (int tp = 0; tp < p.taps; ++tp) {  // loads only: the taps' round trips overlap
       const float4 a = __ldcg(acc + tp * tap_pitch);
       if (kNorm) {
-        const float4 q = __ldcg(ss + tp * 2 + tok0 / 4);
+        const float4 q = __ldcg(ss + tp * kQuads + quad);
         y[0] += rsqrtf(q.x * inv_h + p.eps) * a.x;
         y[1] += rsqrtf(q.y * inv_h + p.eps) * a.y;
         y[2] += rsqrtf(q.z * inv_h + p.eps) * a.z;
@@ -152,38 +216,53 @@ __device__ void decode_tile_epilogue(const DraftFcParams& p, const DraftFcWorksp
   if (threadIdx.x == 0) ws.counters[tile] = 0;
 }
 
+// Adds `units` to a tile's counter at gpu scope with release and acquire semantics, returning the old value. Called
+// by one thread after a __syncthreads(): the release covers every thread's partial-sum atomics before the barrier
+// (cumulativity), the acquire every read of the epilogue after the next barrier, so no thread needs its own fence
+// (each __threadfence() was an sc fence).
+__device__ __forceinline__ unsigned counter_add_acq_rel(unsigned* counter, unsigned units) {
+  unsigned old;
+  asm volatile("atom.add.acq_rel.gpu.u32 %0, [%1], %2;" : "=r"(old) : "l"(counter), "r"(units) : "memory");
+  return old;
+}
+
 // The end of a block's run over one (column tile, tap), shared by both decode kernels; every thread of the block
-// calls it. Adds the MMA partials (acc: rows row_a and row_a + 8, tokens 2c and 2c+1 of this lane) to the workspace
-// and, with the norm, warp 0's sums of x^2 (lanes 4g..4g+3 hold parts of token g's) to the tile's sums of squares;
-// then adds `units` to the tile's counter, and the block that brings it to `tile_units` runs the epilogue.
-template <typename T, bool kNorm>
+// calls it. Adds the MMA partials (acc[q]: rows row_a and row_a + 8, tokens 8q + 2c and 8q + 2c + 1 of this lane)
+// to the workspace and, with the norm, warp 0's sums of x^2 (lanes 4g..4g+3 hold parts of token 8q + g's) to the
+// tile's sums of squares; then adds `units` to the tile's counter, and the block that brings it to `tile_units` runs
+// the epilogue.
+template <typename T, bool kNorm, int kGroups>
 __device__ void decode_add_partials(const DraftFcParams& p, const DraftFcWorkspace& ws, int64_t tile, int tap,
-                                    int64_t row_a, const float (&acc)[4], float sum_sq, unsigned units,
-                                    unsigned tile_units) {
+                                    int64_t row_a, const float (&acc)[kGroups][4], const float (&sum_sq)[kGroups],
+                                    unsigned units, unsigned tile_units) {
+  static_assert(kGroups * kMmaTokens <= kWsTokens, "the workspace holds every token group");
   __shared__ unsigned last_flag;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, c = lane & 3;
   float* ws_acc = ws.acc + static_cast<int64_t>(tap) * p.out_features * kWsTokens;
-  const int64_t t0 = 2 * c;
-  if (row_a < p.out_features) {
-    if (t0 < p.rows) atomicAdd(ws_acc + row_a * kWsTokens + t0, acc[0]);
-    if (t0 + 1 < p.rows) atomicAdd(ws_acc + row_a * kWsTokens + t0 + 1, acc[1]);
+#pragma unroll
+  for (int q = 0; q < kGroups; ++q) {
+    const int64_t t0 = q * kMmaTokens + 2 * c;
+    if (row_a < p.out_features) {
+      if (t0 < p.rows) atomicAdd(ws_acc + row_a * kWsTokens + t0, acc[q][0]);
+      if (t0 + 1 < p.rows) atomicAdd(ws_acc + row_a * kWsTokens + t0 + 1, acc[q][1]);
+    }
+    if (row_a + 8 < p.out_features) {
+      if (t0 < p.rows) atomicAdd(ws_acc + (row_a + 8) * kWsTokens + t0, acc[q][2]);
+      if (t0 + 1 < p.rows) atomicAdd(ws_acc + (row_a + 8) * kWsTokens + t0 + 1, acc[q][3]);
+    }
+    if (kNorm && warp == 0) {
+      float s = sum_sq[q];
+      s += __shfl_xor_sync(0xffffffffu, s, 1);
+      s += __shfl_xor_sync(0xffffffffu, s, 2);
+      const int tok = q * kMmaTokens + g;
+      if (c == 0 && tok < p.rows) atomicAdd(ws.tile_sum_sq + (tile * p.taps + tap) * kWsTokens + tok, s);
+    }
   }
-  if (row_a + 8 < p.out_features) {
-    if (t0 < p.rows) atomicAdd(ws_acc + (row_a + 8) * kWsTokens + t0, acc[2]);
-    if (t0 + 1 < p.rows) atomicAdd(ws_acc + (row_a + 8) * kWsTokens + t0 + 1, acc[3]);
-  }
-  if (kNorm && warp == 0) {
-    sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, 1);
-    sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, 2);
-    if (c == 0 && g < p.rows) atomicAdd(ws.tile_sum_sq + (tile * p.taps + tap) * kWsTokens + g, sum_sq);
-  }
-  __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) last_flag = atomicAdd(ws.counters + tile, units) + units == tile_units ? 1u : 0u;
+  if (threadIdx.x == 0) last_flag = counter_add_acq_rel(ws.counters + tile, units) + units == tile_units ? 1u : 0u;
   __syncthreads();
   if (last_flag == 0u) return;
-  __threadfence();
   decode_tile_epilogue<T, kNorm>(p, ws, tile);
 }
 

@@ -13,8 +13,8 @@
 namespace e3ops {
 
 namespace {
-std::atomic<int64_t> g_decode_max_rows{e3::kDraftFcDecodeMaxRows};
-std::atomic<bool> g_decode_bulk{e3::DraftFcDecodeConfig{}.bulk};
+std::atomic<int64_t> g_decode_max_rows{e3::kDraftFcDecodeDefaultRows};
+std::atomic<int> g_decode_kernel{static_cast<int>(e3::DraftFcDecodeConfig{}.kernel)};
 }  // namespace
 
 int64_t draft_fc_decode_max_rows() { return g_decode_max_rows.load(std::memory_order_relaxed); }
@@ -24,8 +24,14 @@ int64_t set_draft_fc_decode_max_rows(int64_t rows) {
   return g_decode_max_rows.exchange(rows);
 }
 
-bool draft_fc_decode_bulk() { return g_decode_bulk.load(std::memory_order_relaxed); }
-bool set_draft_fc_decode_bulk(bool bulk) { return g_decode_bulk.exchange(bulk); }
+e3::DraftFcDecodeKernel draft_fc_decode_kernel() {
+  return static_cast<e3::DraftFcDecodeKernel>(g_decode_kernel.load(std::memory_order_relaxed));
+}
+int64_t set_draft_fc_decode_kernel(int64_t kernel) {
+  E3_CHECK(kernel >= 0 && kernel <= 3, "eagle3_capture: decode kernel must be 0 (auto), 1 (cluster), 2 (split) or "
+              "3 (bulk), got ", kernel);
+  return g_decode_kernel.exchange(static_cast<int>(kernel));
+}
 
 namespace {
 const char* kOp = "draft_fc";

@@ -15,13 +15,14 @@ namespace e3ops {
 
 // Rows at or below which CUDA bf16/fp16 calls take the decode kernel rather than normalise + cuBLAS. A process-wide
 // tuning knob for the benchmarks (eagle3_capture.ops._set_draft_fc_decode_max_rows); results differ only by the
-// rounding of the two paths. Clamped to 0..e3::kDraftFcDecodeMaxRows.
+// rounding of the two paths. Default e3::kDraftFcDecodeDefaultRows, clamped to 0..e3::kDraftFcDecodeMaxRows.
 int64_t draft_fc_decode_max_rows();
 int64_t set_draft_fc_decode_max_rows(int64_t rows);  // returns the previous value
-// Which decode kernel runs on sm_90 and later for packed input: the TMA one or the register-streaming one (the
-// default, and the only one before sm_90). Tuning and test knob; the setter returns the previous value.
-bool draft_fc_decode_bulk();
-bool set_draft_fc_decode_bulk(bool bulk);
+// Which decode kernel CUDA calls prefer (e3::DraftFcDecodeKernel as an int: 0 auto, the default; 1 cluster; 2
+// split; 3 bulk); each applies where it can, else auto's choice. Tuning and test knob; the setter checks the value
+// and returns the previous one.
+e3::DraftFcDecodeKernel draft_fc_decode_kernel();
+int64_t set_draft_fc_decode_kernel(int64_t kernel);
 
 // x: one packed [M, K*H] tensor (K from norm_weight, 1 without a norm) or K [M, H] tensors.
 e3::DraftFcParams draft_fc_params(const std::vector<at::Tensor>& x, const at::Tensor& weight,

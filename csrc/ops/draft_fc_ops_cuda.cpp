@@ -1,5 +1,6 @@
-// CUDA implementation of draft_fc: the decode weight-streaming kernel for M <= 8 bf16/fp16 rows, otherwise the
-// normalise kernel into scratch plus torch's GEMM (cuBLAS). float32 always takes the second path.
+// CUDA implementation of draft_fc: the decode weight-streaming kernels for M <= 8 bf16/fp16 rows (up to 16 by the
+// threshold knob), otherwise the normalise kernel into scratch plus torch's GEMM (cuBLAS). float32 always takes the
+// second path.
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAException.h>
@@ -89,7 +90,7 @@ void draft_fc_out_cuda(const std::vector<at::Tensor>& x, const at::Tensor& weigh
   if (decode) {
     const e3::DraftFcWorkspace ws = decode_workspace(x[0].device(), p, stream);
     e3::DraftFcDecodeConfig cfg;
-    cfg.bulk = draft_fc_decode_bulk();
+    cfg.kernel = draft_fc_decode_kernel();
     C10_CUDA_CHECK(static_cast<cudaError_t>(e3::draft_fc_decode_cuda(p, dtype, ws, stream, cfg)));
     return;
   }

@@ -66,20 +66,25 @@ PyObject* py_set_draft_fc_decode_max_rows(PyObject*, PyObject* arg) {
   return PyLong_FromLongLong(static_cast<long long>(e3ops::set_draft_fc_decode_max_rows(rows)));
 }
 
-PyObject* py_set_draft_fc_decode_bulk(PyObject*, PyObject* arg) {
-  const int bulk = PyObject_IsTrue(arg);
-  if (bulk < 0) return nullptr;
-  return PyBool_FromLong(e3ops::set_draft_fc_decode_bulk(bulk != 0) ? 1 : 0);
+PyObject* py_set_draft_fc_decode_kernel(PyObject*, PyObject* arg) {
+  const long long kernel = PyLong_AsLongLong(arg);
+  if (kernel == -1 && PyErr_Occurred()) return nullptr;
+  try {
+    return PyLong_FromLongLong(static_cast<long long>(e3ops::set_draft_fc_decode_kernel(kernel)));
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_ValueError, e.what());
+    return nullptr;
+  }
 }
 
 PyMethodDef kMethods[] = {
     {"build_info", py_build_info, METH_NOARGS, "JSON string: backends, CUDA archs and versions built against."},
     {"set_draft_fc_decode_max_rows", py_set_draft_fc_decode_max_rows, METH_O,
-     "Benchmark knob: rows at or below which CUDA draft_fc takes the decode kernel (clamped to 0..8); returns the "
+     "Benchmark knob: rows at or below which CUDA draft_fc takes the decode kernel (clamped to 0..16); returns the "
      "previous value."},
-    {"set_draft_fc_decode_bulk", py_set_draft_fc_decode_bulk, METH_O,
-     "Test knob: on sm_90+ with packed input the decode path uses the TMA kernel (True) or the register-streaming "
-     "one (False, default); returns the previous value."},
+    {"set_draft_fc_decode_kernel", py_set_draft_fc_decode_kernel, METH_O,
+     "Test knob: the decode kernel CUDA draft_fc prefers, 0 auto (default), 1 cluster, 2 split, 3 bulk; returns "
+     "the previous value."},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -98,17 +98,26 @@ def draft_fc(x, weight: torch.Tensor, norm_weights=None, eps: float = 1e-6, bias
 
 
 def _set_draft_fc_decode_max_rows(rows: int) -> int:
-    """Benchmark knob: CUDA bf16/fp16 draft_fc takes the decode kernel for M <= rows (clamped to 0..8), the
-    normalise + cuBLAS path above. Process-wide; returns the previous value so callers can restore it."""
+    """Benchmark knob: CUDA bf16/fp16 draft_fc takes the decode kernel for M <= rows (default 8, clamped to 0..16:
+    the kernels hold two token groups of 8), the normalise + cuBLAS path above. Process-wide; returns the previous
+    value so callers can restore it."""
 
     return int(load().set_draft_fc_decode_max_rows(int(rows)))
 
 
-def _set_draft_fc_decode_bulk(bulk: bool) -> bool:
-    """Test/benchmark knob: on sm_90 and later, with packed input, the decode path runs the TMA kernel (True) or the
-    register-streaming kernel (False, the default and the only one before sm_90). Process-wide; returns the
-    previous value."""
-    return bool(load().set_draft_fc_decode_bulk(bool(bulk)))
+_DECODE_KERNELS = ("auto", "cluster", "split", "bulk")
+
+
+def _set_draft_fc_decode_kernel(kernel: str) -> str:
+    """Test/benchmark knob: the decode kernel CUDA draft_fc prefers, process-wide; returns the previous one.
+
+    "cluster" (sm_90+, K <= 8): the K-splits of a column tile reduced in a thread-block cluster's shared memory.
+    "split": partials added in an L2 workspace by atomics (any GPU). "bulk" (sm_90+, packed input, M <= 8): TMA
+    copies. "auto" (default): cluster for small N (many K-splits per tap), else split. Where the preferred kernel
+    does not apply, auto's choice runs."""
+    if kernel not in _DECODE_KERNELS:
+        raise ValueError(f"decode kernel must be one of {_DECODE_KERNELS}, got {kernel!r}")
+    return _DECODE_KERNELS[int(load().set_draft_fc_decode_kernel(_DECODE_KERNELS.index(kernel)))]
 
 
 def capture_(packed: torch.Tensor, slot: int, hidden: torch.Tensor, residual: Optional[torch.Tensor] = None) -> None:

@@ -1,0 +1,18 @@
+// The cluster decode kernel of the draft fc (draft_fc_cluster_cuda.cu), for the dispatch in draft_fc_cuda.cu and
+// the bench binary. Torch-free.
+#pragma once
+
+#include "draft_fc.h"
+
+namespace e3 {
+
+// Whether the current device launches thread-block clusters (sm_90 and later).
+bool draft_fc_cluster_supported();
+// Whether the call suits it: K <= 8 taps (one cluster holds every tap of a column tile), M <= 16 rows.
+bool draft_fc_cluster_applies(const DraftFcParams& p);
+
+// No workspace: the K-splits of a column tile meet in distributed shared memory. cudaError_t value.
+int draft_fc_decode_cluster_cuda(const DraftFcParams& p, DType dtype, void* stream,
+                                 const DraftFcDecodeConfig& cfg = DraftFcDecodeConfig());
+
+}  // namespace e3

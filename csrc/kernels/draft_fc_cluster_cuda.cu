@@ -1,0 +1,223 @@
+// The cluster decode kernel of the draft fc: the split-K weight stream of the register kernel (decode_stream in
+// draft_fc_device.cuh) with the K-splits of one column tile in one thread-block cluster (sm_90 and later), so the
+// partial sums meet in distributed shared memory instead of an fp32 workspace in L2: no atomics, no fence, no
+// counter, no workspace to re-zero, and a fixed summation order (deterministic results). The split-K kernel's
+// tail is three dependent L2 round trips (the release fence, the counter, the epilogue's loads); here it is two
+// cluster barriers and reads of the neighbours' shared memory. Torch-free.
+//
+// Layout: grid (n_tiles, taps * splits_per_tap), one cluster per column tile along y, so a cluster holds every
+// (tap, split) of its tile; at most 8 blocks (the portable cluster size), hence taps * splits_per_tap <= 8. A block
+// is 4 warps: R groups of 16 weight rows (the tile: 16 R rows), the 4 / R warps of a group splitting the block's k
+// range. Small N takes R = 1 and two splits per tap (N = 896, K = 3: 56 tiles x 6 = 336 blocks); large N R = 4 and
+// one split (N = 7168: 112 x 3 = 336), the register kernel's grid without its workspace.
+#include <cooperative_groups.h>
+
+#include "draft_fc_cluster.h"
+#include "draft_fc_device.cuh"
+
+namespace e3 {
+namespace cuda {
+namespace kernels {
+
+constexpr int kMaxCluster = 8;
+
+struct ClusterTiling {
+  int row_groups;       // R: 16-row groups per block (1, 2 or 4)
+  int64_t n_tiles;      // ceil(N / (16 R))
+  int splits_per_tap;   // blocks per tap in a cluster
+  int64_t k_block;      // k elements per block (within its tap)
+  int64_t k_warp;       // k elements per warp: k_block / (4 / R), whole warp steps
+};
+
+// Every block: stream, reduce its warps' fragments in shared memory, cluster barrier; then each block of the
+// cluster finishes a share of the tile's (row, token) outputs from every block's partials and sums of squares;
+// a last cluster barrier keeps every block's shared memory alive until its neighbours have read it.
+template <typename T, bool kNorm, int kGroups>
+__global__ void __launch_bounds__(kFcWarps * 32, decode_blocks_per_sm(kGroups))
+    draft_fc_decode_cluster_kernel(DraftFcParams p, ClusterTiling t) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  constexpr int kTok = kGroups * kMmaTokens;  // token slots of a partial
+  __shared__ float warp_part[kFcWarps][16][kTok];        // each warp's MMA fragments
+  __shared__ float warp_sq[kFcWarps][kTok];              // each counting warp's sums of x^2 per token
+  __shared__ float block_part[kFcRowsPerBlock][kTok];    // this block's partial of the tile: 16 R rows
+  __shared__ float block_sq[kTok];                       // this block's sums of x^2 (its tap, its k range)
+  cg::cluster_group cluster = cg::this_cluster();
+  const int R = t.row_groups;
+  float acc[kGroups][4] = {};
+  float sum_sq[kGroups] = {};
+  {
+    const int rank = static_cast<int>(cluster.block_rank());
+    const int warp = threadIdx.x >> 5, group = warp % R, sub = warp / R;
+    const int tap = rank / t.splits_per_tap;
+    const int64_t k_split = (rank % t.splits_per_tap) * t.k_block;
+    const int64_t k_begin = k_split + sub * t.k_warp;
+    int64_t k_end = k_begin + t.k_warp;
+    if (k_end > k_split + t.k_block) k_end = k_split + t.k_block;
+    if (k_end > p.hidden) k_end = p.hidden;
+    const int64_t row_a = blockIdx.x * static_cast<int64_t>(16 * R) + group * 16 + ((threadIdx.x & 31) >> 2);
+    // The warps of group 0 count x^2: together they cover the block's k range once.
+    decode_stream<T, kNorm, kGroups>(p, tap, row_a, k_begin, k_end, kNorm && group == 0, acc, sum_sq);
+  }
+  // Indices again after the stream rather than live across it (registers for the loads).
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int blocks = static_cast<int>(cluster.num_blocks());  // taps * splits_per_tap
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, c = lane & 3;
+  const int group = warp % R;
+  const int64_t tile_row0 = blockIdx.x * static_cast<int64_t>(16 * R);
+
+#pragma unroll
+  for (int q = 0; q < kGroups; ++q) {
+    const int t0 = q * kMmaTokens + 2 * c;
+    warp_part[warp][g][t0] = acc[q][0];
+    warp_part[warp][g][t0 + 1] = acc[q][1];
+    warp_part[warp][g + 8][t0] = acc[q][2];
+    warp_part[warp][g + 8][t0 + 1] = acc[q][3];
+    if (kNorm && group == 0) {
+      float s = sum_sq[q];
+      s += __shfl_xor_sync(0xffffffffu, s, 1);
+      s += __shfl_xor_sync(0xffffffffu, s, 2);
+      if (c == 0) warp_sq[warp][q * kMmaTokens + g] = s;
+    }
+  }
+  __syncthreads();
+  const int subs = kFcWarps / R;
+  for (int i = threadIdx.x; i < 16 * R * kTok; i += blockDim.x) {  // sum the k sub-ranges, fixed order
+    const int r = i / kTok, tok = i % kTok;
+    float v = 0.f;
+    for (int s = 0; s < subs; ++s) v += warp_part[s * R + r / 16][r % 16][tok];
+    block_part[r][tok] = v;
+  }
+  if (kNorm && threadIdx.x < kTok) {
+    float v = 0.f;
+    for (int s = 0; s < subs; ++s) v += warp_sq[s * R][threadIdx.x];
+    block_sq[threadIdx.x] = v;
+  }
+  cluster.sync();  // every block's partials written (release) and visible (acquire)
+
+  // The tile's outputs, shared among the cluster's blocks: item = (row, token) for tokens < M.
+  const int64_t left = p.out_features - tile_row0;
+  const int rows_here = static_cast<int>(left < 16 * R ? left : 16 * R);
+  const int items = rows_here * static_cast<int>(p.rows);
+  const T* bias = static_cast<const T*>(p.bias);
+  T* out = static_cast<T*>(p.out);
+  const float inv_h = 1.0f / static_cast<float>(p.hidden);
+  for (int i = rank * blockDim.x + threadIdx.x; i < items; i += blocks * blockDim.x) {
+    const int r = i / static_cast<int>(p.rows), tok = i % static_cast<int>(p.rows);
+    const int64_t n = tile_row0 + r;
+    // Every block's partial (and sum of squares) first, all reads in flight at once; then the fixed-order sum.
+    float dot[kMaxCluster], sq[kMaxCluster];
+#pragma unroll
+    for (int b = 0; b < kMaxCluster; ++b) {
+      if (b < blocks) {
+        dot[b] = cluster.map_shared_rank(&block_part[0][0], b)[r * kTok + tok];
+        if (kNorm) sq[b] = cluster.map_shared_rank(&block_sq[0], b)[tok];
+      }
+    }
+    float y = bias != nullptr ? to_f(bias[n]) : 0.f;
+#pragma unroll
+    for (int b0 = 0; b0 < kMaxCluster; b0 += 1) {  // b0: the first block of a tap
+      if (b0 >= blocks || b0 % t.splits_per_tap != 0) continue;
+      float d = 0.f, q = 0.f;
+#pragma unroll
+      for (int s = 0; s < kMaxCluster; ++s) {
+        if (s < t.splits_per_tap && b0 + s < kMaxCluster) {
+          d += dot[b0 + s];
+          if (kNorm) q += sq[b0 + s];
+        }
+      }
+      y += kNorm ? rsqrtf(q * inv_h + p.eps) * d : d;
+    }
+    out[tok * p.out_row_stride + n] = from_f<T>(y);
+  }
+  cluster.sync();  // no block leaves (its shared memory) while a neighbour may still read it
+#else
+  __trap();  // launched only on sm_90 and later (draft_fc_cluster_supported)
+#endif
+}
+
+}  // namespace kernels
+
+namespace {
+using namespace kernels;
+
+// The cluster shape: as many blocks as one wave holds (`slots`), each cluster <= 8 blocks; on a tie, more rows per
+// block (fewer activation re-reads). When no shape fits one wave, the fewest blocks.
+ClusterTiling cluster_tiling(int taps, int64_t hidden, int64_t out_features, int64_t slots, int unroll) {
+  ClusterTiling best{};
+  int64_t best_blocks = -1;
+  bool best_fits = false;
+  for (int R : {1, 2, 4}) {
+    for (int spt = 1; spt * taps <= kMaxCluster; ++spt) {
+      const int64_t n_tiles = (out_features + 16 * R - 1) / (16 * R);
+      const int64_t blocks = n_tiles * taps * spt;
+      const bool fits = blocks <= slots;
+      const bool better = best_blocks < 0 || (fits && !best_fits) || (fits && blocks >= best_blocks) ||
+                          (!fits && !best_fits && blocks < best_blocks);
+      if (!better) continue;
+      best = ClusterTiling{R, n_tiles, spt, 0, 0};
+      best_blocks = blocks;
+      best_fits = fits;
+    }
+  }
+  // k per warp: the tap's k range over splits * (4 / R) warps, in whole warp steps (a nearly empty last step costs
+  // a DRAM round trip for a few bytes); the last warps of a tap may get less.
+  const int64_t step = static_cast<int64_t>(kFcChunk) * unroll;
+  const int64_t warps_per_tap = static_cast<int64_t>(best.splits_per_tap) * (kFcWarps / best.row_groups);
+  best.k_warp = ((hidden + warps_per_tap - 1) / warps_per_tap + step - 1) / step * step;
+  best.k_block = best.k_warp * (kFcWarps / best.row_groups);
+  return best;
+}
+
+template <typename T, bool kNorm, int kGroups>
+cudaError_t launch_cluster(const DraftFcParams& p, cudaStream_t s, const DraftFcDecodeConfig& cfg) {
+  const int blocks_per_sm = cfg.blocks_per_sm > 0 ? cfg.blocks_per_sm : decode_blocks_per_sm(kGroups);
+  const int64_t slots = static_cast<int64_t>(blocks_per_sm) * sm_count();
+  const ClusterTiling t = cluster_tiling(p.taps, p.hidden, p.out_features, slots, decode_unroll(kNorm, kGroups));
+  const unsigned cluster = static_cast<unsigned>(p.taps * t.splits_per_tap);
+  cudaLaunchConfig_t lc = {};
+  lc.gridDim = dim3(static_cast<unsigned>(t.n_tiles), cluster);
+  lc.blockDim = dim3(kFcWarps * 32);
+  lc.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = cluster;
+  attr[0].val.clusterDim.z = 1;
+  lc.attrs = attr;
+  lc.numAttrs = 1;
+  return cudaLaunchKernelEx(&lc, draft_fc_decode_cluster_kernel<T, kNorm, kGroups>, p, t);
+}
+
+template <typename T>
+cudaError_t launch_cluster_typed(const DraftFcParams& p, cudaStream_t s, const DraftFcDecodeConfig& cfg) {
+  const bool norm = p.norm_weight != nullptr, two = p.rows > kMmaTokens;
+  if (norm) return two ? launch_cluster<T, true, 2>(p, s, cfg) : launch_cluster<T, true, 1>(p, s, cfg);
+  return two ? launch_cluster<T, false, 2>(p, s, cfg) : launch_cluster<T, false, 1>(p, s, cfg);
+}
+
+}  // namespace
+}  // namespace cuda
+
+bool draft_fc_cluster_supported() {
+  return cuda::current_device_attribute(cudaDevAttrComputeCapabilityMajor, 0) >= 9 &&
+         cuda::current_device_attribute(cudaDevAttrClusterLaunch, 0) != 0;
+}
+
+bool draft_fc_cluster_applies(const DraftFcParams& p) {
+  return p.taps <= cuda::kernels::kMaxCluster && p.rows <= kDraftFcDecodeMaxRows && p.out_features < (int64_t(1) << 31);
+}
+
+int draft_fc_decode_cluster_cuda(const DraftFcParams& p, DType dtype, void* stream, const DraftFcDecodeConfig& cfg) {
+  if (p.rows == 0 || p.out_features == 0) return 0;
+  if (!draft_fc_cluster_applies(p)) return static_cast<int>(cudaErrorInvalidValue);
+  auto s = static_cast<cudaStream_t>(stream);
+  switch (dtype) {
+    case DType::BF16: return cuda::launch_cluster_typed<__nv_bfloat16>(p, s, cfg);
+    case DType::F16: return cuda::launch_cluster_typed<__half>(p, s, cfg);
+    default: return static_cast<int>(cudaErrorInvalidValue);
+  }
+}
+
+}  // namespace e3
