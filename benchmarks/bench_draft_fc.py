@@ -23,7 +23,7 @@ import common  # noqa: E402
 from eagle3_capture import ops  # noqa: E402
 
 
-def bench_row(m, n, h, k, dtype, bw, rate, samples, compare_paths=False):
+def bench_row(m, n, h, k, dtype, bw, rate, samples, compare_paths=False, compare_kernels=False):
     es = 2
     w_bytes = n * k * h * es
     x_bytes = m * k * h * es
@@ -62,13 +62,25 @@ def bench_row(m, n, h, k, dtype, bw, rate, samples, compare_paths=False):
     t_ours2 = common.time_graph_us(ours, ncopies, samples=samples)
     t_read = common.time_graph_us(read_weights, ncopies, samples=samples)
     t_other_path = None
-    if compare_paths and m <= 8:  # the same op through normalise + cuBLAS instead of the decode kernel
-        prev = ops._set_draft_fc_decode_max_rows(0)
+    if compare_paths:  # for M on the decode kernel: the same op through normalise + cuBLAS instead
+        prev = ops._set_draft_fc_decode_max_rows(0)  # returns the decode threshold in force
         try:
-            ours(0)
-            t_other_path = common.time_graph_us(ours, ncopies, samples=samples)
+            if m <= prev:
+                ours(0)
+                t_other_path = common.time_graph_us(ours, ncopies, samples=samples)
         finally:
             ops._set_draft_fc_decode_max_rows(prev)
+    t_kernel = {"cluster": None, "split": None}
+    if compare_kernels:  # for M on the decode path: each register decode kernel forced, not auto's choice
+        prev_rows = ops._set_draft_fc_decode_max_rows(0)
+        ops._set_draft_fc_decode_max_rows(prev_rows)
+        for name in t_kernel if m <= prev_rows else ():
+            prev = ops._set_draft_fc_decode_kernel(name)
+            try:
+                ours(0)
+                t_kernel[name] = common.time_graph_us(ours, ncopies, samples=samples)
+            finally:
+                ops._set_draft_fc_decode_kernel(prev)
     nbytes = w_bytes + x_bytes + m * n * es + k * h * es
     flops = 2.0 * m * n * k * h
     floor = max(nbytes / bw, flops / rate) * 1e6
@@ -77,10 +89,12 @@ def bench_row(m, n, h, k, dtype, bw, rate, samples, compare_paths=False):
                bytes=nbytes, flops=flops, bound="bytes" if nbytes / bw >= flops / rate else "flops",
                weight_bw_fraction=(w_bytes / (t_ours * 1e-6)) / bw, ours_over_floor=t_ours / floor,
                speedup_vs_a=t_a / t_ours, speedup_vs_b=t_b / t_ours, read_weights_us=t_read,
-               ours_cublas_path_us=t_other_path)
+               ours_cublas_path_us=t_other_path, ours_cluster_kernel_us=t_kernel["cluster"],
+               ours_split_kernel_us=t_kernel["split"])
     print(f"  M={m:5d} N={n:5d}: ours {t_ours:9.2f} (again {t_ours2:9.2f})  (a) {t_a:9.2f}  (b) {t_b:9.2f}  "
           f"floor {floor:8.2f} us  weight-bw {row['weight_bw_fraction']:.2f}  sum(W) {t_read:8.2f}"
-          + (f"  normalise+cuBLAS {t_other_path:8.2f}" if t_other_path is not None else ""), flush=True)
+          + (f"  normalise+cuBLAS {t_other_path:8.2f}" if t_other_path is not None else "")
+          + "".join(f"  {k} {v:8.2f}" for k, v in t_kernel.items() if v is not None), flush=True)
     del ws, xs, normed
     torch.cuda.empty_cache()
     return row
@@ -97,7 +111,11 @@ def main() -> int:
     ap.add_argument("--out", default="benchmarks/results/draft_fc-h200.json")
     ap.add_argument("--plot", default=None)
     ap.add_argument("--compare-paths", action="store_true",
-                    help="for M <= 8 also time the op through normalise + cuBLAS (ours_cublas_path_us)")
+                    help="for M on the decode kernel (M <= 16) also time the op through normalise + cuBLAS "
+                         "(ours_cublas_path_us)")
+    ap.add_argument("--compare-kernels", action="store_true",
+                    help="for M on the decode path also time the op with each decode kernel forced (cluster, split) "
+                         "instead of auto's choice (ours_cluster_kernel_us, ours_split_kernel_us)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_draft_fc.py needs a CUDA GPU")
@@ -108,7 +126,8 @@ def main() -> int:
     rows = []
     for n in [int(v) for v in args.N.split(",")]:
         for m in [int(v) for v in args.M.split(",")]:
-            rows.append(bench_row(m, n, args.H, args.K, dtype, bw, rate, args.samples, args.compare_paths))
+            rows.append(bench_row(m, n, args.H, args.K, dtype, bw, rate, args.samples, args.compare_paths,
+                                  args.compare_kernels))
     cols = ["M", "N", "ours_us", "baseline_us", "linear_us", "floor_us", "weight_bw_fraction", "speedup_vs_a",
             "speedup_vs_b"]
     common.print_table(rows, cols)
