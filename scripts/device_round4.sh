@@ -16,22 +16,26 @@ if [ -d old_src ]; then
 fi
 step draft fc tests
 timeout 240 python3 -m pytest -m "cuda and not multigpu" -q tests/test_draft_fc.py tests/sglang/test_hook_calls_cuda.py \
-  2>&1 | tee "$OUT/pytest_cuda.log" | tail -3
+  2>&1 | tee "$OUT/pytest_cuda.log" | grep -E "FAILED|passed|failed|rror" | tail -8
 wait
-step bench_draft_fc binary: cluster vs split kernel vs the previous kernel, read probe
-for n in 896 7168; do
-  for m in 1 8 12 16; do
+step "bench_draft_fc binary: cluster vs split kernel vs the previous kernel in old_src, read probe"
+for n in 896 1792 3584 7168; do
+  for m in 1 8; do
     probe=0; [ "$m" = 1 ] && probe=1
     ./build/bench/bench_draft_fc --M $m --N $n --samples 9 --kernel cluster --probe $probe | tail -n +3
     ./build/bench/bench_draft_fc --M $m --N $n --samples 9 --kernel split | tail -1
-    if [ -x build/bench_old/bench_draft_fc ] && [ "$m" -le 8 ]; then
-      echo -n "old:  "; ./build/bench_old/bench_draft_fc --M $m --N $n --samples 9 | tail -1
+    if [ -x build/bench_old/bench_draft_fc ]; then
+      echo -n "old:  "; ./build/bench_old/bench_draft_fc --M $m --N $n --samples 9 --kernel cluster | tail -1
     fi
   done
 done 2>&1 | tee "$OUT/bench_binary.log"
-step bench draft fc op
-timeout 200 python3 benchmarks/bench_draft_fc.py --samples 15 --M 1,4,8,12,16,32,64,512,4096 --compare-paths \
-  --out "$OUT/draft_fc-h200.json" --plot "$OUT/draft_fc-h200.png" 2>&1 | tee "$OUT/bench_fc.log" | grep -E "M=|streaming"
+step op decode sweep, every decode path
+timeout 200 python3 benchmarks/bench_draft_fc.py --samples 15 --N 896,1792,3584,7168 --M 1,4,8 --compare-paths \
+  --compare-kernels --out "$OUT/draft_fc-decode-sweep-h200.json" --plot "$OUT/draft_fc-decode-sweep-h200.png" 2>&1 \
+  | tee "$OUT/sweep.log" | grep -E "M=|streaming"
+[ -n "${FULL:-}" ] && { step bench draft fc op
+timeout 200 python3 benchmarks/bench_draft_fc.py --samples 15 --M 1,4,8,16,32,64,512,4096 --compare-paths \
+  --out "$OUT/draft_fc-h200.json" --plot "$OUT/draft_fc-h200.png" 2>&1 | tee "$OUT/bench_fc.log" | grep -E "M=|streaming"; }
 step memcheck draft fc
 E3_HYPOTHESIS_PROFILE=sanitizer timeout 200 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 3 \
   python3 -m pytest -m cuda -q -x tests/test_draft_fc.py \
