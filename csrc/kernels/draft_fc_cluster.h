@@ -8,9 +8,8 @@ namespace e3 {
 
 // Whether the current device launches thread-block clusters (sm_90 and later).
 bool draft_fc_cluster_supported();
-// Whether the call suits it on the current device: K <= 8 taps (one cluster holds every tap of a column tile),
-// M <= 16 rows, and for M <= 8 the shared-memory form's staging fitting one wave of blocks.
-bool draft_fc_cluster_applies(const DraftFcParams& p, DType dtype, const DraftFcDecodeConfig& cfg);
+// Whether the call suits it: K <= 8 taps (one cluster holds every tap of a column tile), M <= 16 rows.
+bool draft_fc_cluster_applies(const DraftFcParams& p);
 
 // No workspace: the K-splits of a column tile meet in distributed shared memory. cudaError_t value.
 int draft_fc_decode_cluster_cuda(const DraftFcParams& p, DType dtype, void* stream,

@@ -218,7 +218,7 @@ int draft_fc_decode_cuda(const DraftFcParams& p, DType dtype, const DraftFcWorks
   const bool cluster = cfg.kernel == DraftFcDecodeKernel::Cluster ||
                        ((cfg.kernel == DraftFcDecodeKernel::Auto || cfg.kernel == DraftFcDecodeKernel::Bulk) &&
                         cuda::split_kernel_splits_per_tap(p, cfg) >= kDraftFcClusterMinSplits);
-  if (cluster && draft_fc_cluster_supported() && draft_fc_cluster_applies(p, dtype, cfg))
+  if (cluster && draft_fc_cluster_applies(p) && draft_fc_cluster_supported())
     return draft_fc_decode_cluster_cuda(p, dtype, stream, cfg);
   auto s = static_cast<cudaStream_t>(stream);
   switch (dtype) {
