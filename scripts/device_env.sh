@@ -14,3 +14,12 @@ gather_checks() {
     > "$OUT/memcheck_gather.log" 2>&1
   echo "memcheck gather rc=$?"; grep -E "ERROR SUMMARY|passed|failed" "$OUT/memcheck_gather.log" | tail -3
 }
+# The extension for sm_90a (editable install, exits the script on failure), then the bench_draft_fc binary in the
+# background (its log in $OUT/cmake.log; `wait` before running it).
+build_fc() {
+  step build
+  TORCH_CUDA_ARCH_LIST=9.0a MAX_JOBS=16 python3 -m pip install -q --no-build-isolation --no-deps -e . \
+    > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+  (cmake -S . -B build/bench -DE3_CUDA_ARCHS=90a && cmake --build build/bench -j 16 --target bench_draft_fc) \
+    > "$OUT/cmake.log" 2>&1 &
+}

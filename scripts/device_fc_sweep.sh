@@ -3,11 +3,7 @@
 # the op in graph replays with each decode kernel (cluster, split) and through normalise + cuBLAS, for M = 1..16;
 # the bench binary's plain streaming read of each weight size (the floor of one launch that size).
 source "$(dirname "$0")/device_env.sh"
-step build
-TORCH_CUDA_ARCH_LIST=9.0a MAX_JOBS=16 python3 -m pip install -q --no-build-isolation --no-deps -e . \
-  > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
-(cmake -S . -B build/bench -DE3_CUDA_ARCHS=90a && cmake --build build/bench -j 16 --target bench_draft_fc) \
-  > "$OUT/cmake.log" 2>&1 &
+build_fc
 step op sweep
 timeout 300 python3 benchmarks/bench_draft_fc.py --samples 15 --N ${SWEEP_N:-896,1792,3584,7168} \
   --M ${SWEEP_M:-1,8,12,16} --compare-paths --compare-kernels --out "$OUT/draft_fc-decode-sweep-h200.json" \

@@ -5,11 +5,7 @@
 # tree is present (same run); the op benchmark, both paths for decode M; memcheck and racecheck of the draft fc;
 # initcheck of the decode kernels without a kernel filter.
 source "$(dirname "$0")/device_env.sh"
-step build
-TORCH_CUDA_ARCH_LIST=9.0a MAX_JOBS=16 python3 -m pip install -q --no-build-isolation --no-deps -e . \
-  > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
-(cmake -S . -B build/bench -DE3_CUDA_ARCHS=90a && cmake --build build/bench -j 16 --target bench_draft_fc) \
-  > "$OUT/cmake.log" 2>&1 &
+build_fc
 if [ -d old_src ]; then
   (cmake -S old_src -B build/bench_old -DE3_CUDA_ARCHS=90a && cmake --build build/bench_old -j 8 --target bench_draft_fc) \
     > "$OUT/cmake_old.log" 2>&1 &
