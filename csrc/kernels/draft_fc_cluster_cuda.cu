@@ -21,6 +21,15 @@ namespace kernels {
 
 constexpr int kMaxCluster = 8;
 
+// Resident blocks per SM and weight chunks per warp step of the cluster kernel. One token group: 3 blocks (168
+// registers a thread), so 7 chunks with the norm, 10 without: its grids at the sizes it serves (N <= 1792 at K = 3)
+// fill under 3 blocks per SM anyway, and the stream is latency-bound, so fewer, larger load rounds per warp (N=896:
+// 4 rounds of 224 instead of 5 of 192). Two groups: the split kernel's budget.
+__host__ __device__ constexpr int cluster_blocks_per_sm(int groups) { return groups == 1 ? 3 : decode_blocks_per_sm(2); }
+__host__ __device__ constexpr int cluster_unroll(bool norm, int groups) {
+  return groups == 1 ? (norm ? 7 : 10) : decode_unroll(norm, groups);
+}
+
 struct ClusterTiling {
   int row_groups;       // R: 16-row groups per block (1, 2 or 4)
   int64_t n_tiles;      // ceil(N / (16 R))
@@ -33,7 +42,7 @@ struct ClusterTiling {
 // cluster finishes a share of the tile's (row, token) outputs from every block's partials and sums of squares;
 // a last cluster barrier keeps every block's shared memory alive until its neighbours have read it.
 template <typename T, bool kNorm, int kGroups>
-__global__ void __launch_bounds__(kFcWarps * 32, decode_blocks_per_sm(kGroups))
+__global__ void __launch_bounds__(kFcWarps * 32, cluster_blocks_per_sm(kGroups))
     draft_fc_decode_cluster_kernel(DraftFcParams p, ClusterTiling t) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
@@ -57,7 +66,8 @@ __global__ void __launch_bounds__(kFcWarps * 32, decode_blocks_per_sm(kGroups))
     if (k_end > p.hidden) k_end = p.hidden;
     const int64_t row_a = blockIdx.x * static_cast<int64_t>(16 * R) + group * 16 + ((threadIdx.x & 31) >> 2);
     // The warps of group 0 count x^2: together they cover the block's k range once.
-    decode_stream<T, kNorm, kGroups>(p, tap, row_a, k_begin, k_end, kNorm && group == 0, acc, sum_sq);
+    decode_stream<T, kNorm, kGroups, cluster_unroll(kNorm, kGroups)>(p, tap, row_a, k_begin, k_end,
+                                                                     kNorm && group == 0, acc, sum_sq);
   }
   // Indices again after the stream rather than live across it (registers for the loads).
   const int rank = static_cast<int>(cluster.block_rank());
@@ -172,9 +182,9 @@ ClusterTiling cluster_tiling(int taps, int64_t hidden, int64_t out_features, int
 
 template <typename T, bool kNorm, int kGroups>
 cudaError_t launch_cluster(const DraftFcParams& p, cudaStream_t s, const DraftFcDecodeConfig& cfg) {
-  const int blocks_per_sm = cfg.blocks_per_sm > 0 ? cfg.blocks_per_sm : decode_blocks_per_sm(kGroups);
+  const int blocks_per_sm = cfg.blocks_per_sm > 0 ? cfg.blocks_per_sm : cluster_blocks_per_sm(kGroups);
   const int64_t slots = static_cast<int64_t>(blocks_per_sm) * sm_count();
-  const ClusterTiling t = cluster_tiling(p.taps, p.hidden, p.out_features, slots, decode_unroll(kNorm, kGroups));
+  const ClusterTiling t = cluster_tiling(p.taps, p.hidden, p.out_features, slots, cluster_unroll(kNorm, kGroups));
   const unsigned cluster = static_cast<unsigned>(p.taps * t.splits_per_tap);
   cudaLaunchConfig_t lc = {};
   lc.gridDim = dim3(static_cast<unsigned>(t.n_tiles), cluster);

@@ -31,7 +31,8 @@ __global__ void __launch_bounds__(kFcWarps * 32, decode_blocks_per_sm(kGroups))
   float acc[kGroups][4] = {};
   float sum_sq[kGroups] = {};
   // One warp per block sums x^2: the k range is the same for all four.
-  decode_stream<T, kNorm, kGroups>(p, tap, row_a, k_begin, k_end, kNorm && warp == 0, acc, sum_sq);
+  decode_stream<T, kNorm, kGroups, decode_unroll(kNorm, kGroups)>(p, tap, row_a, k_begin, k_end, kNorm && warp == 0,
+                                                                  acc, sum_sq);
   // One block per (tile, tap, split): the tile is complete after taps * splits_per_tap blocks.
   decode_add_partials<T, kNorm, kGroups>(p, ws, tile, tap, row_a, acc, sum_sq, 1u,
                                          static_cast<unsigned>(p.taps * t.splits_per_tap));

@@ -109,10 +109,10 @@ __device__ __forceinline__ uint4 load_weight16(const void* p) {
 
 // One warp's weight stream, shared by the register decode kernels (split-K and cluster): the warp's 16 weight rows
 // (row_a = its first row + lane / 4, and row_a + 8) over k in [k_begin, k_end) of tap `tap`, kUnroll 32-wide chunks
-// per step, all of a step's loads issued before its MMAs; each weight fragment feeds one MMA per token group of 8
+// per step (the kernel's choice for its register budget), all of a step's loads issued before its MMAs; each weight fragment feeds one MMA per token group of 8
 // (acc[q]: rows row_a, row_a + 8 x tokens 8q + 2c, 8q + 2c + 1). kNorm: g multiplies the activations as they are
 // loaded, and with count_sq the lane adds token (8q + lane / 4)'s x^2 over its elements to sum_sq[q].
-template <typename T, bool kNorm, int kGroups>
+template <typename T, bool kNorm, int kGroups, int kUnroll>
 __device__ __forceinline__ void decode_stream(const DraftFcParams& p, int tap, int64_t row_a, int64_t k_begin,
                                               int64_t k_end, bool count_sq, float (&acc)[kGroups][4],
                                               float (&sum_sq)[kGroups]) {
@@ -132,7 +132,6 @@ __device__ __forceinline__ void decode_stream(const DraftFcParams& p, int tap, i
   }
   const T* gw = static_cast<const T*>(p.norm_weight) + tap * p.hidden;
 
-  constexpr int kUnroll = decode_unroll(kNorm, kGroups);
   for (int64_t k0 = k_begin; k0 < k_end; k0 += kFcChunk * kUnroll) {
     // Every load of the step (weights, activations, norm weights) is issued before its first MMA: a norm-weight
     // load left next to its use serialised one L2 round trip per chunk (a 30% slower kernel on the H200).
