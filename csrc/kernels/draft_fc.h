@@ -101,8 +101,8 @@ DraftFcWorkspace draft_fc_decode_workspace_view(void* zeroed, int taps, int64_t 
 enum class DraftFcDecodeKernel : int {
   // The default: Cluster where it applies and the split-K grid would cut each tap into at least
   // kDraftFcClusterMinSplits pieces (small N: many partials per tile, whose L2 round trips the cluster saves),
-  // else Split. On the H200 (H = 7168, K = 3) that is N <= 1792: cluster 0.7-1.3 us faster at N = 896, even at 1792,
-  // 1-3 us slower at N = 3584 and 7168 (benchmarks/NOTES.md).
+  // else Split. On the H200 (H = 7168, K = 3) that is N <= 1792, where the cluster kernel is 0.8-1.3 us faster; the
+  // two tie at N = 3584 and the split kernel is ahead at 7168 (benchmarks/NOTES.md, results/draft_fc-decode-sweep).
   Auto = 0,
   // sm_90+, K <= 8: one thread-block cluster per column tile, partials reduced in distributed shared memory
   // (draft_fc_cluster.h); no workspace, deterministic. Where it does not apply, Split.
@@ -120,7 +120,7 @@ struct DraftFcDecodeConfig {
   DraftFcDecodeKernel kernel = DraftFcDecodeKernel::Auto;
   int bulk_stages = 2;    // TMA kernel: shared-memory stages (0: as many as fit); 2 measured fastest
   int blocks_per_sm = 0;  // register kernels: K-split so that about this many blocks per SM stream weights (0: as
-                          // many as the kernel is built to keep resident, decode_blocks_per_sm)
+                          // many as the kernel is built to keep resident)
   int splits_per_tap = 0;  // register-streaming kernel: K-splits per tap (0: from blocks_per_sm)
 };
 

@@ -1,6 +1,7 @@
-// CUDA kernels of the draft fc: the register-streaming decode kernel (fragment layout in draft_fc_device.cuh; the
-// default decode path), the prefill normalise kernel, the decode workspace and the decode dispatch (which runs the
-// opt-in TMA kernel of draft_fc_bulk_cuda.cu instead when asked for, on sm_90 and later with packed input).
+// CUDA kernels of the draft fc: the split-K register decode kernel (fragment layout in draft_fc_device.cuh), the
+// prefill normalise kernel, the decode workspace and the decode dispatch: DraftFcDecodeKernel picks this kernel, the
+// cluster kernel of draft_fc_cluster_cuda.cu (sm_90+, small N by default) or the opt-in TMA kernel of
+// draft_fc_bulk_cuda.cu.
 #include "draft_fc_bulk.h"
 #include "draft_fc_cluster.h"
 #include "draft_fc_device.cuh"
