@@ -85,9 +85,7 @@ __global__ void __launch_bounds__(kFcWarps * 32, cluster_blocks_per_sm(kGroups))
     warp_part[warp][g + 8][t0] = acc[q][2];
     warp_part[warp][g + 8][t0 + 1] = acc[q][3];
     if (kNorm && group == 0) {
-      float s = sum_sq[q];
-      s += __shfl_xor_sync(0xffffffffu, s, 1);
-      s += __shfl_xor_sync(0xffffffffu, s, 2);
+      const float s = quad_sum(sum_sq[q]);
       if (c == 0) warp_sq[warp][q * kMmaTokens + g] = s;
     }
   }
@@ -216,7 +214,8 @@ bool draft_fc_cluster_supported() {
 }
 
 bool draft_fc_cluster_applies(const DraftFcParams& p) {
-  return p.taps <= cuda::kernels::kMaxCluster && p.rows <= kDraftFcDecodeMaxRows && p.out_features < (int64_t(1) << 31);
+  return p.taps <= cuda::kernels::kMaxCluster && p.rows <= kDraftFcDecodeMaxRows &&
+         p.out_features < (int64_t(1) << 31);
 }
 
 int draft_fc_decode_cluster_cuda(const DraftFcParams& p, DType dtype, void* stream, const DraftFcDecodeConfig& cfg) {

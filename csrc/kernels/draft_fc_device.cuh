@@ -1,7 +1,8 @@
-// Device-side pieces shared by the draft fc decode kernels (draft_fc_cuda.cu, draft_fc_bulk_cuda.cu): the MMA
-// wrappers, the x * g helper, and the split-K epilogue of one column tile. Torch-free.
+// Device-side pieces shared by the draft fc decode kernels (split-K in draft_fc_cuda.cu, cluster in
+// draft_fc_cluster_cuda.cu, TMA in draft_fc_bulk_cuda.cu): the MMA wrappers, the x * g helper, one warp's weight
+// stream, and the split-K epilogue of one column tile. Torch-free.
 //
-// Fragment layout of both decode kernels. The weight W [N, K*H] is the MMA's A operand (16 rows of N per warp) and
+// Fragment layout of every decode kernel. The weight W [N, K*H] is the MMA's A operand (16 rows of N per warp) and
 // the activations are the B operand (8 token rows), so tensor cores serve M = 1..8 with no wasted weight bytes
 // (mma.sync m16n8k16: sm_80 and later, so the same code serves sm_90a, sm_100a and sm_120a). Each lane holds 16
 // contiguous bytes of a weight row; the k order inside a 32-wide chunk is permuted so those 8 elements are exactly
@@ -109,8 +110,8 @@ __device__ __forceinline__ uint4 load_weight16(const void* p) {
 
 // One warp's weight stream, shared by the register decode kernels (split-K and cluster): the warp's 16 weight rows
 // (row_a = its first row + lane / 4, and row_a + 8) over k in [k_begin, k_end) of tap `tap`, kUnroll 32-wide chunks
-// per step (the kernel's choice for its register budget), all of a step's loads issued before its MMAs; each weight fragment feeds one MMA per token group of 8
-// (acc[q]: rows row_a, row_a + 8 x tokens 8q + 2c, 8q + 2c + 1). kNorm: g multiplies the activations as they are
+// per step (the kernel's choice for its register budget), all of a step's loads issued before its MMAs; each
+// weight fragment feeds one MMA per token group of 8 (acc[q]: rows row_a, row_a + 8 x tokens 8q + 2c, 8q + 2c + 1). kNorm: g multiplies the activations as they are
 // loaded, and with count_sq the lane adds token (8q + lane / 4)'s x^2 over its elements to sum_sq[q].
 template <typename T, bool kNorm, int kGroups, int kUnroll>
 __device__ __forceinline__ void decode_stream(const DraftFcParams& p, int tap, int64_t row_a, int64_t k_begin,
@@ -159,6 +160,13 @@ __device__ __forceinline__ void decode_stream(const DraftFcParams& p, int tap, i
       }
     }
   }
+}
+
+// A token's sum of x^2 over a warp: lanes 4g..4g+3 hold parts of token g's (their k elements); after this every
+// lane of the quad holds the quad's total.
+__device__ __forceinline__ float quad_sum(float s) {
+  s += __shfl_xor_sync(0xffffffffu, s, 1);
+  return s + __shfl_xor_sync(0xffffffffu, s, 2);
 }
 
 // Split-K epilogue of one column tile, run by every thread of the block that finished the tile last (after it
@@ -251,9 +259,7 @@ __device__ void decode_add_partials(const DraftFcParams& p, const DraftFcWorkspa
       if (t0 + 1 < p.rows) atomicAdd(ws_acc + (row_a + 8) * kWsTokens + t0 + 1, acc[q][3]);
     }
     if (kNorm && warp == 0) {
-      float s = sum_sq[q];
-      s += __shfl_xor_sync(0xffffffffu, s, 1);
-      s += __shfl_xor_sync(0xffffffffu, s, 2);
+      const float s = quad_sum(sum_sq[q]);
       const int tok = q * kMmaTokens + g;
       if (c == 0 && tok < p.rows) atomicAdd(ws.tile_sum_sq + (tile * p.taps + tap) * kWsTokens + tok, s);
     }
