@@ -61,20 +61,19 @@ def bench_row(m, n, h, k, dtype, bw, rate, samples, compare_paths=False, compare
     t_b = common.time_graph_us(base_b, ncopies, samples=samples)
     t_ours2 = common.time_graph_us(ours, ncopies, samples=samples)
     t_read = common.time_graph_us(read_weights, ncopies, samples=samples)
+    decode_rows = ops._set_draft_fc_decode_max_rows(0)  # the threshold in force (the setter returns it) ...
+    ops._set_draft_fc_decode_max_rows(decode_rows)      # ... put back at once
     t_other_path = None
-    if compare_paths:  # for M on the decode kernel: the same op through normalise + cuBLAS instead
-        prev = ops._set_draft_fc_decode_max_rows(0)  # returns the decode threshold in force
+    if compare_paths and m <= decode_rows:  # for M on the decode kernel: the same op through normalise + cuBLAS
+        ops._set_draft_fc_decode_max_rows(0)
         try:
-            if m <= prev:
-                ours(0)
-                t_other_path = common.time_graph_us(ours, ncopies, samples=samples)
+            ours(0)
+            t_other_path = common.time_graph_us(ours, ncopies, samples=samples)
         finally:
-            ops._set_draft_fc_decode_max_rows(prev)
+            ops._set_draft_fc_decode_max_rows(decode_rows)
     t_kernel = {"cluster": None, "split": None}
     if compare_kernels:  # for M on the decode path: each register decode kernel forced, not auto's choice
-        prev_rows = ops._set_draft_fc_decode_max_rows(0)
-        ops._set_draft_fc_decode_max_rows(prev_rows)
-        for name in t_kernel if m <= prev_rows else ():
+        for name in t_kernel if m <= decode_rows else ():
             prev = ops._set_draft_fc_decode_kernel(name)
             try:
                 ours(0)

@@ -3,6 +3,8 @@ and bias, poisoned outputs, both CUDA paths (decode kernels M <= 8 by default, u
 GEMM above), every decode kernel, bad inputs, opcheck, CUDA graphs."""
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
@@ -207,15 +209,26 @@ def test_decode_kernel_knob_checks_and_restores():
         ops._set_draft_fc_decode_kernel(prev)
 
 
+@contextlib.contextmanager
+def decode_settings(kernel=None, rows=None):
+    """The decode knobs set for the block (None leaves one as it is) and restored after it."""
+    prev_kernel = ops._set_draft_fc_decode_kernel(kernel) if kernel is not None else None
+    prev_rows = ops._set_draft_fc_decode_max_rows(rows) if rows is not None else None
+    try:
+        yield
+    finally:
+        if prev_kernel is not None:
+            ops._set_draft_fc_decode_kernel(prev_kernel)
+        if prev_rows is not None:
+            ops._set_draft_fc_decode_max_rows(prev_rows)
+
+
 @pytest.fixture(params=["cluster", "split"])
 def decode_kernel(request):
     """Runs a CUDA test once per register decode kernel (auto picks one by shape), with the decode threshold at its
     maximum, 16 rows, so M = 9..16 takes the two-token-group kernels (opt-in by default)."""
-    prev = ops._set_draft_fc_decode_kernel(request.param)
-    prev_rows = ops._set_draft_fc_decode_max_rows(16)
-    yield request.param
-    ops._set_draft_fc_decode_kernel(prev)
-    ops._set_draft_fc_decode_max_rows(prev_rows)
+    with decode_settings(request.param, 16):
+        yield request.param
 
 
 # ---------------------------------------------------------------- CUDA only
@@ -265,11 +278,8 @@ def test_cuda_decode_and_prefill_paths_agree():
     b = randn((512,), dt, "cuda", gen)
     full = ops.draft_fc(x, w, g, 1e-5, b)            # prefill path (M > 16)
     one = ops.draft_fc(x[:8], w, g, 1e-5, b)         # decode kernel, one token group
-    prev_rows = ops._set_draft_fc_decode_max_rows(16)
-    try:
+    with decode_settings(rows=16):
         two = ops.draft_fc(x[:13], w, g, 1e-5, b)    # decode kernel, two token groups
-    finally:
-        ops._set_draft_fc_decode_max_rows(prev_rows)
     want = reference.draft_fc(x.double().cpu(), w.double().cpu(), g.double().cpu(), 1e-5, b.double().cpu())
     assert rel_err(full, want) <= 2e-3 and rel_err(one, want[:8]) <= 2e-3 and rel_err(two, want[:13]) <= 2e-3
 
@@ -337,17 +347,12 @@ def test_cuda_decode_threshold_knob_keeps_results(m):
 def test_cuda_every_decode_kernel_matches_reference(kernel, data):
     """Every decode kernel on M <= 16 (one or two token groups, the threshold raised to 16): auto, cluster (sm_90+,
     K <= 8; K > 8 runs split), split, and bulk (sm_90+, packed input, M <= 8; other calls take auto's choice)."""
-    prev = ops._set_draft_fc_decode_kernel(kernel)
-    prev_rows = ops._set_draft_fc_decode_max_rows(16)
-    try:
+    with decode_settings(kernel, 16):
         case = data.draw(fc_cases("cuda"))
         case["m"] = data.draw(st.integers(1, 16))
         if case["dtype"] == torch.float32:
             case["dtype"] = torch.bfloat16  # float32 never takes a decode kernel
         check_case(case, "cuda")
-    finally:
-        ops._set_draft_fc_decode_kernel(prev)
-        ops._set_draft_fc_decode_max_rows(prev_rows)
 
 
 @pytest.mark.cuda

@@ -105,7 +105,7 @@ def _set_draft_fc_decode_max_rows(rows: int) -> int:
     return int(load().set_draft_fc_decode_max_rows(int(rows)))
 
 
-_DECODE_KERNELS = ("auto", "cluster", "split", "bulk")
+_DECODE_KERNELS = ("auto", "cluster", "split", "bulk")  # e3::DraftFcDecodeKernel, in its order
 
 
 def _set_draft_fc_decode_kernel(kernel: str) -> str:
