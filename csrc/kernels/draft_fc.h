@@ -114,8 +114,6 @@ enum class DraftFcDecodeKernel : int {
   Bulk = 3,
 };
 constexpr int64_t kDraftFcClusterMinSplits = 4;
-// The register kernels' default L2 prefetch distance in warp steps (DraftFcDecodeConfig::prefetch_steps).
-constexpr int kDraftFcDecodePrefetchSteps = 2;
 
 // Launch tuning; the defaults are what the library uses. Exposed for the bench binary's sweeps.
 struct DraftFcDecodeConfig {
@@ -124,9 +122,6 @@ struct DraftFcDecodeConfig {
   int blocks_per_sm = 0;  // register kernels: K-split so that about this many blocks per SM stream weights (0: as
                           // many as the kernel is built to keep resident)
   int splits_per_tap = 0;  // register-streaming kernel: K-splits per tap (0: from blocks_per_sm)
-  // Register kernels: warp steps of L2 prefetch ahead of the weight loads (0: none; -1: the kernel's default,
-  // draft_fc_decode_prefetch_steps).
-  int prefetch_steps = -1;
 };
 
 int draft_fc_decode_cuda(const DraftFcParams& p, DType dtype, const DraftFcWorkspace& ws, void* stream,

@@ -36,7 +36,6 @@ struct ClusterTiling {
   int splits_per_tap;   // blocks per tap in a cluster
   int64_t k_block;      // k elements per block (within its tap)
   int64_t k_warp;       // k elements per warp: k_block / (4 / R), whole warp steps
-  int prefetch_steps;   // L2 prefetch distance of the weight stream, in warp steps (decode_stream)
 };
 
 // Every block: stream, reduce its warps' fragments in shared memory, cluster barrier; then each block of the
@@ -68,8 +67,7 @@ __global__ void __launch_bounds__(kFcWarps * 32, cluster_blocks_per_sm(kGroups))
     const int64_t row_a = blockIdx.x * static_cast<int64_t>(16 * R) + group * 16 + ((threadIdx.x & 31) >> 2);
     // The warps of group 0 count x^2: together they cover the block's k range once.
     decode_stream<T, kNorm, kGroups, cluster_unroll(kNorm, kGroups)>(p, tap, row_a, k_begin, k_end,
-                                                                     kNorm && group == 0, t.prefetch_steps, acc,
-                                                                     sum_sq);
+                                                                     kNorm && group == 0, acc, sum_sq);
   }
   // Indices again after the stream rather than live across it (registers for the loads).
   const int rank = static_cast<int>(cluster.block_rank());
@@ -184,8 +182,7 @@ template <typename T, bool kNorm, int kGroups>
 cudaError_t launch_cluster(const DraftFcParams& p, cudaStream_t s, const DraftFcDecodeConfig& cfg) {
   const int blocks_per_sm = cfg.blocks_per_sm > 0 ? cfg.blocks_per_sm : cluster_blocks_per_sm(kGroups);
   const int64_t slots = static_cast<int64_t>(blocks_per_sm) * sm_count();
-  ClusterTiling t = cluster_tiling(p.taps, p.hidden, p.out_features, slots, cluster_unroll(kNorm, kGroups));
-  t.prefetch_steps = cfg.prefetch_steps >= 0 ? cfg.prefetch_steps : kDraftFcDecodePrefetchSteps;
+  const ClusterTiling t = cluster_tiling(p.taps, p.hidden, p.out_features, slots, cluster_unroll(kNorm, kGroups));
   const unsigned cluster = static_cast<unsigned>(p.taps * t.splits_per_tap);
   cudaLaunchConfig_t lc = {};
   lc.gridDim = dim3(static_cast<unsigned>(t.n_tiles), cluster);

@@ -14,7 +14,6 @@ struct DecodeTiling {
   int64_t n_tiles;
   int64_t splits_per_tap;
   int64_t k_block;  // k elements per split (whole warp steps: 32 x the kernel's unroll)
-  int prefetch_steps;  // L2 prefetch distance of the weight stream, in warp steps (decode_stream)
 };
 
 // The split-K decode kernel. grid.x: column tiles of 64 weight rows; grid.y: K-splits (taps x splits_per_tap).
@@ -34,7 +33,7 @@ __global__ void __launch_bounds__(kFcWarps * 32, decode_blocks_per_sm(kGroups))
   float sum_sq[kGroups] = {};
   // One warp per block sums x^2: the k range is the same for all four.
   decode_stream<T, kNorm, kGroups, decode_unroll(kNorm, kGroups)>(p, tap, row_a, k_begin, k_end, kNorm && warp == 0,
-                                                                  t.prefetch_steps, acc, sum_sq);
+                                                                  acc, sum_sq);
   // One block per (tile, tap, split): the tile is complete after taps * splits_per_tap blocks.
   decode_add_partials<T, kNorm, kGroups>(p, ws, tile, tap, row_a, acc, sum_sq, 1u,
                                          static_cast<unsigned>(p.taps * t.splits_per_tap));
@@ -141,7 +140,6 @@ DecodeTiling decode_tiling(int taps, int64_t hidden, int64_t out_features, const
   const int64_t align = kFcChunk * unroll;
   t.k_block = (per + align - 1) / align * align;
   t.splits_per_tap = (hidden + t.k_block - 1) / t.k_block;
-  t.prefetch_steps = cfg.prefetch_steps >= 0 ? cfg.prefetch_steps : kDraftFcDecodePrefetchSteps;
   return t;
 }
 

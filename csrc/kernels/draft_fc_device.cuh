@@ -108,32 +108,15 @@ __device__ __forceinline__ uint4 load_weight16(const void* p) {
   return v;
 }
 
-// Asks L2 to fetch `bytes` (a multiple of 16, 16-byte aligned) of weights from DRAM ahead of the register loads that
-// will read them: one bulk prefetch per row range (sm_90+, through the SM's copy engine; no registers, no shared
-// memory, nothing to wait for), one line prefetch per 128 bytes before sm_90.
-__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#else
-  for (uint32_t off = 0; off < bytes; off += 128)
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const char*>(p) + off));
-#endif
-}
-
 // One warp's weight stream, shared by the register decode kernels (split-K and cluster): the warp's 16 weight rows
 // (row_a = its first row + lane / 4, and row_a + 8) over k in [k_begin, k_end) of tap `tap`, kUnroll 32-wide chunks
 // per step (the kernel's choice for its register budget), all of a step's loads issued before its MMAs; each
-// weight fragment feeds one MMA per token group of 8 (acc[q]: rows row_a, row_a + 8 x tokens 8q + 2c, 8q + 2c + 1).
-// kNorm: g multiplies the activations as they are loaded, and with count_sq the lane adds token (8q + lane / 4)'s x^2
-// over its elements to sum_sq[q].
-// prefetch_steps > 0: L2 prefetches run that many warp steps ahead of the loads (the first ones issued before the
-// first load), so DRAM keeps streaming while the warp waits on a step's loads or runs its MMAs; a warp's loads come
-// in dependent rounds (a step's loads, then its MMAs), and without the prefetch DRAM idles between them (Nsight:
-// 53% of DRAM peak at N=896, benchmarks/NOTES.md). Lane 4g + 0 prefetches row row_a, lane 4g + 1 row row_a + 8.
+// weight fragment feeds one MMA per token group of 8 (acc[q]: rows row_a, row_a + 8 x tokens 8q + 2c, 8q + 2c + 1). kNorm: g multiplies the activations as they are
+// loaded, and with count_sq the lane adds token (8q + lane / 4)'s x^2 over its elements to sum_sq[q].
 template <typename T, bool kNorm, int kGroups, int kUnroll>
 __device__ __forceinline__ void decode_stream(const DraftFcParams& p, int tap, int64_t row_a, int64_t k_begin,
-                                              int64_t k_end, bool count_sq, int prefetch_steps,
-                                              float (&acc)[kGroups][4], float (&sum_sq)[kGroups]) {
+                                              int64_t k_end, bool count_sq, float (&acc)[kGroups][4],
+                                              float (&sum_sq)[kGroups]) {
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2, c = lane & 3;
   const int64_t row_b = row_a + 8;
@@ -150,31 +133,7 @@ __device__ __forceinline__ void decode_stream(const DraftFcParams& p, int tap, i
   }
   const T* gw = static_cast<const T*>(p.norm_weight) + tap * p.hidden;
 
-  constexpr int64_t kStep = kFcChunk * kUnroll;
-  const bool lines = prefetch_steps > 100;  // EXPERIMENT: line prefetches by lanes instead of bulk
-  if (lines) prefetch_steps -= 100;
-  const T* w_pf = lines ? ((c < 2) ? w_a : w_b) : (c == 0 ? w_a : w_b);
-  const bool prefetching =
-      prefetch_steps > 0 && (lines ? ((c < 2) ? has_a : has_b) : (c < 2 && (c == 0 ? has_a : has_b)));
-  const int64_t ahead = static_cast<int64_t>(prefetch_steps) * kStep;
-  auto pf = [&](int64_t from, int64_t to) {
-    if (!lines) {
-      prefetch_l2(w_pf + from, static_cast<uint32_t>((to - from) * sizeof(T)));
-      return;
-    }
-    const char* b = reinterpret_cast<const char*>(w_pf + from);
-    const int64_t bytes = (to - from) * static_cast<int64_t>(sizeof(T));
-    for (int64_t off = (c & 1) * 128; off < bytes; off += 256) asm volatile("prefetch.global.L2 [%0];" ::"l"(b + off));
-  };
-  if (prefetching) {
-    const int64_t end = k_begin + ahead < k_end ? k_begin + ahead : k_end;
-    if (end > k_begin) pf(k_begin, end);
-  }
-  for (int64_t k0 = k_begin; k0 < k_end; k0 += kStep) {
-    if (prefetching) {  // the step `prefetch_steps` ahead of this one
-      const int64_t from = k0 + ahead, to = from + kStep < k_end ? from + kStep : k_end;
-      if (from < to) pf(from, to);
-    }
+  for (int64_t k0 = k_begin; k0 < k_end; k0 += kFcChunk * kUnroll) {
     // Every load of the step (weights, activations, norm weights) is issued before its first MMA: a norm-weight
     // load left next to its use serialised one L2 round trip per chunk (a 30% slower kernel on the H200).
     uint4 wa[kUnroll], wb[kUnroll], xv[kUnroll][kGroups], gv[kNorm ? kUnroll : 1];
