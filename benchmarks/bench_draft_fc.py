@@ -115,13 +115,22 @@ def main() -> int:
     ap.add_argument("--compare-kernels", action="store_true",
                     help="for M on the decode path also time the op with each decode kernel forced (cluster, split) "
                          "instead of auto's choice (ours_cluster_kernel_us, ours_split_kernel_us)")
+    ap.add_argument("--decode-max-rows", type=int, default=None,
+                    help="rows at or below which the op takes the decode kernels, for this run (0..16; default: the "
+                         "library's threshold)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_draft_fc.py needs a CUDA GPU")
+    if args.decode_max_rows is not None:
+        if not 0 <= args.decode_max_rows <= 16:
+            sys.exit(f"--decode-max-rows must be in 0..16, got {args.decode_max_rows}")
+        ops._set_draft_fc_decode_max_rows(args.decode_max_rows)
     dtype = getattr(torch, args.dtype)
     bw = common.streaming_read_bandwidth()
     rate = common.matmul_rate()
     print(f"streaming read bandwidth {bw / 1e12:.3f} TB/s, bf16 matmul {rate / 1e12:.0f} TFLOP/s")
+    decode_rows = ops._set_draft_fc_decode_max_rows(0)  # the threshold in force, put back at once
+    ops._set_draft_fc_decode_max_rows(decode_rows)
     rows = []
     for n in [int(v) for v in args.N.split(",")]:
         for m in [int(v) for v in args.M.split(",")]:
@@ -134,7 +143,8 @@ def main() -> int:
     common.write_results(args.out, rows, {"read_bandwidth_TBps": bw / 1e12, "matmul_TFLOPs": rate / 1e12,
                                           "floor_definition": "max(bytes / read bandwidth, flops / matmul rate)",
                                           "baseline": "(a) K x F.rms_norm + torch.cat + matmul",
-                                          "linear": "(b) matmul on the pre-normed concatenated input"})
+                                          "linear": "(b) matmul on the pre-normed concatenated input",
+                                          "decode_max_rows": decode_rows})
     common.plot_rows(args.plot or args.out.replace(".json", ".png"), rows, "M",
                      ["ours_us", "baseline_us", "linear_us", "floor_us"], "N", "draft fc", "M (rows)")
     return 0

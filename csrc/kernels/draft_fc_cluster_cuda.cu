@@ -38,21 +38,66 @@ struct ClusterTiling {
   int64_t k_warp;       // k elements per warp: k_block / (4 / R), whole warp steps
 };
 
-// Every block: stream, reduce its warps' fragments in shared memory, cluster barrier; then each block of the
-// cluster finishes a share of the tile's (row, token) outputs from every block's partials and sums of squares;
-// a last cluster barrier keeps every block's shared memory alive until its neighbours have read it.
+// Cluster-scope pieces of the tail (sm_90+): the leader's inbox barrier and the asynchronous stores into it.
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// This CTA's shared-memory address `a` as seen at the same offset in cluster rank `rank`.
+__device__ __forceinline__ uint32_t map_to_rank(uint32_t a, uint32_t rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+  return r;
+}
+// Stores into another CTA's shared memory that count their bytes on that CTA's mbarrier when they land.
+__device__ __forceinline__ void st_async4(uint32_t remote, float4 v, uint32_t remote_bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];"
+               ::"r"(remote), "r"(__float_as_uint(v.x)), "r"(__float_as_uint(v.y)), "r"(__float_as_uint(v.z)),
+               "r"(__float_as_uint(v.w)), "r"(remote_bar) : "memory");
+}
+__device__ __forceinline__ void st_async1(uint32_t remote, float v, uint32_t remote_bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
+               ::"r"(remote), "r"(__float_as_uint(v)), "r"(remote_bar) : "memory");
+}
+
+// Floats of the leader's inbox: every block's partial of the tile (16 R rows x kTok token slots), then with the norm
+// every block's sums of x^2 (kTok); the launch's dynamic shared memory.
+__host__ __device__ constexpr int64_t cluster_inbox_floats(int blocks, int row_groups, int tok, bool norm) {
+  return static_cast<int64_t>(blocks) * (16 * row_groups * tok + (norm ? tok : 0));
+}
+
+// Every block streams its (tap, k range) and sums its warps' fragments in shared memory. The block of cluster rank 0
+// (the leader) keeps its sums; every other block stores them into the leader's inbox with st.async, whose bytes
+// count down the leader's mbarrier, and leaves. The leader waits for the bytes, then finishes the tile's outputs
+// (fixed summation order: deterministic). One cluster barrier (its arrive at entry, its wait before the first
+// remote store, so it is off the critical path) publishes the leader's mbarrier; no barrier at the end, since no
+// block reads another's shared memory. The previous form read every block's partial from the others' shared memory
+// between two full cluster barriers (benchmarks/NOTES.md).
 template <typename T, bool kNorm, int kGroups>
 __global__ void __launch_bounds__(kFcWarps * 32, cluster_blocks_per_sm(kGroups))
     draft_fc_decode_cluster_kernel(DraftFcParams p, ClusterTiling t) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
   constexpr int kTok = kGroups * kMmaTokens;  // token slots of a partial
-  __shared__ float warp_part[kFcWarps][16][kTok];        // each warp's MMA fragments
-  __shared__ float warp_sq[kFcWarps][kTok];              // each counting warp's sums of x^2 per token
-  __shared__ float block_part[kFcRowsPerBlock][kTok];    // this block's partial of the tile: 16 R rows
-  __shared__ float block_sq[kTok];                       // this block's sums of x^2 (its tap, its k range)
+  __shared__ float warp_part[kFcWarps][16][kTok];  // each warp's MMA fragments
+  __shared__ float warp_sq[kFcWarps][kTok];        // each counting warp's sums of x^2 per token
+  __shared__ alignas(8) uint64_t inbox_full;       // the leader's: completes when every other block's bytes landed
+  extern __shared__ float4 inbox4[];               // the leader's: cluster_inbox_floats(...)
+  float* inbox = reinterpret_cast<float*>(inbox4);
   cg::cluster_group cluster = cg::this_cluster();
   const int R = t.row_groups;
+  {
+    const int rank = static_cast<int>(cluster.block_rank());
+    const int blocks = static_cast<int>(cluster.num_blocks());
+    if (rank == 0 && threadIdx.x == 0) {
+      const uint32_t bar = smem_addr(&inbox_full);
+      const uint32_t bytes =
+          static_cast<uint32_t>(cluster_inbox_floats(blocks - 1, R, kTok, kNorm) * sizeof(float));
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+  }
   float acc[kGroups][4] = {};
   float sum_sq[kGroups] = {};
   {
@@ -75,7 +120,6 @@ __global__ void __launch_bounds__(kFcWarps * 32, cluster_blocks_per_sm(kGroups))
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, c = lane & 3;
   const int group = warp % R;
-  const int64_t tile_row0 = blockIdx.x * static_cast<int64_t>(16 * R);
 
 #pragma unroll
   for (int q = 0; q < kGroups; ++q) {
@@ -90,56 +134,70 @@ __global__ void __launch_bounds__(kFcWarps * 32, cluster_blocks_per_sm(kGroups))
     }
   }
   __syncthreads();
+  // This block's partial of the tile, summed over its warps' k sub-ranges in a fixed order, 4 token slots a thread:
+  // part[r][tok] at inbox[rank][r][tok], sums of x^2 at the inbox's sq[rank][tok]. The leader's stay local.
   const int subs = kFcWarps / R;
-  for (int i = threadIdx.x; i < 16 * R * kTok; i += blockDim.x) {  // sum the k sub-ranges, fixed order
-    const int r = i / kTok, tok = i % kTok;
-    float v = 0.f;
-    for (int s = 0; s < subs; ++s) v += warp_part[s * R + r / 16][r % 16][tok];
-    block_part[r][tok] = v;
+  const int part_floats = 16 * R * kTok;
+  float* sq_base = inbox + static_cast<int64_t>(blocks) * part_floats;
+  asm volatile("barrier.cluster.wait.aligned;" ::: "memory");  // the leader's mbarrier is initialised
+  const uint32_t bar = map_to_rank(smem_addr(&inbox_full), 0);
+  for (int i = threadIdx.x; i < part_floats / 4; i += blockDim.x) {
+    const int r = (4 * i) / kTok, tok = (4 * i) % kTok;
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int s = 0; s < subs; ++s) {
+      const float* w = &warp_part[s * R + r / 16][r % 16][tok];
+      v.x += w[0];
+      v.y += w[1];
+      v.z += w[2];
+      v.w += w[3];
+    }
+    float4* dst = reinterpret_cast<float4*>(inbox + static_cast<int64_t>(rank) * part_floats) + i;
+    if (rank == 0) *dst = v;
+    else st_async4(map_to_rank(smem_addr(dst), 0), v, bar);
   }
   if (kNorm && threadIdx.x < kTok) {
     float v = 0.f;
     for (int s = 0; s < subs; ++s) v += warp_sq[s * R][threadIdx.x];
-    block_sq[threadIdx.x] = v;
+    float* dst = sq_base + rank * kTok + threadIdx.x;
+    if (rank == 0) *dst = v;
+    else st_async1(map_to_rank(smem_addr(dst), 0), v, bar);
   }
-  cluster.sync();  // every block's partials written (release) and visible (acquire)
+  if (rank != 0) return;  // nothing reads this block's shared memory
 
-  // The tile's outputs, shared among the cluster's blocks: item = (row, token) for tokens < M.
+  // The leader: every other block's bytes, then the tile's outputs, item = (row, token) for tokens < M.
+  {
+    const uint32_t local_bar = smem_addr(&inbox_full);
+    uint32_t done = 0;
+    while (!done) {
+      asm volatile(
+          "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], 0;\n"
+          " selp.u32 %0, 1, 0, p;\n}\n"
+          : "=r"(done)
+          : "r"(local_bar)
+          : "memory");
+    }
+  }
+  __syncthreads();  // the leader's own sums, written by other threads
+  const int64_t tile_row0 = blockIdx.x * static_cast<int64_t>(16 * R);
   const int64_t left = p.out_features - tile_row0;
   const int rows_here = static_cast<int>(left < 16 * R ? left : 16 * R);
   const int items = rows_here * static_cast<int>(p.rows);
   const T* bias = static_cast<const T*>(p.bias);
   T* out = static_cast<T*>(p.out);
   const float inv_h = 1.0f / static_cast<float>(p.hidden);
-  for (int i = rank * blockDim.x + threadIdx.x; i < items; i += blocks * blockDim.x) {
+  for (int i = threadIdx.x; i < items; i += blockDim.x) {
     const int r = i / static_cast<int>(p.rows), tok = i % static_cast<int>(p.rows);
-    const int64_t n = tile_row0 + r;
-    // Every block's partial (and sum of squares) first, all reads in flight at once; then the fixed-order sum.
-    float dot[kMaxCluster], sq[kMaxCluster];
-#pragma unroll
-    for (int b = 0; b < kMaxCluster; ++b) {
-      if (b < blocks) {
-        dot[b] = cluster.map_shared_rank(&block_part[0][0], b)[r * kTok + tok];
-        if (kNorm) sq[b] = cluster.map_shared_rank(&block_sq[0], b)[tok];
-      }
-    }
-    float y = bias != nullptr ? to_f(bias[n]) : 0.f;
-#pragma unroll
-    for (int b0 = 0; b0 < kMaxCluster; b0 += 1) {  // b0: the first block of a tap
-      if (b0 >= blocks || b0 % t.splits_per_tap != 0) continue;
+    float y = bias != nullptr ? to_f(bias[tile_row0 + r]) : 0.f;
+    for (int b0 = 0; b0 < blocks; b0 += t.splits_per_tap) {  // b0: the first block of a tap
       float d = 0.f, q = 0.f;
-#pragma unroll
-      for (int s = 0; s < kMaxCluster; ++s) {
-        if (s < t.splits_per_tap && b0 + s < kMaxCluster) {
-          d += dot[b0 + s];
-          if (kNorm) q += sq[b0 + s];
-        }
+      for (int s = 0; s < t.splits_per_tap; ++s) {
+        d += inbox[static_cast<int64_t>(b0 + s) * part_floats + r * kTok + tok];
+        if (kNorm) q += sq_base[(b0 + s) * kTok + tok];
       }
       y += kNorm ? rsqrtf(q * inv_h + p.eps) * d : d;
     }
-    out[tok * p.out_row_stride + n] = from_f<T>(y);
+    out[tok * p.out_row_stride + tile_row0 + r] = from_f<T>(y);
   }
-  cluster.sync();  // no block leaves (its shared memory) while a neighbour may still read it
 #else
   __trap();  // launched only on sm_90 and later (draft_fc_cluster_supported)
 #endif
@@ -187,6 +245,8 @@ cudaError_t launch_cluster(const DraftFcParams& p, cudaStream_t s, const DraftFc
   cudaLaunchConfig_t lc = {};
   lc.gridDim = dim3(static_cast<unsigned>(t.n_tiles), cluster);
   lc.blockDim = dim3(kFcWarps * 32);
+  lc.dynamicSmemBytes = static_cast<size_t>(
+      cluster_inbox_floats(static_cast<int>(cluster), t.row_groups, kGroups * kMmaTokens, kNorm) * sizeof(float));
   lc.stream = s;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
