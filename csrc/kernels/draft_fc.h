@@ -99,10 +99,11 @@ DraftFcWorkspace draft_fc_decode_workspace_view(void* zeroed, int taps, int64_t 
 // The decode kernels. Each streams the weights once through registers or shared memory; they differ in where the
 // K-splits of a column tile meet.
 enum class DraftFcDecodeKernel : int {
-  // The default: Cluster where it applies and the split-K grid would cut each tap into at least
-  // kDraftFcClusterMinSplits pieces (small N: many partials per tile, whose L2 round trips the cluster saves),
-  // else Split. On the H200 (H = 7168, K = 3) that is N <= 1792, where the cluster kernel is 0.8-1.3 us faster; the
-  // two tie at N = 3584 and the split kernel is ahead at 7168 (benchmarks/NOTES.md, results/draft_fc-decode-sweep).
+  // The default: Cluster where it applies, the split-K grid would cut each tap into at least
+  // kDraftFcClusterMinSplits pieces (small N: many partials per tile, whose L2 round trips the cluster saves) and
+  // the cluster grid fits one wave of co-resident clusters (draft_fc_cluster_one_wave), else Split. On the H200
+  // (H = 7168, K = 3) that is N <= 1792, where the cluster kernel is 1.0-2.1 us faster; the two are within
+  // noise of each other at N = 3584 and 7168 (benchmarks/NOTES.md, results/draft_fc-decode-sweep).
   Auto = 0,
   // sm_90+, K <= 8: one thread-block cluster per column tile, partials reduced in distributed shared memory
   // (draft_fc_cluster.h); no workspace, deterministic. Where it does not apply, Split.

@@ -11,6 +11,11 @@ bool draft_fc_cluster_supported();
 // Whether the call suits it: K <= 8 taps (one cluster holds every tap of a column tile), M <= 16 rows.
 bool draft_fc_cluster_applies(const DraftFcParams& p);
 
+// Whether the cluster kernel's grid for this call fits in one wave of co-resident clusters on the current device
+// (a cluster's blocks share one GPC, so clusters of some sizes leave block slots unused).
+bool draft_fc_cluster_one_wave(const DraftFcParams& p, DType dtype,
+                               const DraftFcDecodeConfig& cfg = DraftFcDecodeConfig());
+
 // No workspace: the K-splits of a column tile meet in distributed shared memory. cudaError_t value.
 int draft_fc_decode_cluster_cuda(const DraftFcParams& p, DType dtype, void* stream,
                                  const DraftFcDecodeConfig& cfg = DraftFcDecodeConfig());

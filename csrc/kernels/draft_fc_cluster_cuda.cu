@@ -12,6 +12,8 @@
 // one split (N = 7168: 112 x 3 = 336), the register kernel's grid without its workspace.
 #include <cooperative_groups.h>
 
+#include <atomic>
+
 #include "draft_fc_cluster.h"
 #include "draft_fc_device.cuh"
 
@@ -208,9 +210,49 @@ __global__ void __launch_bounds__(kFcWarps * 32, cluster_blocks_per_sm(kGroups))
 namespace {
 using namespace kernels;
 
-// The cluster shape: as many blocks as one wave holds (`slots`), each cluster <= 8 blocks; on a tie, more rows per
-// block (fewer activation re-reads). When no shape fits one wave, the fewest blocks.
-ClusterTiling cluster_tiling(int taps, int64_t hidden, int64_t out_features, int64_t slots, int unroll) {
+// Clusters of `size` blocks of this kernel that the current device holds at once. A cluster's blocks share one GPC,
+// so this is the GPCs' count, not SMs / size: on the H200, K = 1 with 7 splits (clusters of 7, 392 blocks against
+// 396 block slots) took two waves and ran 27% slower than the split kernel (benchmarks/NOTES.md). Cached per device
+// and size; 0 when the runtime cannot say (then the block slots alone bound the shape).
+template <typename T, bool kNorm, int kGroups>
+int max_active_clusters(int size) {
+  constexpr int kDevices = 64;
+  static std::atomic<int> cache[kDevices][kMaxCluster + 1];  // zero: not asked yet
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kDevices || size < 1 || size > kMaxCluster) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  const int known = cache[dev][size].load(std::memory_order_relaxed);
+  if (known > 0) return known;
+  cudaLaunchConfig_t lc = {};
+  lc.gridDim = dim3(1, static_cast<unsigned>(size));
+  lc.blockDim = dim3(kFcWarps * 32);
+  // The largest inbox a cluster of this size takes (64-row tiles); the registers bound residency long before it.
+  lc.dynamicSmemBytes =
+      static_cast<size_t>(cluster_inbox_floats(size, kFcWarps, kGroups * kMmaTokens, kNorm) * sizeof(float));
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = static_cast<unsigned>(size);
+  attr[0].val.clusterDim.z = 1;
+  lc.attrs = attr;
+  lc.numAttrs = 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, draft_fc_decode_cluster_kernel<T, kNorm, kGroups>, &lc) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  if (n > 0) cache[dev][size].store(n, std::memory_order_relaxed);
+  return n;
+}
+
+// The cluster shape: as many blocks as one wave holds (at most `slots` blocks and `clusters(size)` clusters of each
+// size), each cluster <= 8 blocks; on a tie, more rows per block (fewer activation re-reads). When no shape fits one
+// wave, the fewest blocks. `fits` says which it was.
+template <typename Clusters>
+ClusterTiling cluster_tiling(int taps, int64_t hidden, int64_t out_features, int64_t slots, int unroll,
+                             Clusters clusters, bool* fits_one_wave) {
   ClusterTiling best{};
   int64_t best_blocks = -1;
   bool best_fits = false;
@@ -218,7 +260,8 @@ ClusterTiling cluster_tiling(int taps, int64_t hidden, int64_t out_features, int
     for (int spt = 1; spt * taps <= kMaxCluster; ++spt) {
       const int64_t n_tiles = (out_features + 16 * R - 1) / (16 * R);
       const int64_t blocks = n_tiles * taps * spt;
-      const bool fits = blocks <= slots;
+      const int held = clusters(taps * spt);
+      const bool fits = blocks <= slots && (held <= 0 || n_tiles <= held);
       const bool better = best_blocks < 0 || (fits && !best_fits) || (fits && blocks >= best_blocks) ||
                           (!fits && !best_fits && blocks < best_blocks);
       if (!better) continue;
@@ -233,14 +276,21 @@ ClusterTiling cluster_tiling(int taps, int64_t hidden, int64_t out_features, int
   const int64_t warps_per_tap = static_cast<int64_t>(best.splits_per_tap) * (kFcWarps / best.row_groups);
   best.k_warp = ((hidden + warps_per_tap - 1) / warps_per_tap + step - 1) / step * step;
   best.k_block = best.k_warp * (kFcWarps / best.row_groups);
+  if (fits_one_wave != nullptr) *fits_one_wave = best_fits;
   return best;
 }
 
 template <typename T, bool kNorm, int kGroups>
-cudaError_t launch_cluster(const DraftFcParams& p, cudaStream_t s, const DraftFcDecodeConfig& cfg) {
+ClusterTiling tiling_for(const DraftFcParams& p, const DraftFcDecodeConfig& cfg, bool* fits_one_wave) {
   const int blocks_per_sm = cfg.blocks_per_sm > 0 ? cfg.blocks_per_sm : cluster_blocks_per_sm(kGroups);
   const int64_t slots = static_cast<int64_t>(blocks_per_sm) * sm_count();
-  const ClusterTiling t = cluster_tiling(p.taps, p.hidden, p.out_features, slots, cluster_unroll(kNorm, kGroups));
+  return cluster_tiling(p.taps, p.hidden, p.out_features, slots, cluster_unroll(kNorm, kGroups),
+                        max_active_clusters<T, kNorm, kGroups>, fits_one_wave);
+}
+
+template <typename T, bool kNorm, int kGroups>
+cudaError_t launch_cluster(const DraftFcParams& p, cudaStream_t s, const DraftFcDecodeConfig& cfg) {
+  const ClusterTiling t = tiling_for<T, kNorm, kGroups>(p, cfg, nullptr);
   const unsigned cluster = static_cast<unsigned>(p.taps * t.splits_per_tap);
   cudaLaunchConfig_t lc = {};
   lc.gridDim = dim3(static_cast<unsigned>(t.n_tiles), cluster);
@@ -259,6 +309,17 @@ cudaError_t launch_cluster(const DraftFcParams& p, cudaStream_t s, const DraftFc
 }
 
 template <typename T>
+bool one_wave_typed(const DraftFcParams& p, const DraftFcDecodeConfig& cfg) {
+  bool fits = false;
+  const bool norm = p.norm_weight != nullptr, two = p.rows > kMmaTokens;
+  if (norm && two) tiling_for<T, true, 2>(p, cfg, &fits);
+  else if (norm) tiling_for<T, true, 1>(p, cfg, &fits);
+  else if (two) tiling_for<T, false, 2>(p, cfg, &fits);
+  else tiling_for<T, false, 1>(p, cfg, &fits);
+  return fits;
+}
+
+template <typename T>
 cudaError_t launch_cluster_typed(const DraftFcParams& p, cudaStream_t s, const DraftFcDecodeConfig& cfg) {
   const bool norm = p.norm_weight != nullptr, two = p.rows > kMmaTokens;
   if (norm) return two ? launch_cluster<T, true, 2>(p, s, cfg) : launch_cluster<T, true, 1>(p, s, cfg);
@@ -271,6 +332,15 @@ cudaError_t launch_cluster_typed(const DraftFcParams& p, cudaStream_t s, const D
 bool draft_fc_cluster_supported() {
   return cuda::current_device_attribute(cudaDevAttrComputeCapabilityMajor, 0) >= 9 &&
          cuda::current_device_attribute(cudaDevAttrClusterLaunch, 0) != 0;
+}
+
+bool draft_fc_cluster_one_wave(const DraftFcParams& p, DType dtype, const DraftFcDecodeConfig& cfg) {
+  if (!draft_fc_cluster_applies(p)) return false;
+  switch (dtype) {
+    case DType::BF16: return cuda::one_wave_typed<__nv_bfloat16>(p, cfg);
+    case DType::F16: return cuda::one_wave_typed<__half>(p, cfg);
+    default: return false;
+  }
 }
 
 bool draft_fc_cluster_applies(const DraftFcParams& p) {

@@ -217,11 +217,14 @@ int draft_fc_decode_cuda(const DraftFcParams& p, DType dtype, const DraftFcWorks
   if (p.rows > kDraftFcDecodeMaxRows) return static_cast<int>(cudaErrorInvalidValue);
   if (cfg.kernel == DraftFcDecodeKernel::Bulk && draft_fc_bulk_applies(p) && draft_fc_bulk_supported())
     return draft_fc_decode_bulk_cuda(p, dtype, ws, stream, cfg.bulk_stages);
-  const bool cluster = cfg.kernel == DraftFcDecodeKernel::Cluster ||
-                       ((cfg.kernel == DraftFcDecodeKernel::Auto || cfg.kernel == DraftFcDecodeKernel::Bulk) &&
-                        cuda::split_kernel_splits_per_tap(p, cfg) >= kDraftFcClusterMinSplits);
-  if (cluster && draft_fc_cluster_applies(p) && draft_fc_cluster_supported())
-    return draft_fc_decode_cluster_cuda(p, dtype, stream, cfg);
+  // Auto (and Bulk where the TMA kernel does not apply): the cluster kernel where the split grid would cut each tap
+  // into many pieces and the cluster grid fits one wave of co-resident clusters.
+  const bool cluster = draft_fc_cluster_applies(p) && draft_fc_cluster_supported() &&
+                       (cfg.kernel == DraftFcDecodeKernel::Cluster ||
+                        (cfg.kernel != DraftFcDecodeKernel::Split &&
+                         cuda::split_kernel_splits_per_tap(p, cfg) >= kDraftFcClusterMinSplits &&
+                         draft_fc_cluster_one_wave(p, dtype, cfg)));
+  if (cluster) return draft_fc_decode_cluster_cuda(p, dtype, stream, cfg);
   auto s = static_cast<cudaStream_t>(stream);
   switch (dtype) {
     case DType::BF16: return cuda::launch_decode<__nv_bfloat16>(p, ws, s, cfg);
