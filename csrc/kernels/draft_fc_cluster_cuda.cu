@@ -2,8 +2,9 @@
 // draft_fc_device.cuh) with the K-splits of one column tile in one thread-block cluster (sm_90 and later), so the
 // partial sums meet in distributed shared memory instead of an fp32 workspace in L2: no atomics, no fence, no
 // counter, no workspace to re-zero, and a fixed summation order (deterministic results). The split-K kernel's
-// tail is three dependent L2 round trips (the release fence, the counter, the epilogue's loads); here it is two
-// cluster barriers and reads of the neighbours' shared memory. Torch-free.
+// tail is three dependent L2 round trips (the release fence, the counter, the epilogue's loads); here every block
+// but the cluster's leader pushes its partial into the leader's shared memory (st.async, counted on the leader's
+// mbarrier) and leaves, and the leader writes the tile. Torch-free.
 //
 // Layout: grid (n_tiles, taps * splits_per_tap), one cluster per column tile along y, so a cluster holds every
 // (tap, split) of its tile; at most 8 blocks (the portable cluster size), hence taps * splits_per_tap <= 8. A block
