@@ -23,7 +23,7 @@ import common  # noqa: E402
 from eagle3_capture import ops  # noqa: E402
 
 
-def bench_row(m, n, h, k, dtype, bw, rate, samples, compare_paths=False, compare_kernels=False, folded=False):
+def bench_row(m, n, h, k, dtype, bw, rate, samples, compare_paths=False, compare_kernels=False):
     es = 2
     w_bytes = n * k * h * es
     x_bytes = m * k * h * es
@@ -54,17 +54,6 @@ def bench_row(m, n, h, k, dtype, bw, rate, samples, compare_paths=False, compare
 
     def read_weights(i):  # a plain streaming read of the same weight bytes: what this size allows at best
         torch.sum(ws[i % ncopies], dim=(0, 1), dtype=torch.float32, out=sink)
-
-    t_folded = None
-    if folded:  # the norm weights folded into W once (prepare_fc_weight); each call applies only the rsqrt
-        wf = [ops.prepare_fc_weight(w, g) for w in ws]
-
-        def ours_folded(i):
-            ops.draft_fc(xs[i % ncopies], wf[i % ncopies], None, 1e-6, out=out, folded_norm_taps=k)
-
-        ours_folded(0)
-        t_folded = common.time_graph_us(ours_folded, ncopies, samples=samples)
-        del wf
 
     ours(0)  # eager warm-up: the decode workspace exists before capture
     t_ours = common.time_graph_us(ours, ncopies, samples=samples)
@@ -100,11 +89,10 @@ def bench_row(m, n, h, k, dtype, bw, rate, samples, compare_paths=False, compare
                weight_bw_fraction=(w_bytes / (t_ours * 1e-6)) / bw, ours_over_floor=t_ours / floor,
                speedup_vs_a=t_a / t_ours, speedup_vs_b=t_b / t_ours, read_weights_us=t_read,
                ours_cublas_path_us=t_other_path, ours_cluster_kernel_us=t_kernel["cluster"],
-               ours_split_kernel_us=t_kernel["split"], ours_folded_us=t_folded)
+               ours_split_kernel_us=t_kernel["split"])
     print(f"  M={m:5d} N={n:5d}: ours {t_ours:9.2f} (again {t_ours2:9.2f})  (a) {t_a:9.2f}  (b) {t_b:9.2f}  "
           f"floor {floor:8.2f} us  weight-bw {row['weight_bw_fraction']:.2f}  sum(W) {t_read:8.2f}"
           + (f"  normalise+cuBLAS {t_other_path:8.2f}" if t_other_path is not None else "")
-          + (f"  folded {t_folded:8.2f}" if t_folded is not None else "")
           + "".join(f"  {k} {v:8.2f}" for k, v in t_kernel.items() if v is not None), flush=True)
     del ws, xs, normed
     torch.cuda.empty_cache()
@@ -127,9 +115,6 @@ def main() -> int:
     ap.add_argument("--compare-kernels", action="store_true",
                     help="for M on the decode path also time the op with each decode kernel forced (cluster, split) "
                          "instead of auto's choice (ours_cluster_kernel_us, ours_split_kernel_us)")
-    ap.add_argument("--compare-folded", action="store_true",
-                    help="also time the op with the norm weights folded into the weight (prepare_fc_weight, "
-                         "folded_norm_taps=K): ours_folded_us")
     ap.add_argument("--decode-max-rows", type=int, default=None,
                     help="rows at or below which the op takes the decode kernels, for this run (0..16; default: the "
                          "library's threshold)")
@@ -150,7 +135,7 @@ def main() -> int:
     for n in [int(v) for v in args.N.split(",")]:
         for m in [int(v) for v in args.M.split(",")]:
             rows.append(bench_row(m, n, args.H, args.K, dtype, bw, rate, args.samples, args.compare_paths,
-                                  args.compare_kernels, args.compare_folded))
+                                  args.compare_kernels))
     cols = ["M", "N", "ours_us", "baseline_us", "linear_us", "floor_us", "weight_bw_fraction", "speedup_vs_a",
             "speedup_vs_b"]
     common.print_table(rows, cols)

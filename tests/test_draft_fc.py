@@ -49,8 +49,7 @@ def fc_cases(draw, device):
     if big:
         m = min(m, 70)
     return dict(dtype=draw(st.sampled_from(dtypes)), m=m, k=k, h=h, n=n,
-                packed=draw(st.booleans()), norm=draw(st.booleans()), folded=draw(st.booleans()),
-                bias=draw(st.booleans()),
+                packed=draw(st.booleans()), norm=draw(st.booleans()), bias=draw(st.booleans()),
                 out=draw(st.booleans()), pad=8 * draw(st.integers(0, 2)), seed=draw(st.integers(0, 2**31 - 1)),
                 scale=draw(st.sampled_from([1.0, 20.0, 0.01])))
 
@@ -89,10 +88,7 @@ def check_case(c, device):
     out = None
     if c["out"]:
         out = torch.full((c["m"], c["n"]), float("nan"), dtype=c["dtype"], device=device)
-    if c["norm"] and c.get("folded"):  # g folded into the weight once (prepare_fc_weight), the rsqrt per call
-        y = ops.draft_fc(x, ops.prepare_fc_weight(weight, g), None, 1e-6, b, out=out, folded_norm_taps=c["k"])
-    else:
-        y = ops.draft_fc(x, weight, g, 1e-6, b, out=out)
+    y = ops.draft_fc(x, weight, g, 1e-6, b, out=out)
     assert y.shape == (c["m"], c["n"]) and y.dtype == c["dtype"] and y.device.type == device
     if out is not None:
         assert y.data_ptr() == out.data_ptr()
@@ -155,37 +151,14 @@ FC_ERRORS = [
     ("out dtype", lambda: ([_bf(2, 16)], _bf(8, 16), None, None, torch.zeros(2, 8)), "dtype of x"),
     ("x column-strided", lambda: ([_bf(16, 2).t()], _bf(8, 16), None, None, None), "contiguous rows"),
     ("too many list taps", lambda: ([_bf(1, 8)] * 17, _bf(8, 136), None, None, None), "at most 16"),
-    ("folded with norm weights", lambda: ([_bf(2, 32)], _bf(8, 32), _bf(2, 16), None, None, 2), "must be None"),
-    ("folded taps negative", lambda: ([_bf(2, 32)], _bf(8, 32), None, None, None, -1), ">= 0"),
-    ("folded taps vs list", lambda: ([_bf(2, 16), _bf(2, 16)], _bf(8, 32), None, None, None, 3), "list of 2 taps"),
-    ("folded taps vs width", lambda: ([_bf(2, 48)], _bf(8, 48), None, None, None, 5), "folded_norm_taps declares"),
 ]
 
 
 @pytest.mark.parametrize("name,make,msg", FC_ERRORS, ids=[c[0] for c in FC_ERRORS])
 def test_draft_fc_rejects_bad_input(name, make, msg):
-    x, w, g, b, out, *folded = make()
+    x, w, g, b, out = make()
     with pytest.raises(RuntimeError, match=msg):
-        ops.draft_fc(x, w, g, 1e-6, b, out=out, folded_norm_taps=folded[0] if folded else 0)
-
-
-def test_prepare_fc_weight_folds_each_tap_once():
-    gen = torch.Generator().manual_seed(3)
-    w, g = torch.randn(37, 3 * 24, generator=gen), torch.randn(3, 24, generator=gen)
-    for dt in (torch.bfloat16, torch.float16, torch.float32):
-        want = (w.to(dt).float() * g.to(dt).float().reshape(1, -1)).to(dt)  # float32 product, rounded once
-        for chunk in (1, 5, 1024):
-            got = ops.prepare_fc_weight(w.to(dt), g.to(dt), rows_per_chunk=chunk)
-            assert got.dtype == dt and got.is_contiguous() and torch.equal(got, want)
-        assert torch.equal(ops.prepare_fc_weight(w.to(dt), list(g.to(dt))), want)  # K tensors [H]
-    with pytest.raises(ValueError, match=r"in_features 72 != K\*H = 2\*24"):
-        ops.prepare_fc_weight(w, g[:2])
-    with pytest.raises(ValueError, match=r"norm_weights \[K, H\]"):
-        ops.prepare_fc_weight(w, None)
-    with pytest.raises(ValueError, match="weight \\[N, K\\*H\\]"):
-        ops.prepare_fc_weight(w[0], g)
-    with pytest.raises(ValueError, match="rows_per_chunk"):
-        ops.prepare_fc_weight(w, g, rows_per_chunk=0)
+        ops.draft_fc(x, w, g, 1e-6, b, out=out)
 
 
 def test_draft_fc_empty_list_is_a_type_error():
@@ -209,8 +182,7 @@ def test_opcheck(device, m):
     out = torch.empty(m, 40, dtype=dt, device=device)
     # Non-deterministic fp32 atomics (decode kernel) may flip a last bit between opcheck's repeated runs, so
     # compare with tolerance rather than exactly.
-    for args in [([x], w, g, 1e-6, b, 0), (taps, w, g, 1e-6, None, 0), ([x], w, None, 1e-6, None, 0),
-                 ([x], w, None, 1e-6, b, 3), (taps, w, None, 1e-6, None, 3)]:
+    for args in [([x], w, g, 1e-6, b), (taps, w, g, 1e-6, None), ([x], w, None, 1e-6, None)]:
         torch.library.opcheck(torch.ops.eagle3_capture.draft_fc.default, args, rtol=2e-2, atol=2e-2)
         torch.library.opcheck(torch.ops.eagle3_capture.draft_fc_out.default, args + (out,), rtol=2e-2, atol=2e-2)
 

@@ -40,7 +40,6 @@ void usage() {
       "  thread-block cluster), split (partials in an L2 workspace; --splits K-splits per tap) or bulk (TMA,\n"
       "  sm_90+, M <= 8; --stages, 0 = as many as fit; --bulk 1 is the same). --blocks-per-sm: the register\n"
       "  kernels' one-wave grid size (0: as built). M up to 16 (two token groups above 8).\n"
-      "  --norm 0: no per-tap norm, 1: RMSNorm with g applied to x, 2: g folded into the weight (prepare_fc_weight).\n"
       "  --probe 1: also time a plain streaming read of the same weight bytes (the floor of one launch this size).\n"
 );
 }
@@ -53,15 +52,10 @@ int main(int argc, char** argv) {
   if (bench::has_flag(argc, argv, "--help") || bench::has_flag(argc, argv, "-h")) { usage(); return 0; }
   const long M = bench::arg_long(argc, argv, "--M", 8), N = bench::arg_long(argc, argv, "--N", 896);
   const long H = bench::arg_long(argc, argv, "--H", 7168), K = bench::arg_long(argc, argv, "--K", 3);
-  // 0: no norm; 1: per-tap RMSNorm with g applied to x; 2: g folded into the weight (only the rsqrt per call).
-  const long norm_arg = bench::arg_long(argc, argv, "--norm", 1);
-  const bool norm = norm_arg != 0, scaled = norm_arg == 1;
+  const bool norm = bench::arg_long(argc, argv, "--norm", 1) != 0;
   const int iters = static_cast<int>(bench::arg_long(argc, argv, "--iters", 50));
   const int samples = static_cast<int>(bench::arg_long(argc, argv, "--samples", 15));
-  if (M < 1 || M > e3::kDraftFcDecodeMaxRows || N < 1 || H < 8 || H % 8 || K < 1 || norm_arg < 0 || norm_arg > 2) {
-    usage();
-    return 2;
-  }
+  if (M < 1 || M > e3::kDraftFcDecodeMaxRows || N < 1 || H < 8 || H % 8 || K < 1) { usage(); return 2; }
   const size_t w_elems = size_t(N) * K * H, w_bytes = w_elems * 2;
   const int ncopies = static_cast<int>(std::min<size_t>(64, std::max<size_t>(2, (256u << 20) / w_bytes + 1)));
   std::vector<void*> weights(ncopies);
@@ -93,8 +87,7 @@ int main(int argc, char** argv) {
 
   e3::DraftFcParams p{};
   p.x_base = x; p.x_tap_stride = H; p.x_row_stride[0] = K * H; p.taps = static_cast<int>(K); p.hidden = H;
-  p.rows = M; p.weight_row_stride = K * H; p.out_features = N; p.rms = norm;
-  p.norm_weight = scaled ? g : nullptr; p.eps = 1e-6f;
+  p.rows = M; p.weight_row_stride = K * H; p.out_features = N; p.norm_weight = norm ? g : nullptr; p.eps = 1e-6f;
   p.out = out; p.out_row_stride = N; p.elem_size = 2;
   auto run = [&](int i) {
     p.weight = weights[i % ncopies];
@@ -119,7 +112,7 @@ int main(int argc, char** argv) {
         for (long j = 0; j < H; ++j) { const double v = bf16_host(hx[(m * K + k) * H + j]); ss += v * v; }
         const double r = norm ? 1.0 / std::sqrt(ss / H + 1e-6) : 1.0;
         for (long j = 0; j < H; ++j) {
-          const double v = bf16_host(hx[(m * K + k) * H + j]) * r * (scaled ? bf16_host(hg[k * H + j]) : 1.0);
+          const double v = bf16_host(hx[(m * K + k) * H + j]) * r * (norm ? bf16_host(hg[k * H + j]) : 1.0);
           y += v * bf16_host(hw[k * H + j]);
           mag += std::fabs(v * bf16_host(hw[k * H + j]));
         }
@@ -135,9 +128,9 @@ int main(int argc, char** argv) {
   const double bytes = double(w_bytes) + double(M) * K * H * 2 + double(M) * N * 2;
   const bool bulk = cfg.kernel == e3::DraftFcDecodeKernel::Bulk;
   const char* kernel = bulk ? "bulk" : (cfg.kernel == e3::DraftFcDecodeKernel::Split ? "split" : kname.c_str());
-  std::printf("%-6s %5s %6s %6s %3s %4s %4s %6s %12s %10s %12s\n", "kernel", "M", "N", "H", "K", "norm", "bpsm",
-              "splits", "bytes", "time_us", "weight_GB/s");
-  std::printf("%-6s %5ld %6ld %6ld %3ld %4ld %4d %6d %12.0f %10.2f %12.1f\n", kernel, M, N, H, K, norm_arg,
+  std::printf("%-6s %5s %6s %6s %3s %4s %6s %12s %10s %12s\n", "kernel", "M", "N", "H", "K", "bpsm", "splits",
+              "bytes", "time_us", "weight_GB/s");
+  std::printf("%-6s %5ld %6ld %6ld %3ld %4d %6d %12.0f %10.2f %12.1f\n", kernel, M, N, H, K,
               bulk ? cfg.bulk_stages : cfg.blocks_per_sm, cfg.splits_per_tap, bytes, t, w_bytes / t / 1e3);
   if (bench::arg_long(argc, argv, "--probe", 0) != 0) {
     unsigned* sink;
@@ -148,7 +141,7 @@ int main(int argc, char** argv) {
       E3_CHECK(cudaGetLastError());
     };
     const double tp = bench::time_us(probe, iters, samples);
-    std::printf("%-6s %5s %6ld %6ld %3ld %4s %4d %6s %12.0f %10.2f %12.1f\n", "probe", "-", N, H, K, "-", 4, "-",
+    std::printf("%-6s %5s %6ld %6ld %3ld %4d %6s %12.0f %10.2f %12.1f\n", "probe", "-", N, H, K, 4, "-",
                 double(w_bytes), tp, w_bytes / tp / 1e3);
   }
   return 0;

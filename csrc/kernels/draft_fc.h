@@ -36,9 +36,7 @@ struct DraftFcParams {
   const void* weight;        // [N, K*H], rows contiguous, row stride weight_row_stride
   int64_t weight_row_stride;
   int64_t out_features;      // N
-  bool rms;                  // the per-tap RMSNorm: each tap's rsqrt(mean(x^2) + eps) scales its part
-  const void* norm_weight;   // [K, H] contiguous: the norm's g multiplies x; nullptr with rms: g is folded into the
-                             // weight already (prepare_fc_weight); ignored without rms
+  const void* norm_weight;   // [K, H] contiguous, or nullptr: no per-tap norm
   float eps;
   const void* bias;          // [N] or nullptr
   void* out;                 // [M, N], row stride out_row_stride
@@ -52,17 +50,9 @@ struct DraftFcParams {
   E3_HOST_DEVICE int64_t tap_row_stride(int k) const {
     return x_base != nullptr ? x_row_stride[0] : x_row_stride[k];
   }
-  E3_HOST_DEVICE int norm_mode() const;
 };
 
-// How the per-tap norm enters the kernels (their template argument): not at all; RMS with g multiplying the
-// activations; RMS with g folded into the weight beforehand, so only the per-(row, tap) rsqrt remains.
-enum DraftFcNormMode : int { kFcNoNorm = 0, kFcNormScaled = 1, kFcNormFolded = 2 };
-E3_HOST_DEVICE int DraftFcParams::norm_mode() const {
-  return !rms ? kFcNoNorm : (norm_weight != nullptr ? kFcNormScaled : kFcNormFolded);
-}
-
-// ---- CPU: write the normalised taps (or a plain copy without the norm) into xn [M, K*H] contiguous. ----
+// ---- CPU: write the normalised taps (or a plain copy when norm_weight is null) into xn [M, K*H] contiguous. ----
 template <typename T>
 void draft_fc_normalize_rows_cpu(const DraftFcParams& p, T* xn, int64_t row_begin, int64_t row_end) {
   const T* g = static_cast<const T*>(p.norm_weight);
@@ -71,7 +61,7 @@ void draft_fc_normalize_rows_cpu(const DraftFcParams& p, T* xn, int64_t row_begi
     for (int k = 0; k < p.taps; ++k) {
       const T* x = static_cast<const T*>(p.tap(k)) + m * p.tap_row_stride(k);
       T* o = xn + m * width + k * p.hidden;
-      if (!p.rms) {
+      if (g == nullptr) {
         for (int64_t j = 0; j < p.hidden; ++j) o[j] = x[j];
         continue;
       }
@@ -81,10 +71,6 @@ void draft_fc_normalize_rows_cpu(const DraftFcParams& p, T* xn, int64_t row_begi
         sum_sq += v * v;
       }
       const float rrms = 1.0f / std::sqrt(sum_sq / static_cast<float>(p.hidden) + p.eps);
-      if (g == nullptr) {  // g folded into the weight
-        for (int64_t j = 0; j < p.hidden; ++j) o[j] = from_float<T>(to_float(x[j]) * rrms);
-        continue;
-      }
       const T* gk = g + k * p.hidden;
       for (int64_t j = 0; j < p.hidden; ++j) o[j] = from_float<T>(to_float(x[j]) * rrms * to_float(gk[j]));
     }

@@ -227,9 +227,8 @@ bool draft_fc_bulk_supported() {
 
 bool draft_fc_bulk_applies(const DraftFcParams& p) {
   // One tensor map for the activations: the packed input; every base and pitch 16-byte aligned (the ops check it).
-  // The norm with g folded into the weight is not built here (the kernel is opt-in and not faster).
   return p.x_base != nullptr && p.rows <= cuda::kernels::kMmaTokens && p.taps * p.hidden < (int64_t(1) << 31) &&
-         p.out_features < (int64_t(1) << 31) && p.norm_mode() != kFcNormFolded;
+         p.out_features < (int64_t(1) << 31);
 }
 
 int draft_fc_decode_bulk_cuda(const DraftFcParams& p, DType dtype, const DraftFcWorkspace& ws, void* stream,

@@ -29,8 +29,8 @@ constexpr int kMaxCluster = 8;
 // fill under 3 blocks per SM anyway, and the stream is latency-bound, so fewer, larger load rounds per warp (N=896:
 // 4 rounds of 224 instead of 5 of 192). Two groups: the split kernel's budget.
 __host__ __device__ constexpr int cluster_blocks_per_sm(int groups) { return groups == 1 ? 3 : decode_blocks_per_sm(2); }
-__host__ __device__ constexpr int cluster_unroll(int norm_mode, int groups) {
-  return groups == 1 ? (norm_mode == kFcNormScaled ? 7 : 10) : decode_unroll(norm_mode, groups);
+__host__ __device__ constexpr int cluster_unroll(bool norm, int groups) {
+  return groups == 1 ? (norm ? 7 : 10) : decode_unroll(norm, groups);
 }
 
 struct ClusterTiling {
@@ -75,12 +75,11 @@ __host__ __device__ constexpr int64_t cluster_inbox_floats(int blocks, int row_g
 // remote store, so it is off the critical path) publishes the leader's mbarrier; no barrier at the end, since no
 // block reads another's shared memory. The previous form read every block's partial from the others' shared memory
 // between two full cluster barriers (benchmarks/NOTES.md).
-template <typename T, int kMode, int kGroups>
+template <typename T, bool kNorm, int kGroups>
 __global__ void __launch_bounds__(kFcWarps * 32, cluster_blocks_per_sm(kGroups))
     draft_fc_decode_cluster_kernel(DraftFcParams p, ClusterTiling t) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
-  constexpr bool kNorm = kMode != kFcNoNorm;
   constexpr int kTok = kGroups * kMmaTokens;  // token slots of a partial
   __shared__ float warp_part[kFcWarps][16][kTok];  // each warp's MMA fragments
   __shared__ float warp_sq[kFcWarps][kTok];        // each counting warp's sums of x^2 per token
@@ -115,7 +114,7 @@ __global__ void __launch_bounds__(kFcWarps * 32, cluster_blocks_per_sm(kGroups))
     if (k_end > p.hidden) k_end = p.hidden;
     const int64_t row_a = blockIdx.x * static_cast<int64_t>(16 * R) + group * 16 + ((threadIdx.x & 31) >> 2);
     // The warps of group 0 count x^2: together they cover the block's k range once.
-    decode_stream<T, kMode, kGroups, cluster_unroll(kMode, kGroups)>(p, tap, row_a, k_begin, k_end,
+    decode_stream<T, kNorm, kGroups, cluster_unroll(kNorm, kGroups)>(p, tap, row_a, k_begin, k_end,
                                                                      kNorm && group == 0, acc, sum_sq);
   }
   // Indices again after the stream rather than live across it (registers for the loads).
@@ -216,7 +215,7 @@ using namespace kernels;
 // so this is the GPCs' count, not SMs / size: on the H200, K = 1 with 7 splits (clusters of 7, 392 blocks against
 // 396 block slots) took two waves and ran 27% slower than the split kernel (benchmarks/NOTES.md). Cached per device
 // and size; 0 when the runtime cannot say (then the block slots alone bound the shape).
-template <typename T, int kMode, int kGroups>
+template <typename T, bool kNorm, int kGroups>
 int max_active_clusters(int size) {
   constexpr int kDevices = 64;
   static std::atomic<int> cache[kDevices][kMaxCluster + 1];  // zero: not asked yet
@@ -232,8 +231,7 @@ int max_active_clusters(int size) {
   lc.blockDim = dim3(kFcWarps * 32);
   // The largest inbox a cluster of this size takes (64-row tiles); the registers bound residency long before it.
   lc.dynamicSmemBytes =
-      static_cast<size_t>(cluster_inbox_floats(size, kFcWarps, kGroups * kMmaTokens, kMode != kFcNoNorm) *
-                          sizeof(float));
+      static_cast<size_t>(cluster_inbox_floats(size, kFcWarps, kGroups * kMmaTokens, kNorm) * sizeof(float));
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = 1;
@@ -242,7 +240,7 @@ int max_active_clusters(int size) {
   lc.attrs = attr;
   lc.numAttrs = 1;
   int n = 0;
-  if (cudaOccupancyMaxActiveClusters(&n, draft_fc_decode_cluster_kernel<T, kMode, kGroups>, &lc) != cudaSuccess) {
+  if (cudaOccupancyMaxActiveClusters(&n, draft_fc_decode_cluster_kernel<T, kNorm, kGroups>, &lc) != cudaSuccess) {
     (void)cudaGetLastError();
     return 0;
   }
@@ -283,24 +281,23 @@ ClusterTiling cluster_tiling(int taps, int64_t hidden, int64_t out_features, int
   return best;
 }
 
-template <typename T, int kMode, int kGroups>
+template <typename T, bool kNorm, int kGroups>
 ClusterTiling tiling_for(const DraftFcParams& p, const DraftFcDecodeConfig& cfg, bool* fits_one_wave) {
   const int blocks_per_sm = cfg.blocks_per_sm > 0 ? cfg.blocks_per_sm : cluster_blocks_per_sm(kGroups);
   const int64_t slots = static_cast<int64_t>(blocks_per_sm) * sm_count();
-  return cluster_tiling(p.taps, p.hidden, p.out_features, slots, cluster_unroll(kMode, kGroups),
-                        max_active_clusters<T, kMode, kGroups>, fits_one_wave);
+  return cluster_tiling(p.taps, p.hidden, p.out_features, slots, cluster_unroll(kNorm, kGroups),
+                        max_active_clusters<T, kNorm, kGroups>, fits_one_wave);
 }
 
-template <typename T, int kMode, int kGroups>
+template <typename T, bool kNorm, int kGroups>
 cudaError_t launch_cluster(const DraftFcParams& p, cudaStream_t s, const DraftFcDecodeConfig& cfg) {
-  const ClusterTiling t = tiling_for<T, kMode, kGroups>(p, cfg, nullptr);
+  const ClusterTiling t = tiling_for<T, kNorm, kGroups>(p, cfg, nullptr);
   const unsigned cluster = static_cast<unsigned>(p.taps * t.splits_per_tap);
   cudaLaunchConfig_t lc = {};
   lc.gridDim = dim3(static_cast<unsigned>(t.n_tiles), cluster);
   lc.blockDim = dim3(kFcWarps * 32);
   lc.dynamicSmemBytes = static_cast<size_t>(
-      cluster_inbox_floats(static_cast<int>(cluster), t.row_groups, kGroups * kMmaTokens, kMode != kFcNoNorm) *
-      sizeof(float));
+      cluster_inbox_floats(static_cast<int>(cluster), t.row_groups, kGroups * kMmaTokens, kNorm) * sizeof(float));
   lc.stream = s;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -309,38 +306,25 @@ cudaError_t launch_cluster(const DraftFcParams& p, cudaStream_t s, const DraftFc
   attr[0].val.clusterDim.z = 1;
   lc.attrs = attr;
   lc.numAttrs = 1;
-  return cudaLaunchKernelEx(&lc, draft_fc_decode_cluster_kernel<T, kMode, kGroups>, p, t);
-}
-
-template <typename T, int kMode>
-bool one_wave_mode(const DraftFcParams& p, const DraftFcDecodeConfig& cfg) {
-  bool fits = false;
-  if (p.rows > kMmaTokens) tiling_for<T, kMode, 2>(p, cfg, &fits);
-  else tiling_for<T, kMode, 1>(p, cfg, &fits);
-  return fits;
+  return cudaLaunchKernelEx(&lc, draft_fc_decode_cluster_kernel<T, kNorm, kGroups>, p, t);
 }
 
 template <typename T>
 bool one_wave_typed(const DraftFcParams& p, const DraftFcDecodeConfig& cfg) {
-  switch (p.norm_mode()) {
-    case kFcNormScaled: return one_wave_mode<T, kFcNormScaled>(p, cfg);
-    case kFcNormFolded: return one_wave_mode<T, kFcNormFolded>(p, cfg);
-    default: return one_wave_mode<T, kFcNoNorm>(p, cfg);
-  }
-}
-
-template <typename T, int kMode>
-cudaError_t launch_cluster_mode(const DraftFcParams& p, cudaStream_t s, const DraftFcDecodeConfig& cfg) {
-  return p.rows > kMmaTokens ? launch_cluster<T, kMode, 2>(p, s, cfg) : launch_cluster<T, kMode, 1>(p, s, cfg);
+  bool fits = false;
+  const bool norm = p.norm_weight != nullptr, two = p.rows > kMmaTokens;
+  if (norm && two) tiling_for<T, true, 2>(p, cfg, &fits);
+  else if (norm) tiling_for<T, true, 1>(p, cfg, &fits);
+  else if (two) tiling_for<T, false, 2>(p, cfg, &fits);
+  else tiling_for<T, false, 1>(p, cfg, &fits);
+  return fits;
 }
 
 template <typename T>
 cudaError_t launch_cluster_typed(const DraftFcParams& p, cudaStream_t s, const DraftFcDecodeConfig& cfg) {
-  switch (p.norm_mode()) {
-    case kFcNormScaled: return launch_cluster_mode<T, kFcNormScaled>(p, s, cfg);
-    case kFcNormFolded: return launch_cluster_mode<T, kFcNormFolded>(p, s, cfg);
-    default: return launch_cluster_mode<T, kFcNoNorm>(p, s, cfg);
-  }
+  const bool norm = p.norm_weight != nullptr, two = p.rows > kMmaTokens;
+  if (norm) return two ? launch_cluster<T, true, 2>(p, s, cfg) : launch_cluster<T, true, 1>(p, s, cfg);
+  return two ? launch_cluster<T, false, 2>(p, s, cfg) : launch_cluster<T, false, 1>(p, s, cfg);
 }
 
 }  // namespace

@@ -20,10 +20,9 @@ struct DecodeTiling {
 // kGroups token groups of 8 rows (M <= 8: one; M = 9..16: two, opt-in; above the threshold, normalise + cuBLAS).
 // Each warp streams 16 weight rows over the block's k range (decode_stream); the partials meet in the workspace
 // and the tile's last block applies the per-tap rsqrt (decode_add_partials).
-template <typename T, int kMode, int kGroups>
+template <typename T, bool kNorm, int kGroups>
 __global__ void __launch_bounds__(kFcWarps * 32, decode_blocks_per_sm(kGroups))
     draft_fc_decode_kernel(DraftFcParams p, DecodeTiling t, DraftFcWorkspace ws) {
-  constexpr bool kNorm = kMode != kFcNoNorm;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t tile = blockIdx.x;
   const int tap = static_cast<int>(blockIdx.y / t.splits_per_tap);
@@ -33,7 +32,7 @@ __global__ void __launch_bounds__(kFcWarps * 32, decode_blocks_per_sm(kGroups))
   float acc[kGroups][4] = {};
   float sum_sq[kGroups] = {};
   // One warp per block sums x^2: the k range is the same for all four.
-  decode_stream<T, kMode, kGroups, decode_unroll(kMode, kGroups)>(p, tap, row_a, k_begin, k_end, kNorm && warp == 0,
+  decode_stream<T, kNorm, kGroups, decode_unroll(kNorm, kGroups)>(p, tap, row_a, k_begin, k_end, kNorm && warp == 0,
                                                                   acc, sum_sq);
   // One block per (tile, tap, split): the tile is complete after taps * splits_per_tap blocks.
   decode_add_partials<T, kNorm, kGroups>(p, ws, tile, tap, row_a, acc, sum_sq, 1u,
@@ -50,15 +49,14 @@ __device__ __forceinline__ void add_squares(const Chunk<T, V>& x, float& s) {
     s += f * f;
   }
 }
-// x * rrms * g, rounded once; x * rrms where g is folded into the fc weight (has_g false: g is not read).
 template <typename T, int V>
-__device__ __forceinline__ void rms_scale(Chunk<T, V>& x, const Chunk<T, V>& g, float rrms, bool has_g) {
+__device__ __forceinline__ void rms_scale(Chunk<T, V>& x, const Chunk<T, V>& g, float rrms) {
 #pragma unroll
-  for (int e = 0; e < V; ++e) x.v[e] = from_f<T>(to_f(x.v[e]) * rrms * (has_g ? to_f(g.v[e]) : 1.0f));
+  for (int e = 0; e < V; ++e) x.v[e] = from_f<T>(to_f(x.v[e]) * rrms * to_f(g.v[e]));
 }
 
 // Normalise (above the decode threshold, before cuBLAS): one block per (row, tap): rrms over the row's H values, then
-// xn = round(x * rrms * g) (x * rrms with g folded into the weight; or a copy). Rows move as 16-byte vectors (V elements); H is a multiple of 8, hence of V.
+// xn = round(x * rrms * g) (or a copy). Rows move as 16-byte vectors (V elements); H is a multiple of 8, hence of V.
 // kHeld > 0 (few rows: the grid fits one wave, the kernel is latency, not bytes): up to kHeld vectors per thread
 // (H <= 8192 bf16 at 256 threads) stay in registers from the sum of squares to the store, their norm weights
 // loaded before the block reduction, so a row costs one round trip to memory instead of a second pass over x. It
@@ -70,8 +68,7 @@ __global__ void __launch_bounds__(256) draft_fc_normalize_kernel(DraftFcParams p
   constexpr int kSlots = kHeld > 0 ? kHeld : 1;
   __shared__ float scratch[32];
   const int tap = blockIdx.y;
-  // kNorm without a norm weight: g is folded into the fc weight, the rows are only scaled by rrms.
-  const T* gk = kNorm && p.norm_weight != nullptr ? static_cast<const T*>(p.norm_weight) + tap * p.hidden : nullptr;
+  const T* gk = kNorm ? static_cast<const T*>(p.norm_weight) + tap * p.hidden : nullptr;
   const int64_t nvec = p.hidden / V;
   const int64_t width = p.taps * p.hidden;
   const int64_t held_end = static_cast<int64_t>(blockDim.x) * kHeld;  // vectors [0, held_end) stay in registers
@@ -84,7 +81,7 @@ __global__ void __launch_bounds__(256) draft_fc_normalize_kernel(DraftFcParams p
       const int64_t v = threadIdx.x + i * static_cast<int64_t>(blockDim.x);
       if (v < nvec) {
         xs[i] = load_chunk<T, V>(x + v * V);
-        if (kNorm && gk != nullptr) gs[i] = load_chunk<T, V>(gk + v * V);
+        if (kNorm) gs[i] = load_chunk<T, V>(gk + v * V);
       }
     }
     float rrms = 1.f;
@@ -103,16 +100,15 @@ __global__ void __launch_bounds__(256) draft_fc_normalize_kernel(DraftFcParams p
       const int64_t v = threadIdx.x + i * static_cast<int64_t>(blockDim.x);
       if (v < nvec) {
         Chunk<T, V> xv = xs[i];
-        if (kNorm) rms_scale(xv, gs[i], rrms, gk != nullptr);
+        if (kNorm) rms_scale(xv, gs[i], rrms);
         store_chunk<T, V>(o + v * V, xv);
       }
     }
     for (int64_t v = held_end + threadIdx.x; v < nvec; v += blockDim.x) {
       Chunk<T, V> xv = load_chunk<T, V>(x + v * V);
       if (kNorm) {
-        Chunk<T, V> gv;
-        if (gk != nullptr) gv = load_chunk<T, V>(gk + v * V);
-        rms_scale(xv, gv, rrms, gk != nullptr);
+        const Chunk<T, V> gv = load_chunk<T, V>(gk + v * V);
+        rms_scale(xv, gv, rrms);
       }
       store_chunk<T, V>(o + v * V, xv);
     }
@@ -150,34 +146,26 @@ DecodeTiling decode_tiling(int taps, int64_t hidden, int64_t out_features, const
 // The split-K grid's K-splits per tap for this call (Auto's choice between the split and cluster kernels).
 int64_t split_kernel_splits_per_tap(const DraftFcParams& p, const DraftFcDecodeConfig& cfg) {
   const int groups = p.rows > kMmaTokens ? 2 : 1;
-  return decode_tiling(p.taps, p.hidden, p.out_features, cfg, groups, decode_unroll(p.norm_mode(), groups))
+  return decode_tiling(p.taps, p.hidden, p.out_features, cfg, groups, decode_unroll(p.norm_weight != nullptr, groups))
       .splits_per_tap;
 }
 
-template <typename T, int kMode, int kGroups>
+template <typename T, bool kNorm, int kGroups>
 cudaError_t launch_decode_groups(const DraftFcParams& p, const DraftFcWorkspace& ws, cudaStream_t s,
                                  const DraftFcDecodeConfig& cfg) {
-  const DecodeTiling t = decode_tiling(p.taps, p.hidden, p.out_features, cfg, kGroups, decode_unroll(kMode, kGroups));
+  const DecodeTiling t = decode_tiling(p.taps, p.hidden, p.out_features, cfg, kGroups, decode_unroll(kNorm, kGroups));
   const dim3 grid(static_cast<unsigned>(t.n_tiles), static_cast<unsigned>(p.taps * t.splits_per_tap));
-  draft_fc_decode_kernel<T, kMode, kGroups><<<grid, kFcWarps * 32, 0, s>>>(p, t, ws);
+  draft_fc_decode_kernel<T, kNorm, kGroups><<<grid, kFcWarps * 32, 0, s>>>(p, t, ws);
   return cudaGetLastError();
-}
-
-template <typename T, int kMode>
-cudaError_t launch_decode_mode(const DraftFcParams& p, const DraftFcWorkspace& ws, cudaStream_t s,
-                               const DraftFcDecodeConfig& cfg) {
-  return p.rows > kMmaTokens ? launch_decode_groups<T, kMode, 2>(p, ws, s, cfg)
-                             : launch_decode_groups<T, kMode, 1>(p, ws, s, cfg);
 }
 
 template <typename T>
 cudaError_t launch_decode(const DraftFcParams& p, const DraftFcWorkspace& ws, cudaStream_t s,
                           const DraftFcDecodeConfig& cfg) {
-  switch (p.norm_mode()) {
-    case kFcNormScaled: return launch_decode_mode<T, kFcNormScaled>(p, ws, s, cfg);
-    case kFcNormFolded: return launch_decode_mode<T, kFcNormFolded>(p, ws, s, cfg);
-    default: return launch_decode_mode<T, kFcNoNorm>(p, ws, s, cfg);
-  }
+  const bool norm = p.norm_weight != nullptr, two = p.rows > kMmaTokens;
+  if (norm)
+    return two ? launch_decode_groups<T, true, 2>(p, ws, s, cfg) : launch_decode_groups<T, true, 1>(p, ws, s, cfg);
+  return two ? launch_decode_groups<T, false, 2>(p, ws, s, cfg) : launch_decode_groups<T, false, 1>(p, ws, s, cfg);
 }
 
 template <typename T>
@@ -190,7 +178,7 @@ cudaError_t launch_normalize(const DraftFcParams& p, void* xn, cudaStream_t s) {
   T* o = static_cast<T*>(xn);
   // Registers across the reduction only while the whole grid is one wave at 2 blocks per SM.
   const bool held = blocks * p.taps <= 2 * static_cast<int64_t>(sm_count());
-  const bool norm = p.rms;
+  const bool norm = p.norm_weight != nullptr;
   if (held && norm) draft_fc_normalize_kernel<T, true, 4><<<grid, nt, 0, s>>>(p, o);
   else if (held) draft_fc_normalize_kernel<T, false, 4><<<grid, nt, 0, s>>>(p, o);
   else if (norm) draft_fc_normalize_kernel<T, true, 0><<<grid, nt, 0, s>>>(p, o);

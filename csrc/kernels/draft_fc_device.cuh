@@ -32,10 +32,9 @@ static_assert(kWsTokens % kMmaTokens == 0 && kWsTokens % 4 == 0, "workspace pitc
 // thread) with one token group, 3 (168 registers) with two, whose activation vectors take the extra registers.
 __host__ __device__ constexpr int decode_blocks_per_sm(int groups) { return groups == 1 ? 4 : 3; }
 // Weight chunks in flight per warp (a step's loads precede its MMAs), as many as those registers hold: each chunk
-// holds two weight vectors, one activation vector per token group and, when g multiplies the activations
-// (kFcNormScaled), one norm-weight vector.
-__host__ __device__ constexpr int decode_unroll(int norm_mode, int groups) {
-  return groups == 1 ? (norm_mode == kFcNormScaled ? 6 : 8) : (norm_mode == kFcNormScaled ? 6 : 7);
+// holds two weight vectors, one activation vector per token group and, with the norm, one norm-weight vector.
+__host__ __device__ constexpr int decode_unroll(bool norm, int groups) {
+  return groups == 1 ? (norm ? 6 : 8) : (norm ? 6 : 7);
 }
 
 template <typename T> struct Mma;
@@ -83,17 +82,6 @@ template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi
   return w;
 }
 
-// sum(x^2) of 8 elements (one 16-byte vector) added to sum_sq.
-template <typename T>
-__device__ __forceinline__ void add_squares8(uint4 xv, float& sum_sq) {
-  const uint32_t xw[4] = {xv.x, xv.y, xv.z, xv.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 a = unpack2<T>(xw[i]);
-    sum_sq += a.x * a.x + a.y * a.y;
-  }
-}
-
 // x * g on 8 elements (one 16-byte vector), rounded back to T; adds sum(x^2) to sum_sq when `count`.
 template <typename T>
 __device__ __forceinline__ uint4 scale8(uint4 xv, uint4 gv, float& sum_sq, bool count) {
@@ -123,10 +111,9 @@ __device__ __forceinline__ uint4 load_weight16(const void* p) {
 // One warp's weight stream, shared by the register decode kernels (split-K and cluster): the warp's 16 weight rows
 // (row_a = its first row + lane / 4, and row_a + 8) over k in [k_begin, k_end) of tap `tap`, kUnroll 32-wide chunks
 // per step (the kernel's choice for its register budget), all of a step's loads issued before its MMAs; each
-// weight fragment feeds one MMA per token group of 8 (acc[q]: rows row_a, row_a + 8 x tokens 8q + 2c, 8q + 2c + 1).
-// kMode (DraftFcNormMode): with kFcNormScaled g multiplies the activations as they are loaded; with either norm mode
-// and count_sq the lane adds token (8q + lane / 4)'s x^2 over its elements to sum_sq[q].
-template <typename T, int kMode, int kGroups, int kUnroll>
+// weight fragment feeds one MMA per token group of 8 (acc[q]: rows row_a, row_a + 8 x tokens 8q + 2c, 8q + 2c + 1). kNorm: g multiplies the activations as they are
+// loaded, and with count_sq the lane adds token (8q + lane / 4)'s x^2 over its elements to sum_sq[q].
+template <typename T, bool kNorm, int kGroups, int kUnroll>
 __device__ __forceinline__ void decode_stream(const DraftFcParams& p, int tap, int64_t row_a, int64_t k_begin,
                                               int64_t k_end, bool count_sq, float (&acc)[kGroups][4],
                                               float (&sum_sq)[kGroups]) {
@@ -149,8 +136,7 @@ __device__ __forceinline__ void decode_stream(const DraftFcParams& p, int tap, i
   for (int64_t k0 = k_begin; k0 < k_end; k0 += kFcChunk * kUnroll) {
     // Every load of the step (weights, activations, norm weights) is issued before its first MMA: a norm-weight
     // load left next to its use serialised one L2 round trip per chunk (a 30% slower kernel on the H200).
-    constexpr bool kScale = kMode == kFcNormScaled;
-    uint4 wa[kUnroll], wb[kUnroll], xv[kUnroll][kGroups], gv[kScale ? kUnroll : 1];
+    uint4 wa[kUnroll], wb[kUnroll], xv[kUnroll][kGroups], gv[kNorm ? kUnroll : 1];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t k = k0 + u * kFcChunk + 8 * c;  // this lane's 8 contiguous elements
@@ -160,15 +146,14 @@ __device__ __forceinline__ void decode_stream(const DraftFcParams& p, int tap, i
 #pragma unroll
       for (int q = 0; q < kGroups; ++q)
         xv[u][q] = in && has_x[q] ? __ldg(reinterpret_cast<const uint4*>(x[q] + k)) : make_uint4(0, 0, 0, 0);
-      if (kScale) gv[u] = in ? __ldg(reinterpret_cast<const uint4*>(gw + k)) : make_uint4(0, 0, 0, 0);
+      if (kNorm) gv[u] = in ? __ldg(reinterpret_cast<const uint4*>(gw + k)) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
 #pragma unroll
       for (int q = 0; q < kGroups; ++q) {
         uint4 xu = xv[u][q];
-        if (kScale) xu = scale8<T>(xu, gv[kScale ? u : 0], sum_sq[q], count_sq);
-        else if (kMode == kFcNormFolded && count_sq) add_squares8<T>(xu, sum_sq[q]);
+        if (kNorm) xu = scale8<T>(xu, gv[kNorm ? u : 0], sum_sq[q], count_sq);
         // Step s uses this lane's elements [4s, 4s+4): words 2s, 2s+1 of the weight and activation vectors.
         Mma<T>::run(acc[q], wa[u].x, wb[u].x, wa[u].y, wb[u].y, xu.x, xu.y);
         Mma<T>::run(acc[q], wa[u].z, wb[u].z, wa[u].w, wb[u].w, xu.z, xu.w);

@@ -55,29 +55,19 @@ at::Tensor draft_fc_empty_out(const std::vector<at::Tensor>& x, const at::Tensor
 
 e3::DraftFcParams draft_fc_params(const std::vector<at::Tensor>& x, const at::Tensor& weight,
                                   const std::optional<at::Tensor>& norm_weight, double eps,
-                                  const std::optional<at::Tensor>& bias, int64_t folded_norm_taps,
-                                  const at::Tensor& out, e3::DType* dtype) {
+                                  const std::optional<at::Tensor>& bias, const at::Tensor& out, e3::DType* dtype) {
   E3_CHECK(!x.empty(), "eagle3_capture.draft_fc: expected x to be a packed [M, K*H] tensor or a list of K [M, H] "
               "tensors, got an empty list");
   const at::Tensor& x0 = x[0];
   check_x_tensor(x0, x0, "x[0]");
   *dtype = to_e3_dtype(x0, kOp, "x");
-  E3_CHECK(folded_norm_taps >= 0, "eagle3_capture.draft_fc: expected folded_norm_taps >= 0 (0: no folded norm), got ",
-           folded_norm_taps);
-  E3_CHECK(folded_norm_taps == 0 || !norm_weight.has_value(),
-           "eagle3_capture.draft_fc: folded_norm_taps=", folded_norm_taps, " says the norm weights are folded into "
-           "weight already (prepare_fc_weight), so norm_weight must be None; got norm_weight ",
-           shape_str(*norm_weight));
   e3::DraftFcParams p{};
   p.elem_size = static_cast<int>(x0.element_size());
   p.rows = x0.size(0);
-  p.rms = norm_weight.has_value() || folded_norm_taps > 0;
   if (x.size() == 1) {
-    const int64_t k = norm_weight.has_value() ? norm_weight->size(0) : (folded_norm_taps > 0 ? folded_norm_taps : 1);
+    const int64_t k = norm_weight.has_value() ? norm_weight->size(0) : 1;
     E3_CHECK(k >= 1 && x0.size(1) % k == 0, "eagle3_capture.draft_fc: packed x of width ", x0.size(1),
-             " cannot hold the K=", k, " taps that ",
-             norm_weight.has_value() ? "norm_weight " + shape_str(*norm_weight) : std::string("folded_norm_taps"),
-             " declares");
+                " cannot hold the K=", k, " taps that norm_weight ", shape_str(*norm_weight), " declares");
     p.taps = static_cast<int>(k);
     p.hidden = x0.size(1) / k;
     p.x_base = x0.data_ptr();
@@ -89,8 +79,6 @@ e3::DraftFcParams draft_fc_params(const std::vector<at::Tensor>& x, const at::Te
                 "; pass them packed as one [M, K*H] tensor instead");
     p.taps = static_cast<int>(x.size());
     p.hidden = x0.size(1);
-    E3_CHECK(folded_norm_taps == 0 || folded_norm_taps == p.taps, "eagle3_capture.draft_fc: folded_norm_taps=",
-             folded_norm_taps, " but x is a list of ", p.taps, " taps");
     for (size_t k = 0; k < x.size(); ++k) {
       const std::string what = "x[" + std::to_string(k) + "]";
       check_x_tensor(x[k], x0, what.c_str());
@@ -154,11 +142,11 @@ namespace {
 
 void draft_fc_out_cpu(const std::vector<at::Tensor>& x, const at::Tensor& weight,
                       const std::optional<at::Tensor>& norm_weight, double eps, const std::optional<at::Tensor>& bias,
-                      int64_t folded_norm_taps, at::Tensor& out) {
+                      at::Tensor& out) {
   e3::DType dtype;
-  const e3::DraftFcParams p = draft_fc_params(x, weight, norm_weight, eps, bias, folded_norm_taps, out, &dtype);
+  const e3::DraftFcParams p = draft_fc_params(x, weight, norm_weight, eps, bias, out, &dtype);
   if (p.rows == 0) return;
-  draft_fc_prefill(x, weight, bias, out, p, [&](at::Tensor& xn) {
+  draft_fc_prefill(x, weight, norm_weight, bias, out, p, [&](at::Tensor& xn) {
     e3::dispatch_host_dtype(dtype, [&](auto tag) {
       using T = decltype(tag);
       T* dst = static_cast<T*>(xn.data_ptr());

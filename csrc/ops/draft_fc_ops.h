@@ -24,27 +24,24 @@ int64_t set_draft_fc_decode_max_rows(int64_t rows);  // returns the previous val
 e3::DraftFcDecodeKernel draft_fc_decode_kernel();
 int64_t set_draft_fc_decode_kernel(int64_t kernel);
 
-// x: one packed [M, K*H] tensor (K from norm_weight or folded_norm_taps, 1 without a norm) or K [M, H] tensors.
-// folded_norm_taps = K > 0: the norm weights are folded into `weight` (norm_weight must be None); the per-tap RMS
-// scale is still applied.
+// x: one packed [M, K*H] tensor (K from norm_weight, 1 without a norm) or K [M, H] tensors.
 e3::DraftFcParams draft_fc_params(const std::vector<at::Tensor>& x, const at::Tensor& weight,
                                   const std::optional<at::Tensor>& norm_weight, double eps,
-                                  const std::optional<at::Tensor>& bias, int64_t folded_norm_taps,
-                                  const at::Tensor& out, e3::DType* dtype);
+                                  const std::optional<at::Tensor>& bias, const at::Tensor& out, e3::DType* dtype);
 
 // The output tensor the functional op allocates: [M, N] in the activation dtype on x's device.
 at::Tensor draft_fc_empty_out(const std::vector<at::Tensor>& x, const at::Tensor& weight);
 
 using DraftFcOutFn = void (*)(const std::vector<at::Tensor>&, const at::Tensor&, const std::optional<at::Tensor>&,
-                              double, const std::optional<at::Tensor>&, int64_t, at::Tensor&);
+                              double, const std::optional<at::Tensor>&, at::Tensor&);
 
 // The functional draft_fc of a device: allocate the output, then that device's draft_fc_out.
 template <DraftFcOutFn kOut>
 at::Tensor draft_fc_functional(const std::vector<at::Tensor>& x, const at::Tensor& weight,
                                const std::optional<at::Tensor>& norm_weight, double eps,
-                               const std::optional<at::Tensor>& bias, int64_t folded_norm_taps) {
+                               const std::optional<at::Tensor>& bias) {
   at::Tensor out = draft_fc_empty_out(x, weight);
-  kOut(x, weight, norm_weight, eps, bias, folded_norm_taps, out);
+  kOut(x, weight, norm_weight, eps, bias, out);
   return out;
 }
 
@@ -52,9 +49,9 @@ at::Tensor draft_fc_functional(const std::vector<at::Tensor>& x, const at::Tenso
 // scratch [M, K*H] that `fill_scratch` fills with the normalised (or packed) taps.
 template <typename Fill>
 void draft_fc_prefill(const std::vector<at::Tensor>& x, const at::Tensor& weight,
-                      const std::optional<at::Tensor>& bias, at::Tensor& out, const e3::DraftFcParams& p,
-                      Fill&& fill_scratch) {
-  if (x.size() == 1 && !p.rms) {
+                      const std::optional<at::Tensor>& norm_weight, const std::optional<at::Tensor>& bias,
+                      at::Tensor& out, const e3::DraftFcParams& p, Fill&& fill_scratch) {
+  if (x.size() == 1 && !norm_weight.has_value()) {
     at::linear_out(out, x[0], weight, bias);  // already the packed, un-normed input: the GEMM alone
     return;
   }

@@ -72,10 +72,10 @@ void check_vector_aligned(const void* ptr, int64_t row_stride, const char* what)
 
 void draft_fc_out_cuda(const std::vector<at::Tensor>& x, const at::Tensor& weight,
                        const std::optional<at::Tensor>& norm_weight, double eps,
-                       const std::optional<at::Tensor>& bias, int64_t folded_norm_taps, at::Tensor& out) {
+                       const std::optional<at::Tensor>& bias, at::Tensor& out) {
   E3_CHECK(!x.empty() && x[0].is_cuda(), "eagle3_capture.draft_fc: expected x on a CUDA device");
   e3::DType dtype;
-  const e3::DraftFcParams p = draft_fc_params(x, weight, norm_weight, eps, bias, folded_norm_taps, out, &dtype);
+  const e3::DraftFcParams p = draft_fc_params(x, weight, norm_weight, eps, bias, out, &dtype);
   // Every check happens before the device guard and the workspace: past this point nothing throws but a CUDA error.
   for (int k = 0; k < p.taps; ++k) {
     const std::string what = "tap " + std::to_string(k);
@@ -94,7 +94,7 @@ void draft_fc_out_cuda(const std::vector<at::Tensor>& x, const at::Tensor& weigh
     C10_CUDA_CHECK(static_cast<cudaError_t>(e3::draft_fc_decode_cuda(p, dtype, ws, stream, cfg)));
     return;
   }
-  draft_fc_prefill(x, weight, bias, out, p, [&](at::Tensor& xn) {
+  draft_fc_prefill(x, weight, norm_weight, bias, out, p, [&](at::Tensor& xn) {
     C10_CUDA_CHECK(static_cast<cudaError_t>(e3::draft_fc_normalize_cuda(p, dtype, xn.data_ptr(), stream)));
   });
 }

@@ -27,15 +27,10 @@ TORCH_LIBRARY(eagle3_capture, m) {
       "fused_add_rmsnorm_capture_(Tensor(a!) hidden, Tensor(b!) residual, Tensor weight, float eps, "
       "Tensor(c!) packed, int slot) -> ()");
   // The draft's fc: linear(cat(rmsnorm_k(x_k) * norm_weight[k] for k), weight, bias). x: one packed [M, K*H]
-  // tensor or K [M, H] tensors; norm_weight [K, H] or None (no per-tap norm). folded_norm_taps = K > 0: the norm
-  // weights are folded into `weight` already (eagle3_capture.ops.prepare_fc_weight), norm_weight is None, and the
-  // per-tap rsqrt(mean(x^2) + eps) is applied over K taps.
+  // tensor or K [M, H] tensors; norm_weight [K, H] or None (no per-tap norm).
+  m.def("draft_fc(Tensor[] x, Tensor weight, Tensor? norm_weight=None, float eps=1e-6, Tensor? bias=None) -> Tensor");
   m.def(
-      "draft_fc(Tensor[] x, Tensor weight, Tensor? norm_weight=None, float eps=1e-6, Tensor? bias=None, "
-      "int folded_norm_taps=0) -> Tensor");
-  m.def(
-      "draft_fc_out(Tensor[] x, Tensor weight, Tensor? norm_weight, float eps, Tensor? bias, int folded_norm_taps, "
-      "Tensor(a!) out) -> ()");
+      "draft_fc_out(Tensor[] x, Tensor weight, Tensor? norm_weight, float eps, Tensor? bias, Tensor(a!) out) -> ()");
   // One rank's part of a TP gather into every rank's registered packed buffer over peer-mapped memory
   // (eagle3_capture.tp.PackedGatherer drives it; CUDA only).
   m.def(

@@ -61,94 +61,39 @@ def _norm_tensor(norm_weights):
     return torch.stack(list(norm_weights))
 
 
-def _fc_taps(x, norm_weight, folded_norm_taps) -> int:
-    if len(x) > 1:
-        return len(x)
-    if norm_weight is not None:
-        return norm_weight.shape[0]
-    return folded_norm_taps if folded_norm_taps > 0 else 1
-
-
 @torch.library.register_fake("eagle3_capture::draft_fc")
-def _draft_fc_fake(x, weight, norm_weight=None, eps=1e-6, bias=None, folded_norm_taps=0):
+def _draft_fc_fake(x, weight, norm_weight=None, eps=1e-6, bias=None):
     torch._check(len(x) >= 1, lambda: "eagle3_capture.draft_fc: empty x")
     torch._check(weight.dim() == 2, lambda: f"eagle3_capture.draft_fc: weight must be [N, K*H], got {tuple(weight.shape)}")
-    torch._check(folded_norm_taps >= 0, lambda: f"eagle3_capture.draft_fc: folded_norm_taps {folded_norm_taps} < 0")
-    torch._check(folded_norm_taps == 0 or norm_weight is None,
-                 lambda: "eagle3_capture.draft_fc: folded_norm_taps > 0 takes norm_weight=None")
-    torch._check(len(x) == 1 or folded_norm_taps in (0, len(x)),
-                 lambda: f"eagle3_capture.draft_fc: folded_norm_taps={folded_norm_taps} but x is a list of {len(x)} taps")
-    k = _fc_taps(x, norm_weight, folded_norm_taps)
     in_features = x[0].shape[1] * len(x)
-    torch._check(len(x) > 1 or x[0].shape[1] % k == 0,
-                 lambda: f"eagle3_capture.draft_fc: packed x of width {x[0].shape[1]} cannot hold K={k} taps")
     torch._check(weight.shape[1] == in_features,
                  lambda: f"eagle3_capture.draft_fc: weight in_features {weight.shape[1]} != K*H {in_features}")
     return x[0].new_empty((x[0].shape[0], weight.shape[0]))
 
 
 @torch.library.register_fake("eagle3_capture::draft_fc_out")
-def _draft_fc_out_fake(x, weight, norm_weight, eps, bias, folded_norm_taps, out):
+def _draft_fc_out_fake(x, weight, norm_weight, eps, bias, out):
     torch._check(out.shape == (x[0].shape[0], weight.shape[0]),
                  lambda: f"eagle3_capture.draft_fc: out must be [M, N], got {tuple(out.shape)}")
     return None
 
 
 def draft_fc(x, weight: torch.Tensor, norm_weights=None, eps: float = 1e-6, bias: Optional[torch.Tensor] = None,
-             out: Optional[torch.Tensor] = None, *, folded_norm_taps: int = 0) -> torch.Tensor:
+             out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The EAGLE-3 draft's fc over its captured taps: linear(cat(rmsnorm_k(x_k) * g_k), weight, bias), with no concat.
 
-    x: the packed [M, K*H] capture buffer (K taken from norm_weights or folded_norm_taps; without norms the packed
-       row is one input) or a list of K [M, H] tensors. weight: [N, K*H] (N = H, or H/tp for a column-parallel shard).
+    x: the packed [M, K*H] capture buffer (K taken from norm_weights; without norms the packed row is one input)
+       or a list of K [M, H] tensors. weight: [N, K*H] (N = H, or H/tp for a column-parallel shard).
     norm_weights: None (EAGLE-3), or the per-tap RMSNorm weights of EAGLE-3.1 drafts (`fc_norm`) as [K, H] or a
        list of K [H]. bias: [N] or None. out: optional [M, N] contiguous output.
-    folded_norm_taps: K > 0 when `weight` comes from prepare_fc_weight(weight, norm_weights), the norm weights folded
-       in once at load time; then norm_weights must be None and only each tap's rsqrt(mean(x^2) + eps) is applied
-       per call (the decode kernels stream no norm weights and scale no activations: faster for small M).
     bf16/fp16 (CUDA decode kernel for M <= 8: weights streamed once, norms applied on the fly; above that the
     normalised taps go through cuBLAS) and float32 (CPU, and the cuBLAS path on CUDA). H must be a multiple of 8.
     """
     taps = _tap_list(x)
     g = _norm_tensor(norm_weights)
     if out is None:
-        return _ops.draft_fc(taps, weight, g, eps, bias, int(folded_norm_taps))
-    _ops.draft_fc_out(taps, weight, g, eps, bias, int(folded_norm_taps), out)
-    return out
-
-
-def prepare_fc_weight(weight: torch.Tensor, norm_weights, *, rows_per_chunk: int = 1024) -> torch.Tensor:
-    """The draft fc weight with the per-tap norm weights folded in, for draft_fc(..., folded_norm_taps=K).
-
-    Layout: the same [N, K*H] as `weight`, column k*H + j multiplied by g[k, j]: W'[n, k*H + j] = W[n, k*H + j] *
-    g[k, j], computed in float32 and rounded once to weight's dtype (one rounding of the product, where the unfolded
-    path rounds x * g instead). A column-parallel shard of W' is the same shard of W with g folded in, so fold after
-    loading the shard. norm_weights: [K, H] or a list of K [H]. Work is done `rows_per_chunk` rows at a time to bound
-    the float32 temporaries. Returns a new contiguous tensor on weight's device; call once at load time, and again
-    whenever the weights change.
-    """
-    g = _norm_tensor(norm_weights)
-    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
-        raise ValueError("eagle3_capture.prepare_fc_weight: expected weight [N, K*H], got "
-                         f"{tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__}")
-    if g is None or g.dim() != 2:
-        raise ValueError("eagle3_capture.prepare_fc_weight: expected norm_weights [K, H] (or K tensors [H]), got "
-                         f"{None if g is None else tuple(g.shape)}")
-    k, h = g.shape
-    if weight.shape[1] != k * h:
-        raise ValueError(f"eagle3_capture.prepare_fc_weight: weight in_features {weight.shape[1]} != K*H = {k}*{h} "
-                         f"(norm_weights {tuple(g.shape)})")
-    if g.device != weight.device:
-        raise ValueError(f"eagle3_capture.prepare_fc_weight: norm_weights on {g.device}, weight on {weight.device}")
-    if weight.dtype not in _DTYPES or g.dtype not in _DTYPES:
-        raise ValueError(f"eagle3_capture.prepare_fc_weight: unsupported dtypes weight {weight.dtype}, "
-                         f"norm_weights {g.dtype}")
-    if rows_per_chunk < 1:
-        raise ValueError(f"eagle3_capture.prepare_fc_weight: rows_per_chunk must be >= 1, got {rows_per_chunk}")
-    g32 = g.to(torch.float32).reshape(1, k * h)
-    out = torch.empty(weight.shape, dtype=weight.dtype, device=weight.device)
-    with torch.no_grad():
-        for r in range(0, weight.shape[0], rows_per_chunk):
-            out[r:r + rows_per_chunk] = (weight[r:r + rows_per_chunk].to(torch.float32) * g32).to(weight.dtype)
+        return _ops.draft_fc(taps, weight, g, eps, bias)
+    _ops.draft_fc_out(taps, weight, g, eps, bias, out)
     return out
 
 
@@ -198,4 +143,4 @@ def fused_add_rmsnorm_capture_(hidden: torch.Tensor, residual: torch.Tensor, wei
     _ops.fused_add_rmsnorm_capture_(hidden, residual, weight, eps, packed, slot)
 
 
-__all__ = ["capture_", "fused_add_rmsnorm_capture_", "draft_fc", "prepare_fc_weight"]
+__all__ = ["capture_", "fused_add_rmsnorm_capture_", "draft_fc"]
