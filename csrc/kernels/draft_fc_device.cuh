@@ -82,32 +82,6 @@ template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi
   return w;
 }
 
-// x * g on 2 packed elements, rounded once to T: one bf16x2 / f16x2 multiply. The product of two bf16 (fp16) values
-// is exact in float, so this equals the float product rounded to T (scale8's result) bit for bit.
-template <typename T> __device__ __forceinline__ uint32_t mul2(uint32_t a, uint32_t b);
-template <> __device__ __forceinline__ uint32_t mul2<__nv_bfloat16>(uint32_t a, uint32_t b) {
-  __nv_bfloat162 x, y;
-  memcpy(&x, &a, 4);
-  memcpy(&y, &b, 4);
-  const __nv_bfloat162 r = __hmul2(x, y);
-  uint32_t w;
-  memcpy(&w, &r, 4);
-  return w;
-}
-template <> __device__ __forceinline__ uint32_t mul2<__half>(uint32_t a, uint32_t b) {
-  __half2 x, y;
-  memcpy(&x, &a, 4);
-  memcpy(&y, &b, 4);
-  const __half2 r = __hmul2(x, y);
-  uint32_t w;
-  memcpy(&w, &r, 4);
-  return w;
-}
-template <typename T>
-__device__ __forceinline__ uint4 mul8(uint4 x, uint4 g) {
-  return make_uint4(mul2<T>(x.x, g.x), mul2<T>(x.y, g.y), mul2<T>(x.z, g.z), mul2<T>(x.w, g.w));
-}
-
 // x * g on 8 elements (one 16-byte vector), rounded back to T; adds sum(x^2) to sum_sq when `count`.
 template <typename T>
 __device__ __forceinline__ uint4 scale8(uint4 xv, uint4 gv, float& sum_sq, bool count) {
@@ -137,9 +111,8 @@ __device__ __forceinline__ uint4 load_weight16(const void* p) {
 // One warp's weight stream, shared by the register decode kernels (split-K and cluster): the warp's 16 weight rows
 // (row_a = its first row + lane / 4, and row_a + 8) over k in [k_begin, k_end) of tap `tap`, kUnroll 32-wide chunks
 // per step (the kernel's choice for its register budget), all of a step's loads issued before its MMAs; each
-// weight fragment feeds one MMA per token group of 8 (acc[q]: rows row_a, row_a + 8 x tokens 8q + 2c, 8q + 2c + 1).
-// kNorm: g multiplies the activations as they are loaded, and with count_sq the lanes of token (8q + lane / 4)'s
-// quad add its x^2 over the warp's k range to sum_sq[q] (one lane of the quad holds it; quad_sum totals the quad).
+// weight fragment feeds one MMA per token group of 8 (acc[q]: rows row_a, row_a + 8 x tokens 8q + 2c, 8q + 2c + 1). kNorm: g multiplies the activations as they are
+// loaded, and with count_sq the lane adds token (8q + lane / 4)'s x^2 over its elements to sum_sq[q].
 template <typename T, bool kNorm, int kGroups, int kUnroll>
 __device__ __forceinline__ void decode_stream(const DraftFcParams& p, int tap, int64_t row_a, int64_t k_begin,
                                               int64_t k_end, bool count_sq, float (&acc)[kGroups][4],
@@ -159,11 +132,6 @@ __device__ __forceinline__ void decode_stream(const DraftFcParams& p, int tap, i
     x[q] = static_cast<const T*>(p.tap(tap)) + (has_x[q] ? tok : 0) * p.tap_row_stride(tap);
   }
   const T* gw = static_cast<const T*>(p.norm_weight) + tap * p.hidden;
-  // The sums of x^2 on the tensor cores: an MMA with the activation fragment as both operands (A: the 8 token rows,
-  // rows 8..15 zero; B: the same fragment, as the weight MMAs take it) accumulates x x^T over the lane's k range,
-  // whose diagonal holds each token's sum. Two MMAs per chunk instead of eight FMAs and the unpacking per lane,
-  // which sat between a warp's load rounds.
-  float sq_d[kGroups][4] = {};
 
   for (int64_t k0 = k_begin; k0 < k_end; k0 += kFcChunk * kUnroll) {
     // Every load of the step (weights, activations, norm weights) is issued before its first MMA: a norm-weight
@@ -185,24 +153,12 @@ __device__ __forceinline__ void decode_stream(const DraftFcParams& p, int tap, i
 #pragma unroll
       for (int q = 0; q < kGroups; ++q) {
         uint4 xu = xv[u][q];
-        if (kNorm) {
-          if (count_sq) {
-            Mma<T>::run(sq_d[q], xu.x, 0u, xu.y, 0u, xu.x, xu.y);
-            Mma<T>::run(sq_d[q], xu.z, 0u, xu.w, 0u, xu.z, xu.w);
-          }
-          xu = mul8<T>(xu, gv[kNorm ? u : 0]);
-        }
+        if (kNorm) xu = scale8<T>(xu, gv[kNorm ? u : 0], sum_sq[q], count_sq);
         // Step s uses this lane's elements [4s, 4s+4): words 2s, 2s+1 of the weight and activation vectors.
         Mma<T>::run(acc[q], wa[u].x, wb[u].x, wa[u].y, wb[u].y, xu.x, xu.y);
         Mma<T>::run(acc[q], wa[u].z, wb[u].z, wa[u].w, wb[u].w, xu.z, xu.w);
       }
     }
-  }
-  // D[g][g], token g's sum, sits in lane (g, c = g / 2), element g % 2: that lane adds it, the quad's others add
-  // nothing, so the callers' quad_sum over lanes 4g..4g+3 yields it as before.
-  if (kNorm && count_sq) {
-#pragma unroll
-    for (int q = 0; q < kGroups; ++q) sum_sq[q] += c == (g >> 1) ? ((g & 1) ? sq_d[q][1] : sq_d[q][0]) : 0.f;
   }
 }
 
