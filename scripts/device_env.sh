@@ -23,3 +23,27 @@ build_fc() {
   (cmake -S . -B build/bench -DE3_CUDA_ARCHS=90a && cmake --build build/bench -j 16 --target bench_draft_fc) \
     > "$OUT/cmake.log" 2>&1 &
 }
+# The draft fc op's full table (M = 1 .. 4096 at N = 896 and 7168) into $OUT/draft_fc-h200.json.
+fc_full_table() {
+  step bench draft fc op
+  timeout 200 python3 benchmarks/bench_draft_fc.py --samples 15 --M 1,4,8,16,32,64,512,4096 --compare-paths \
+    --out "$OUT/draft_fc-h200.json" --plot "$OUT/draft_fc-h200.png" 2>&1 | tee "$OUT/bench_fc.log" | grep -E "M=|streaming"
+}
+# compute-sanitizer over the draft fc CUDA tests: memcheck, racecheck of the decode paths, initcheck of the decode
+# kernels without a kernel filter.
+fc_sanitizers() {
+  step memcheck draft fc
+  E3_HYPOTHESIS_PROFILE=sanitizer timeout 200 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 3 \
+    python3 -m pytest -m cuda -q -x tests/test_draft_fc.py \
+    --deselect tests/test_draft_fc.py::test_cuda_rejects_misaligned_rows_and_mixed_devices > "$OUT/memcheck_fc.log" 2>&1
+  echo "memcheck fc rc=$?"; grep -E "ERROR SUMMARY|passed|failed" "$OUT/memcheck_fc.log" | tail -2
+  step racecheck draft fc decode path
+  E3_HYPOTHESIS_PROFILE=sanitizer timeout 90 compute-sanitizer --tool racecheck --report-api-errors no \
+    --kernel-name kns=draft_fc --error-exitcode 3 python3 -m pytest -m cuda -q tests/test_draft_fc.py \
+    -k "(repeated and not 33) or producers or every_decode" > "$OUT/racecheck_fc.log" 2>&1
+  echo "racecheck rc=$?"; grep -E "RACECHECK SUMMARY|passed|failed" "$OUT/racecheck_fc.log" | tail -2
+  step initcheck draft fc decode, no kernel filter
+  timeout 120 compute-sanitizer --tool initcheck --report-api-errors no --error-exitcode 3 \
+    python3 -m pytest -m cuda -q -x tests/test_draft_fc.py -k "producers and False" > "$OUT/initcheck_fc.log" 2>&1
+  echo "initcheck rc=$?"; grep -E "ERROR SUMMARY|passed|failed|Uninitialized" "$OUT/initcheck_fc.log" | sort | uniq -c | head -8
+}
