@@ -23,6 +23,19 @@ build_fc() {
   (cmake -S . -B build/bench -DE3_CUDA_ARCHS=90a && cmake --build build/bench -j 16 --target bench_draft_fc) \
     > "$OUT/cmake.log" 2>&1 &
 }
+# The bench_draft_fc binary of the previous tree in old_src/ (when present), in the background like build_fc's:
+# `wait` before running build/bench_old/bench_draft_fc.
+build_old_bench() {
+  [ -d old_src ] || return 0
+  (cmake -S old_src -B build/bench_old -DE3_CUDA_ARCHS=90a && cmake --build build/bench_old -j 8 --target bench_draft_fc) \
+    > "$OUT/cmake_old.log" 2>&1 &
+}
+# The draft fc CUDA tests and the SGLang hooks' CUDA tests, the summary lines on stdout.
+fc_cuda_tests() {
+  step draft fc tests
+  timeout 240 python3 -m pytest -m "cuda and not multigpu" -q tests/test_draft_fc.py tests/sglang/test_hook_calls_cuda.py \
+    2>&1 | tee "$OUT/pytest_cuda.log" | grep -E "FAILED|passed|failed|rror" | tail -8
+}
 # The draft fc op's full table (M = 1 .. 4096 at N = 896 and 7168) into $OUT/draft_fc-h200.json.
 fc_full_table() {
   step bench draft fc op

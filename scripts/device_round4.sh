@@ -6,13 +6,8 @@
 # initcheck of the decode kernels without a kernel filter.
 source "$(dirname "$0")/device_env.sh"
 build_fc
-if [ -d old_src ]; then
-  (cmake -S old_src -B build/bench_old -DE3_CUDA_ARCHS=90a && cmake --build build/bench_old -j 8 --target bench_draft_fc) \
-    > "$OUT/cmake_old.log" 2>&1 &
-fi
-step draft fc tests
-timeout 240 python3 -m pytest -m "cuda and not multigpu" -q tests/test_draft_fc.py tests/sglang/test_hook_calls_cuda.py \
-  2>&1 | tee "$OUT/pytest_cuda.log" | grep -E "FAILED|passed|failed|rror" | tail -8
+build_old_bench
+fc_cuda_tests
 wait
 step "bench_draft_fc binary: cluster vs split kernel vs the previous kernel in old_src, read probe"
 for n in 896 1792 3584 7168; do
