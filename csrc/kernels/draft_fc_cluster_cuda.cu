@@ -312,19 +312,17 @@ cudaError_t launch_cluster(const DraftFcParams& p, cudaStream_t s, const DraftFc
 template <typename T>
 bool one_wave_typed(const DraftFcParams& p, const DraftFcDecodeConfig& cfg) {
   bool fits = false;
-  const bool norm = p.norm_weight != nullptr, two = p.rows > kMmaTokens;
-  if (norm && two) tiling_for<T, true, 2>(p, cfg, &fits);
-  else if (norm) tiling_for<T, true, 1>(p, cfg, &fits);
-  else if (two) tiling_for<T, false, 2>(p, cfg, &fits);
-  else tiling_for<T, false, 1>(p, cfg, &fits);
+  with_norm_and_groups(p, [&](auto norm, auto groups) {
+    return tiling_for<T, decltype(norm)::value, decltype(groups)::value>(p, cfg, &fits);
+  });
   return fits;
 }
 
 template <typename T>
 cudaError_t launch_cluster_typed(const DraftFcParams& p, cudaStream_t s, const DraftFcDecodeConfig& cfg) {
-  const bool norm = p.norm_weight != nullptr, two = p.rows > kMmaTokens;
-  if (norm) return two ? launch_cluster<T, true, 2>(p, s, cfg) : launch_cluster<T, true, 1>(p, s, cfg);
-  return two ? launch_cluster<T, false, 2>(p, s, cfg) : launch_cluster<T, false, 1>(p, s, cfg);
+  return with_norm_and_groups(p, [&](auto norm, auto groups) {
+    return launch_cluster<T, decltype(norm)::value, decltype(groups)::value>(p, s, cfg);
+  });
 }
 
 }  // namespace

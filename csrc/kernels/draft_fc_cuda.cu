@@ -145,9 +145,10 @@ DecodeTiling decode_tiling(int taps, int64_t hidden, int64_t out_features, const
 
 // The split-K grid's K-splits per tap for this call (Auto's choice between the split and cluster kernels).
 int64_t split_kernel_splits_per_tap(const DraftFcParams& p, const DraftFcDecodeConfig& cfg) {
-  const int groups = p.rows > kMmaTokens ? 2 : 1;
-  return decode_tiling(p.taps, p.hidden, p.out_features, cfg, groups, decode_unroll(p.norm_weight != nullptr, groups))
-      .splits_per_tap;
+  return with_norm_and_groups(p, [&](auto norm, auto groups) {
+    return decode_tiling(p.taps, p.hidden, p.out_features, cfg, groups(), decode_unroll(norm(), groups()))
+        .splits_per_tap;
+  });
 }
 
 template <typename T, bool kNorm, int kGroups>
@@ -162,10 +163,9 @@ cudaError_t launch_decode_groups(const DraftFcParams& p, const DraftFcWorkspace&
 template <typename T>
 cudaError_t launch_decode(const DraftFcParams& p, const DraftFcWorkspace& ws, cudaStream_t s,
                           const DraftFcDecodeConfig& cfg) {
-  const bool norm = p.norm_weight != nullptr, two = p.rows > kMmaTokens;
-  if (norm)
-    return two ? launch_decode_groups<T, true, 2>(p, ws, s, cfg) : launch_decode_groups<T, true, 1>(p, ws, s, cfg);
-  return two ? launch_decode_groups<T, false, 2>(p, ws, s, cfg) : launch_decode_groups<T, false, 1>(p, ws, s, cfg);
+  return with_norm_and_groups(p, [&](auto norm, auto groups) {
+    return launch_decode_groups<T, decltype(norm)::value, decltype(groups)::value>(p, ws, s, cfg);
+  });
 }
 
 template <typename T>

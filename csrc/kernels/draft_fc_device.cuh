@@ -10,6 +10,8 @@
 // needed. The dot product is permutation-invariant, so the result is exact.
 #pragma once
 
+#include <type_traits>
+
 #include "cuda_common.cuh"
 #include "draft_fc.h"
 
@@ -35,6 +37,18 @@ __host__ __device__ constexpr int decode_blocks_per_sm(int groups) { return grou
 // holds two weight vectors, one activation vector per token group and, with the norm, one norm-weight vector.
 __host__ __device__ constexpr int decode_unroll(bool norm, int groups) {
   return groups == 1 ? (norm ? 6 : 8) : (norm ? 6 : 7);
+}
+
+// The one place a call maps to the register decode kernels' template arguments: calls
+// f(std::integral_constant<bool, kNorm>{}, std::integral_constant<int, kGroups>{}) with kNorm = a norm weight is
+// given and kGroups = the token groups of 8 that M needs (1, or 2 above 8 rows), and returns what f returns.
+template <typename F>
+__host__ auto with_norm_and_groups(const DraftFcParams& p, F&& f) {
+  using One = std::integral_constant<int, 1>;
+  using Two = std::integral_constant<int, 2>;
+  const bool two = p.rows > kMmaTokens;
+  if (p.norm_weight != nullptr) return two ? f(std::true_type{}, Two{}) : f(std::true_type{}, One{});
+  return two ? f(std::false_type{}, Two{}) : f(std::false_type{}, One{});
 }
 
 template <typename T> struct Mma;
