@@ -23,7 +23,7 @@ import common  # noqa: E402
 from eagle3_capture import ops  # noqa: E402
 
 
-def bench_row(m, n, h, k, dtype, bw, rate, samples, compare_paths=False, compare_kernels=False):
+def bench_row(m, n, h, k, dtype, bw, rate, samples, decode_rows, compare_paths=False, compare_kernels=False):
     es = 2
     w_bytes = n * k * h * es
     x_bytes = m * k * h * es
@@ -61,8 +61,6 @@ def bench_row(m, n, h, k, dtype, bw, rate, samples, compare_paths=False, compare
     t_b = common.time_graph_us(base_b, ncopies, samples=samples)
     t_ours2 = common.time_graph_us(ours, ncopies, samples=samples)
     t_read = common.time_graph_us(read_weights, ncopies, samples=samples)
-    decode_rows = ops._set_draft_fc_decode_max_rows(0)  # the threshold in force (the setter returns it) ...
-    ops._set_draft_fc_decode_max_rows(decode_rows)      # ... put back at once
     t_other_path = None
     if compare_paths and m <= decode_rows:  # for M on the decode kernel: the same op through normalise + cuBLAS
         ops._set_draft_fc_decode_max_rows(0)
@@ -129,13 +127,13 @@ def main() -> int:
     bw = common.streaming_read_bandwidth()
     rate = common.matmul_rate()
     print(f"streaming read bandwidth {bw / 1e12:.3f} TB/s, bf16 matmul {rate / 1e12:.0f} TFLOP/s")
-    decode_rows = ops._set_draft_fc_decode_max_rows(0)  # the threshold in force, put back at once
-    ops._set_draft_fc_decode_max_rows(decode_rows)
+    decode_rows = ops._set_draft_fc_decode_max_rows(0)  # the threshold in force (the setter returns it) ...
+    ops._set_draft_fc_decode_max_rows(decode_rows)      # ... put back at once
     rows = []
     for n in [int(v) for v in args.N.split(",")]:
         for m in [int(v) for v in args.M.split(",")]:
-            rows.append(bench_row(m, n, args.H, args.K, dtype, bw, rate, args.samples, args.compare_paths,
-                                  args.compare_kernels))
+            rows.append(bench_row(m, n, args.H, args.K, dtype, bw, rate, args.samples, decode_rows,
+                                  args.compare_paths, args.compare_kernels))
     cols = ["M", "N", "ours_us", "baseline_us", "linear_us", "floor_us", "weight_bw_fraction", "speedup_vs_a",
             "speedup_vs_b"]
     common.print_table(rows, cols)

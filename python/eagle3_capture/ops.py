@@ -113,8 +113,8 @@ def _set_draft_fc_decode_kernel(kernel: str) -> str:
 
     "cluster" (sm_90+, K <= 8): the K-splits of a column tile reduced in a thread-block cluster's shared memory.
     "split": partials added in an L2 workspace by atomics (any GPU). "bulk" (sm_90+, packed input, M <= 8): TMA
-    copies. "auto" (default): cluster for small N (many K-splits per tap), else split. Where the preferred kernel
-    does not apply, auto's choice runs."""
+    copies. "auto" (default): cluster for small N (many K-splits per tap) where its grid fits one wave of co-resident
+    clusters, else split. Where the preferred kernel does not apply, auto's choice runs."""
     if kernel not in _DECODE_KERNELS:
         raise ValueError(f"decode kernel must be one of {_DECODE_KERNELS}, got {kernel!r}")
     return _DECODE_KERNELS[int(load().set_draft_fc_decode_kernel(_DECODE_KERNELS.index(kernel)))]
