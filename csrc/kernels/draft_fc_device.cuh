@@ -176,6 +176,81 @@ __device__ __forceinline__ void decode_stream(const DraftFcParams& p, int tap, i
   }
 }
 
+// x * y on 8 elements (16-byte vectors), each product rounded to T: the norm weight applied to a weight vector.
+template <typename T>
+__device__ __forceinline__ uint4 mul8(uint4 a, uint4 b) {
+  const uint32_t aw[4] = {a.x, a.y, a.z, a.w}, bw[4] = {b.x, b.y, b.z, b.w};
+  uint32_t o[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 u = unpack2<T>(aw[i]), v = unpack2<T>(bw[i]);
+    o[i] = pack2<T>(u.x * v.x, u.y * v.y);
+  }
+  return make_uint4(o[0], o[1], o[2], o[3]);
+}
+
+// Adds the squares of the 8 elements of a 16-byte vector to s.
+template <typename T>
+__device__ __forceinline__ void add_squares8(uint4 xv, float& s) {
+  const uint32_t xw[4] = {xv.x, xv.y, xv.z, xv.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 a = unpack2<T>(xw[i]);
+    s += a.x * a.x + a.y * a.y;
+  }
+}
+
+// The weight stream for many token groups (M = 17..64, the cluster kernel's kGroups 4 and 8). decode_stream scales
+// each activation vector by g once per token group and warp, so its CUDA-core work grows with M; here g multiplies
+// the warp's two weight vectors once per chunk (round(W * g) instead of round(x * g): one rounding of a product
+// either way) and the activations enter the MMA as loaded, so a token group costs one activation load and two MMAs.
+// With the norm, the lane adds token (8q + lane / 4)'s x^2 to sum_sq[q] for the groups q set in count_mask (the
+// kernel spreads the groups over its warps). Same fragment layout and k permutation as decode_stream.
+template <typename T, bool kNorm, int kGroups, int kUnroll>
+__device__ __forceinline__ void decode_stream_wide(const DraftFcParams& p, int tap, int64_t row_a, int64_t k_begin,
+                                                   int64_t k_end, unsigned count_mask, float (&acc)[kGroups][4],
+                                                   float (&sum_sq)[kGroups]) {
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2, c = lane & 3;
+  const int64_t row_b = row_a + 8;
+  const bool has_a = row_a < p.out_features, has_b = row_b < p.out_features;
+  const T* w_a = static_cast<const T*>(p.weight) + row_a * p.weight_row_stride + tap * p.hidden;
+  const T* w_b = static_cast<const T*>(p.weight) + row_b * p.weight_row_stride + tap * p.hidden;
+  const T* x0 = static_cast<const T*>(p.tap(tap));
+  const int64_t x_stride = p.tap_row_stride(tap);
+  const T* gw = static_cast<const T*>(p.norm_weight) + tap * p.hidden;
+
+  for (int64_t k0 = k_begin; k0 < k_end; k0 += kFcChunk * kUnroll) {
+    uint4 wa[kUnroll], wb[kUnroll], gv[kNorm ? kUnroll : 1];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t k = k0 + u * kFcChunk + 8 * c;
+      const bool in = k < k_end;
+      wa[u] = in && has_a ? load_weight16(w_a + k) : make_uint4(0, 0, 0, 0);
+      wb[u] = in && has_b ? load_weight16(w_b + k) : make_uint4(0, 0, 0, 0);
+      if (kNorm) gv[u] = in ? __ldg(reinterpret_cast<const uint4*>(gw + k)) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t k = k0 + u * kFcChunk + 8 * c;
+      const bool in = k < k_end;
+      if (kNorm) {
+        wa[u] = mul8<T>(wa[u], gv[u]);
+        wb[u] = mul8<T>(wb[u], gv[u]);
+      }
+#pragma unroll
+      for (int q = 0; q < kGroups; ++q) {
+        const int64_t tok = q * kMmaTokens + g;
+        const uint4 xu =
+            in && tok < p.rows ? __ldg(reinterpret_cast<const uint4*>(x0 + tok * x_stride + k)) : make_uint4(0, 0, 0, 0);
+        if (kNorm && ((count_mask >> q) & 1u)) add_squares8<T>(xu, sum_sq[q]);
+        Mma<T>::run(acc[q], wa[u].x, wb[u].x, wa[u].y, wb[u].y, xu.x, xu.y);
+        Mma<T>::run(acc[q], wa[u].z, wb[u].z, wa[u].w, wb[u].w, xu.z, xu.w);
+      }
+    }
+  }
+}
+
 // A token's sum of x^2 over a warp: lanes 4g..4g+3 hold parts of token g's (their k elements); after this every
 // lane of the quad holds the quad's total.
 __device__ __forceinline__ float quad_sum(float s) {
