@@ -108,20 +108,20 @@ def main() -> int:
     ap.add_argument("--out", default="benchmarks/results/draft_fc-h200.json")
     ap.add_argument("--plot", default=None)
     ap.add_argument("--compare-paths", action="store_true",
-                    help="for M on the decode kernel (M <= the threshold) also time the op through normalise + cuBLAS "
+                    help="for M on the decode kernel (M <= 16) also time the op through normalise + cuBLAS "
                          "(ours_cublas_path_us)")
     ap.add_argument("--compare-kernels", action="store_true",
                     help="for M on the decode path also time the op with each decode kernel forced (cluster, split) "
                          "instead of auto's choice (ours_cluster_kernel_us, ours_split_kernel_us)")
     ap.add_argument("--decode-max-rows", type=int, default=None,
-                    help="rows at or below which the op takes the decode kernels, for this run (0..64; default: the "
+                    help="rows at or below which the op takes the decode kernels, for this run (0..16; default: the "
                          "library's threshold)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_draft_fc.py needs a CUDA GPU")
     if args.decode_max_rows is not None:
-        if not 0 <= args.decode_max_rows <= 64:
-            sys.exit(f"--decode-max-rows must be in 0..64, got {args.decode_max_rows}")
+        if not 0 <= args.decode_max_rows <= 16:
+            sys.exit(f"--decode-max-rows must be in 0..16, got {args.decode_max_rows}")
         ops._set_draft_fc_decode_max_rows(args.decode_max_rows)
     dtype = getattr(torch, args.dtype)
     bw = common.streaming_read_bandwidth()

@@ -34,15 +34,12 @@ __global__ void __launch_bounds__(128, 4) read_probe_kernel(const uint4* w, size
 void usage() {
   std::printf(
       "usage: bench_draft_fc [--M 8] [--N 896] [--H 7168] [--K 3] [--norm 1] [--blocks-per-sm 4] [--iters 50]\n"
-      "                      [--samples 15] [--kernel cluster] [--stages 2] [--splits 0] [--row-groups 0]\n"
-      "                      [--probe 0]\n"
+      "                      [--samples 15] [--kernel cluster] [--stages 2] [--splits 0] [--probe 0]\n"
       "  bf16, decode kernels. Weight copies rotate so one rotation spans >= 256 MB.\n"
       "  --kernel auto (default: cluster for small N, else split), cluster (sm_90+, K <= 8: K-splits reduced in a\n"
       "  thread-block cluster), split (partials in an L2 workspace; --splits K-splits per tap) or bulk (TMA,\n"
       "  sm_90+, M <= 8; --stages, 0 = as many as fit; --bulk 1 is the same). --blocks-per-sm: the register\n"
-      "  kernels' one-wave grid size (0: as built). M up to 16 (two token groups above 8); up to 64 (four or eight\n"
-      "  groups) the cluster kernel only. --row-groups: the cluster kernel's 16-row groups per block (1, 2, 4; 0: its\n"
-      "  tiling's choice).\n"
+      "  kernels' one-wave grid size (0: as built). M up to 16 (two token groups above 8).\n"
       "  --probe 1: also time a plain streaming read of the same weight bytes (the floor of one launch this size).\n"
 );
 }
@@ -58,7 +55,7 @@ int main(int argc, char** argv) {
   const bool norm = bench::arg_long(argc, argv, "--norm", 1) != 0;
   const int iters = static_cast<int>(bench::arg_long(argc, argv, "--iters", 50));
   const int samples = static_cast<int>(bench::arg_long(argc, argv, "--samples", 15));
-  if (M < 1 || M > e3::kDraftFcClusterMaxRows || N < 1 || H < 8 || H % 8 || K < 1) { usage(); return 2; }
+  if (M < 1 || M > e3::kDraftFcDecodeMaxRows || N < 1 || H < 8 || H % 8 || K < 1) { usage(); return 2; }
   const size_t w_elems = size_t(N) * K * H, w_bytes = w_elems * 2;
   const int ncopies = static_cast<int>(std::min<size_t>(64, std::max<size_t>(2, (256u << 20) / w_bytes + 1)));
   std::vector<void*> weights(ncopies);
@@ -87,7 +84,6 @@ int main(int argc, char** argv) {
   if (bench::arg_long(argc, argv, "--bulk", 0) != 0) cfg.kernel = e3::DraftFcDecodeKernel::Bulk;
   cfg.bulk_stages = static_cast<int>(bench::arg_long(argc, argv, "--stages", cfg.bulk_stages));
   cfg.splits_per_tap = static_cast<int>(bench::arg_long(argc, argv, "--splits", cfg.splits_per_tap));
-  cfg.cluster_row_groups = static_cast<int>(bench::arg_long(argc, argv, "--row-groups", cfg.cluster_row_groups));
 
   e3::DraftFcParams p{};
   p.x_base = x; p.x_tap_stride = H; p.x_row_stride[0] = K * H; p.taps = static_cast<int>(K); p.hidden = H;

@@ -84,9 +84,6 @@ void draft_fc_normalize_rows_cpu(const DraftFcParams& p, T* xn, int64_t row_begi
 // except at N = 896, M <= 12 (benchmarks/NOTES.md), so they are opt-in through the ops' threshold knob.
 constexpr int64_t kDraftFcDecodeMaxRows = 16;
 constexpr int64_t kDraftFcDecodeDefaultRows = 8;
-// Rows the cluster kernel takes at most (eight token groups, sm_90+, K <= 8): above kDraftFcDecodeMaxRows it is the
-// only decode kernel, opt-in through the same threshold knob.
-constexpr int64_t kDraftFcClusterMaxRows = 64;
 
 // Decode workspace, zero at rest: zero-filled once at allocation and re-zeroed by the kernel after every call
 // (self-cleaning, so CUDA-graph replays need no memset; any (K, N) can reuse a large enough buffer since all of it
@@ -126,13 +123,8 @@ struct DraftFcDecodeConfig {
   int blocks_per_sm = 0;  // register kernels: K-split so that about this many blocks per SM stream weights (0: as
                           // many as the kernel is built to keep resident)
   int splits_per_tap = 0;  // register-streaming kernel: K-splits per tap (0: from blocks_per_sm)
-  int cluster_row_groups = 0;  // cluster kernel: 16-row groups per block, 1, 2 or 4 (0: the tiling's choice)
 };
 
-// Whether a decode kernel takes the call on the current device: M <= kDraftFcDecodeMaxRows, or M <=
-// kDraftFcClusterMaxRows where the cluster kernel runs (sm_90+, K <= 8).
-bool draft_fc_decode_applies(const DraftFcParams& p);
-// M > kDraftFcDecodeMaxRows: the cluster kernel whatever cfg.kernel says (the only one that takes it).
 int draft_fc_decode_cuda(const DraftFcParams& p, DType dtype, const DraftFcWorkspace& ws, void* stream,
                          const DraftFcDecodeConfig& cfg = DraftFcDecodeConfig());
 

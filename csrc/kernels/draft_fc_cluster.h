@@ -8,8 +8,7 @@ namespace e3 {
 
 // Whether the current device launches thread-block clusters (sm_90 and later).
 bool draft_fc_cluster_supported();
-// Whether the call suits it: K <= 8 taps (one cluster holds every tap of a column tile), M <= 64 rows
-// (kDraftFcClusterMaxRows: the only decode kernel above 16).
+// Whether the call suits it: K <= 8 taps (one cluster holds every tap of a column tile), M <= 16 rows.
 bool draft_fc_cluster_applies(const DraftFcParams& p);
 
 // Whether the cluster kernel's grid for this call fits in one wave of co-resident clusters on the current device

@@ -28,29 +28,9 @@ constexpr int kMaxCluster = 8;
 // registers a thread), so 7 chunks with the norm, 10 without: its grids at the sizes it serves (N <= 1792 at K = 3)
 // fill under 3 blocks per SM anyway, and the stream is latency-bound, so fewer, larger load rounds per warp (N=896:
 // 4 rounds of 224 instead of 5 of 192). Two groups: the split kernel's budget.
-// Four and eight groups (M = 17..64, decode_stream_wide): 2 blocks (255 registers), 4 chunks.
-__host__ __device__ constexpr int cluster_blocks_per_sm(int groups) {
-  return groups == 1 ? 3 : (groups == 2 ? decode_blocks_per_sm(2) : 2);
-}
+__host__ __device__ constexpr int cluster_blocks_per_sm(int groups) { return groups == 1 ? 3 : decode_blocks_per_sm(2); }
 __host__ __device__ constexpr int cluster_unroll(bool norm, int groups) {
-  return groups == 1 ? (norm ? 7 : 10) : (groups == 2 ? decode_unroll(norm, groups) : 4);
-}
-// The group of 16-row warps that sums x^2 for token group q: group 0 for every token group with one or two (its
-// warps cover the block's k range once); with more, the groups take turns, so no warp does all of it.
-__host__ __device__ constexpr int sq_row_group(int q, int groups, int row_groups) {
-  return groups > 2 ? q % row_groups : 0;
-}
-
-// The one place a call maps to the cluster kernel's template arguments: as with_norm_and_groups, with token groups
-// 1, 2, 4 or 8 (M <= 8, 16, 32, 64).
-template <typename F>
-__host__ auto with_norm_and_cluster_groups(const DraftFcParams& p, F&& f) {
-  if (p.rows <= 2 * kMmaTokens) return with_norm_and_groups(p, f);
-  using Four = std::integral_constant<int, 4>;
-  using Eight = std::integral_constant<int, 8>;
-  const bool eight = p.rows > 4 * kMmaTokens;
-  if (p.norm_weight != nullptr) return eight ? f(std::true_type{}, Eight{}) : f(std::true_type{}, Four{});
-  return eight ? f(std::false_type{}, Eight{}) : f(std::false_type{}, Four{});
+  return groups == 1 ? (norm ? 7 : 10) : decode_unroll(norm, groups);
 }
 
 struct ClusterTiling {
@@ -133,17 +113,9 @@ __global__ void __launch_bounds__(kFcWarps * 32, cluster_blocks_per_sm(kGroups))
     if (k_end > k_split + t.k_block) k_end = k_split + t.k_block;
     if (k_end > p.hidden) k_end = p.hidden;
     const int64_t row_a = blockIdx.x * static_cast<int64_t>(16 * R) + group * 16 + ((threadIdx.x & 31) >> 2);
-    // The warps of one row group count a token group's x^2: together they cover the block's k range once.
-    if constexpr (kGroups <= 2) {
-      decode_stream<T, kNorm, kGroups, cluster_unroll(kNorm, kGroups)>(p, tap, row_a, k_begin, k_end,
-                                                                       kNorm && group == 0, acc, sum_sq);
-    } else {
-      unsigned mask = 0;
-#pragma unroll
-      for (int q = 0; q < kGroups; ++q) mask |= (kNorm && sq_row_group(q, kGroups, R) == group ? 1u : 0u) << q;
-      decode_stream_wide<T, kNorm, kGroups, cluster_unroll(kNorm, kGroups)>(p, tap, row_a, k_begin, k_end, mask,
-                                                                            acc, sum_sq);
-    }
+    // The warps of group 0 count x^2: together they cover the block's k range once.
+    decode_stream<T, kNorm, kGroups, cluster_unroll(kNorm, kGroups)>(p, tap, row_a, k_begin, k_end,
+                                                                     kNorm && group == 0, acc, sum_sq);
   }
   // Indices again after the stream rather than live across it (registers for the loads).
   const int rank = static_cast<int>(cluster.block_rank());
@@ -159,7 +131,7 @@ __global__ void __launch_bounds__(kFcWarps * 32, cluster_blocks_per_sm(kGroups))
     warp_part[warp][g][t0 + 1] = acc[q][1];
     warp_part[warp][g + 8][t0] = acc[q][2];
     warp_part[warp][g + 8][t0 + 1] = acc[q][3];
-    if (kNorm && group == sq_row_group(q, kGroups, R)) {
+    if (kNorm && group == 0) {
       const float s = quad_sum(sum_sq[q]);
       if (c == 0) warp_sq[warp][q * kMmaTokens + g] = s;
     }
@@ -188,8 +160,7 @@ __global__ void __launch_bounds__(kFcWarps * 32, cluster_blocks_per_sm(kGroups))
   }
   if (kNorm && threadIdx.x < kTok) {
     float v = 0.f;
-    const int counting = sq_row_group(threadIdx.x / kMmaTokens, kGroups, R);
-    for (int s = 0; s < subs; ++s) v += warp_sq[s * R + counting][threadIdx.x];
+    for (int s = 0; s < subs; ++s) v += warp_sq[s * R][threadIdx.x];
     float* dst = sq_base + rank * kTok + threadIdx.x;
     if (rank == 0) *dst = v;
     else st_async1(map_to_rank(smem_addr(dst), 0), v, bar);
@@ -240,28 +211,6 @@ __global__ void __launch_bounds__(kFcWarps * 32, cluster_blocks_per_sm(kGroups))
 namespace {
 using namespace kernels;
 
-// The largest inbox any launch of this instantiation takes (8 blocks, 64-row tiles), in bytes; above the default
-// 48 KB of dynamic shared memory (four and eight token groups) the kernel opts in to it once per device.
-template <bool kNorm, int kGroups>
-constexpr size_t max_inbox_bytes() {
-  return static_cast<size_t>(cluster_inbox_floats(kMaxCluster, kFcWarps, kGroups * kMmaTokens, kNorm)) * sizeof(float);
-}
-template <typename T, bool kNorm, int kGroups>
-cudaError_t opt_in_shared_memory() {
-  if (max_inbox_bytes<kNorm, kGroups>() <= 48 * 1024) return cudaSuccess;
-  constexpr int kDevices = 64;
-  static std::atomic<bool> done[kDevices];
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err != cudaSuccess) return err;
-  if (dev >= 0 && dev < kDevices && done[dev].load(std::memory_order_relaxed)) return cudaSuccess;
-  err = cudaFuncSetAttribute(draft_fc_decode_cluster_kernel<T, kNorm, kGroups>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(max_inbox_bytes<kNorm, kGroups>()));
-  if (err == cudaSuccess && dev >= 0 && dev < kDevices) done[dev].store(true, std::memory_order_relaxed);
-  return err;
-}
-
 // Clusters of `size` blocks of this kernel that the current device holds at once. A cluster's blocks share one GPC,
 // so this is the GPCs' count, not SMs / size: on the H200, K = 1 with 7 splits (clusters of 7, 392 blocks against
 // 396 block slots) took two waves and ran 27% slower than the split kernel (benchmarks/NOTES.md). Cached per device
@@ -277,10 +226,6 @@ int max_active_clusters(int size) {
   }
   const int known = cache[dev][size].load(std::memory_order_relaxed);
   if (known > 0) return known;
-  if (opt_in_shared_memory<T, kNorm, kGroups>() != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
   cudaLaunchConfig_t lc = {};
   lc.gridDim = dim3(1, static_cast<unsigned>(size));
   lc.blockDim = dim3(kFcWarps * 32);
@@ -308,12 +253,11 @@ int max_active_clusters(int size) {
 // wave, the fewest blocks. `fits` says which it was.
 template <typename Clusters>
 ClusterTiling cluster_tiling(int taps, int64_t hidden, int64_t out_features, int64_t slots, int unroll,
-                             Clusters clusters, int only_row_groups, bool* fits_one_wave) {
+                             Clusters clusters, bool* fits_one_wave) {
   ClusterTiling best{};
   int64_t best_blocks = -1;
   bool best_fits = false;
   for (int R : {1, 2, 4}) {
-    if (only_row_groups > 0 && R != only_row_groups) continue;
     for (int spt = 1; spt * taps <= kMaxCluster; ++spt) {
       const int64_t n_tiles = (out_features + 16 * R - 1) / (16 * R);
       const int64_t blocks = n_tiles * taps * spt;
@@ -342,13 +286,11 @@ ClusterTiling tiling_for(const DraftFcParams& p, const DraftFcDecodeConfig& cfg,
   const int blocks_per_sm = cfg.blocks_per_sm > 0 ? cfg.blocks_per_sm : cluster_blocks_per_sm(kGroups);
   const int64_t slots = static_cast<int64_t>(blocks_per_sm) * sm_count();
   return cluster_tiling(p.taps, p.hidden, p.out_features, slots, cluster_unroll(kNorm, kGroups),
-                        max_active_clusters<T, kNorm, kGroups>, cfg.cluster_row_groups, fits_one_wave);
+                        max_active_clusters<T, kNorm, kGroups>, fits_one_wave);
 }
 
 template <typename T, bool kNorm, int kGroups>
 cudaError_t launch_cluster(const DraftFcParams& p, cudaStream_t s, const DraftFcDecodeConfig& cfg) {
-  const cudaError_t opted = opt_in_shared_memory<T, kNorm, kGroups>();
-  if (opted != cudaSuccess) return opted;
   const ClusterTiling t = tiling_for<T, kNorm, kGroups>(p, cfg, nullptr);
   const unsigned cluster = static_cast<unsigned>(p.taps * t.splits_per_tap);
   cudaLaunchConfig_t lc = {};
@@ -370,7 +312,7 @@ cudaError_t launch_cluster(const DraftFcParams& p, cudaStream_t s, const DraftFc
 template <typename T>
 bool one_wave_typed(const DraftFcParams& p, const DraftFcDecodeConfig& cfg) {
   bool fits = false;
-  with_norm_and_cluster_groups(p, [&](auto norm, auto groups) {
+  with_norm_and_groups(p, [&](auto norm, auto groups) {
     return tiling_for<T, decltype(norm)::value, decltype(groups)::value>(p, cfg, &fits);
   });
   return fits;
@@ -378,7 +320,7 @@ bool one_wave_typed(const DraftFcParams& p, const DraftFcDecodeConfig& cfg) {
 
 template <typename T>
 cudaError_t launch_cluster_typed(const DraftFcParams& p, cudaStream_t s, const DraftFcDecodeConfig& cfg) {
-  return with_norm_and_cluster_groups(p, [&](auto norm, auto groups) {
+  return with_norm_and_groups(p, [&](auto norm, auto groups) {
     return launch_cluster<T, decltype(norm)::value, decltype(groups)::value>(p, s, cfg);
   });
 }
@@ -401,7 +343,7 @@ bool draft_fc_cluster_one_wave(const DraftFcParams& p, DType dtype, const DraftF
 }
 
 bool draft_fc_cluster_applies(const DraftFcParams& p) {
-  return p.taps <= cuda::kernels::kMaxCluster && p.rows <= kDraftFcClusterMaxRows &&
+  return p.taps <= cuda::kernels::kMaxCluster && p.rows <= kDraftFcDecodeMaxRows &&
          p.out_features < (int64_t(1) << 31);
 }
 

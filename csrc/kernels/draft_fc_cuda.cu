@@ -211,15 +211,10 @@ DraftFcWorkspace draft_fc_decode_workspace_view(void* zeroed, int taps, int64_t 
   return ws;
 }
 
-bool draft_fc_decode_applies(const DraftFcParams& p) {
-  return p.rows <= kDraftFcDecodeMaxRows || (draft_fc_cluster_applies(p) && draft_fc_cluster_supported());
-}
-
 int draft_fc_decode_cuda(const DraftFcParams& p, DType dtype, const DraftFcWorkspace& ws, void* stream,
                          const DraftFcDecodeConfig& cfg) {
   if (p.rows == 0 || p.out_features == 0) return 0;
-  if (!draft_fc_decode_applies(p)) return static_cast<int>(cudaErrorInvalidValue);
-  if (p.rows > kDraftFcDecodeMaxRows) return draft_fc_decode_cluster_cuda(p, dtype, stream, cfg);
+  if (p.rows > kDraftFcDecodeMaxRows) return static_cast<int>(cudaErrorInvalidValue);
   if (cfg.kernel == DraftFcDecodeKernel::Bulk && draft_fc_bulk_applies(p) && draft_fc_bulk_supported())
     return draft_fc_decode_bulk_cuda(p, dtype, ws, stream, cfg.bulk_stages);
   // Auto (and Bulk where the TMA kernel does not apply): the cluster kernel where the split grid would cut each tap

@@ -20,7 +20,7 @@ std::atomic<int> g_decode_kernel{static_cast<int>(e3::DraftFcDecodeConfig{}.kern
 int64_t draft_fc_decode_max_rows() { return g_decode_max_rows.load(std::memory_order_relaxed); }
 
 int64_t set_draft_fc_decode_max_rows(int64_t rows) {
-  rows = rows < 0 ? 0 : (rows > e3::kDraftFcClusterMaxRows ? e3::kDraftFcClusterMaxRows : rows);
+  rows = rows < 0 ? 0 : (rows > e3::kDraftFcDecodeMaxRows ? e3::kDraftFcDecodeMaxRows : rows);
   return g_decode_max_rows.exchange(rows);
 }
 

@@ -15,8 +15,7 @@ namespace e3ops {
 
 // Rows at or below which CUDA bf16/fp16 calls take the decode kernel rather than normalise + cuBLAS. A process-wide
 // tuning knob for the benchmarks (eagle3_capture.ops._set_draft_fc_decode_max_rows); results differ only by the
-// rounding of the two paths. Default e3::kDraftFcDecodeDefaultRows, clamped to 0..e3::kDraftFcClusterMaxRows (above
-// e3::kDraftFcDecodeMaxRows only where the cluster kernel runs: sm_90+, K <= 8; elsewhere normalise + cuBLAS).
+// rounding of the two paths. Default e3::kDraftFcDecodeDefaultRows, clamped to 0..e3::kDraftFcDecodeMaxRows.
 int64_t draft_fc_decode_max_rows();
 int64_t set_draft_fc_decode_max_rows(int64_t rows);  // returns the previous value
 // Which decode kernel CUDA calls prefer (e3::DraftFcDecodeKernel as an int: 0 auto, the default; 1 cluster; 2

@@ -76,18 +76,16 @@ void draft_fc_out_cuda(const std::vector<at::Tensor>& x, const at::Tensor& weigh
   E3_CHECK(!x.empty() && x[0].is_cuda(), "eagle3_capture.draft_fc: expected x on a CUDA device");
   e3::DType dtype;
   const e3::DraftFcParams p = draft_fc_params(x, weight, norm_weight, eps, bias, out, &dtype);
-  // x's device is current from here (the decode kernels' applicability depends on it); every check happens before
-  // the workspace: past the checks nothing throws but a CUDA error.
-  const c10::cuda::CUDAGuard guard(x[0].device());
+  // Every check happens before the device guard and the workspace: past this point nothing throws but a CUDA error.
   for (int k = 0; k < p.taps; ++k) {
     const std::string what = "tap " + std::to_string(k);
     check_vector_aligned(p.tap(k), p.tap_row_stride(k), what.c_str());
   }
   if (p.norm_weight != nullptr) check_vector_aligned(p.norm_weight, 8, "norm_weight");
-  const bool decode =
-      p.rows <= draft_fc_decode_max_rows() && dtype != e3::DType::F32 && e3::draft_fc_decode_applies(p);
+  const bool decode = p.rows <= draft_fc_decode_max_rows() && dtype != e3::DType::F32;
   if (decode) check_vector_aligned(p.weight, p.weight_row_stride, "weight");
   if (p.rows == 0) return;
+  const c10::cuda::CUDAGuard guard(x[0].device());
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   if (decode) {
     const e3::DraftFcWorkspace ws = decode_workspace(x[0].device(), p, stream);
