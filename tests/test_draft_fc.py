@@ -261,6 +261,34 @@ def test_cuda_wide_first_launch_inside_capture():
 
 
 @pytest.mark.cuda
+def test_cuda_cluster_kernel_first_launch_inside_capture():
+    """The first launch of a cluster-kernel instantiation inside a CUDA-graph capture: auto's one-wave check asks the
+    runtime how many clusters fit (cudaOccupancyMaxActiveClusters, cached per instantiation and cluster size) during
+    the capture. fp16 without norm at M = 13 (two token groups, the threshold raised to 16) is used by no other fixed
+    test, and this test runs near the top of the CUDA section, before the fuzz tests that could draw it. On GPUs
+    without clusters the split kernel runs."""
+    gen = torch.Generator().manual_seed(1300)
+    dt = torch.float16
+    x = randn((13, 3 * 1024), dt, "cuda", gen)
+    w = randn((896, 3 * 1024), dt, "cuda", gen, 0.03)
+    out = torch.full((13, 896), float("nan"), dtype=dt, device="cuda")
+    with decode_settings("auto", 16):
+        ops.draft_fc(x[:1], w, None, 1e-6)  # eager, one token group: the decode workspace exists before capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            ops.draft_fc(x, w, None, 1e-6, out=out)
+        for _ in range(2):
+            x.copy_(randn(x.shape, dt, "cuda", gen))
+            out.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            want = reference.draft_fc(x.double().cpu(), w.double().cpu(), None, 1e-6)
+            assert rel_err(out, want) <= 2e-3
+        eager = ops.draft_fc(x, w, None, 1e-6)
+    assert rel_err(eager, want) <= 2e-3
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("m", [1, 7, 8, 9, 16, 17, 33, 64, 65])
 def test_cuda_decode_repeated_calls_and_shapes(m, decode_kernel):
     """The decode workspace re-zeroes itself: repeated calls and calls with other K/N give the same answer."""
