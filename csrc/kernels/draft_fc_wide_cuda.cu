@@ -55,79 +55,6 @@ struct StageWeights {
   uint4 a[kStageChunks], b[kStageChunks];
 };
 
-// The tile's outputs, by its last block: y = sum_tap rrms(tap) * partial(tap) + bias for every (row, token quad)
-// with tokens < M, spread over all threads (at most kGroups * 2 * 128 / 256 items each), every item's loads of a
-// tap issued together, so the tile costs one L2 round trip per tap; then the workspace is zeroed again. (The split
-// kernel's epilogue walks its items one after another, each a round trip: at 128 rows x 16 quads, 8 in a row.)
-template <typename T, bool kNorm, int kGroups>
-__device__ void wide_tile_epilogue(const DraftFcParams& p, const DraftFcWorkspace& ws, int64_t tile) {
-  constexpr int kItems = kWideRows * kGroups * 2 / (kWideWarps * 32);
-  constexpr int kQuadsPerRow = kWidePitch / 4;
-  const int quads = static_cast<int>((p.rows + 3) / 4);
-  const int64_t left = p.out_features - tile * kWideRows;
-  const int rows_here = static_cast<int>(left < kWideRows ? left : kWideRows);
-  const int items = rows_here * quads;
-  const float inv_h = 1.0f / static_cast<float>(p.hidden);
-  const T* bias = static_cast<const T*>(p.bias);
-  T* out = static_cast<T*>(p.out);
-  const float4* ss = reinterpret_cast<const float4*>(ws.tile_sum_sq + tile * p.taps * kWidePitch);
-  float4* acc4 = reinterpret_cast<float4*>(ws.acc);
-  const int64_t tap_pitch = p.out_features * kQuadsPerRow;  // float4s per tap
-  int64_t at[kItems];  // the item's float4 in tap 0's partials, or -1
-  int quad[kItems];
-  float4 y[kItems];
-#pragma unroll
-  for (int j = 0; j < kItems; ++j) {
-    const int i = threadIdx.x + j * kWideWarps * 32;
-    const int64_t n = tile * kWideRows + (i < items ? i / quads : 0);
-    quad[j] = i < items ? i % quads : 0;
-    at[j] = i < items ? n * kQuadsPerRow + quad[j] : -1;
-    const float b = i < items && bias != nullptr ? to_f(bias[n]) : 0.f;
-    y[j] = make_float4(b, b, b, b);
-  }
-  for (int tp = 0; tp < p.taps; ++tp) {
-    float4 a[kItems], q[kItems];
-#pragma unroll
-    for (int j = 0; j < kItems; ++j) {
-      a[j] = at[j] >= 0 ? __ldcg(acc4 + tp * tap_pitch + at[j]) : make_float4(0.f, 0.f, 0.f, 0.f);
-      if (kNorm) q[j] = at[j] >= 0 ? __ldcg(ss + tp * kQuadsPerRow + quad[j]) : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-#pragma unroll
-    for (int j = 0; j < kItems; ++j) {
-      if (kNorm) {
-        y[j].x += rsqrtf(q[j].x * inv_h + p.eps) * a[j].x;
-        y[j].y += rsqrtf(q[j].y * inv_h + p.eps) * a[j].y;
-        y[j].z += rsqrtf(q[j].z * inv_h + p.eps) * a[j].z;
-        y[j].w += rsqrtf(q[j].w * inv_h + p.eps) * a[j].w;
-      } else {
-        y[j].x += a[j].x;
-        y[j].y += a[j].y;
-        y[j].z += a[j].z;
-        y[j].w += a[j].w;
-      }
-    }
-  }
-  const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-  for (int j = 0; j < kItems; ++j) {
-    if (at[j] < 0) continue;
-    for (int tp = 0; tp < p.taps; ++tp) __stcg(acc4 + tp * tap_pitch + at[j], zero);
-    const int64_t n = at[j] / kQuadsPerRow;
-    const float v[4] = {y[j].x, y[j].y, y[j].z, y[j].w};
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int64_t tok = quad[j] * 4 + e;
-      if (tok < p.rows) out[tok * p.out_row_stride + n] = from_f<T>(v[e]);
-    }
-  }
-  if (kNorm) {
-    __syncthreads();  // every read of this tile's sums done before they are cleared
-    float* tile_ss = ws.tile_sum_sq + tile * p.taps * kWidePitch;
-    for (int64_t i = threadIdx.x; i < p.taps * kWidePitch; i += blockDim.x) __stcg(tile_ss + i, 0.f);
-  }
-  if (threadIdx.x == 0) ws.counters[tile] = 0;
-}
-
 // grid.x: 128-row column tiles; grid.y: taps x splits_per_tap. Each warp holds two stages of weights in registers:
 // the next stage's loads are issued before the current stage's MMAs, so a block keeps 64 KB of weights in flight
 // without a second resident block (the first form loaded half a stage at a time after the previous half's MMAs:
@@ -271,7 +198,7 @@ __global__ void __launch_bounds__(kWideWarps * 32, 1)
   if (threadIdx.x == 0) last_flag = counter_add_acq_rel(ws.counters + tile, 1u) + 1u == units ? 1u : 0u;
   __syncthreads();
   if (last_flag == 0u) return;
-  wide_tile_epilogue<T, kNorm, kGroups>(p, ws, tile);
+  decode_tile_epilogue<T, kNorm, kWideRows, kWidePitch>(p, ws, tile);
 }
 
 }  // namespace kernels
