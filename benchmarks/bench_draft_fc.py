@@ -69,8 +69,8 @@ def bench_row(m, n, h, k, dtype, bw, rate, samples, decode_rows, compare_paths=F
             t_other_path = common.time_graph_us(ours, ncopies, samples=samples)
         finally:
             ops._set_draft_fc_decode_max_rows(decode_rows)
-    t_kernel = {"cluster": None, "split": None, "wide": None}
-    if compare_kernels:  # for M on the decode path: each decode kernel forced, not auto's choice
+    t_kernel = {"cluster": None, "split": None}
+    if compare_kernels:  # for M on the decode path: each register decode kernel forced, not auto's choice
         for name in t_kernel if m <= decode_rows else ():
             prev = ops._set_draft_fc_decode_kernel(name)
             try:
@@ -87,7 +87,7 @@ def bench_row(m, n, h, k, dtype, bw, rate, samples, decode_rows, compare_paths=F
                weight_bw_fraction=(w_bytes / (t_ours * 1e-6)) / bw, ours_over_floor=t_ours / floor,
                speedup_vs_a=t_a / t_ours, speedup_vs_b=t_b / t_ours, read_weights_us=t_read,
                ours_cublas_path_us=t_other_path, ours_cluster_kernel_us=t_kernel["cluster"],
-               ours_split_kernel_us=t_kernel["split"], ours_wide_kernel_us=t_kernel["wide"])
+               ours_split_kernel_us=t_kernel["split"])
     print(f"  M={m:5d} N={n:5d}: ours {t_ours:9.2f} (again {t_ours2:9.2f})  (a) {t_a:9.2f}  (b) {t_b:9.2f}  "
           f"floor {floor:8.2f} us  weight-bw {row['weight_bw_fraction']:.2f}  sum(W) {t_read:8.2f}"
           + (f"  normalise+cuBLAS {t_other_path:8.2f}" if t_other_path is not None else "")
@@ -108,21 +108,20 @@ def main() -> int:
     ap.add_argument("--out", default="benchmarks/results/draft_fc-h200.json")
     ap.add_argument("--plot", default=None)
     ap.add_argument("--compare-paths", action="store_true",
-                    help="for M on the decode kernel (M <= the threshold) also time the op through normalise + cuBLAS "
+                    help="for M on the decode kernel (M <= 16) also time the op through normalise + cuBLAS "
                          "(ours_cublas_path_us)")
     ap.add_argument("--compare-kernels", action="store_true",
-                    help="for M on the decode path also time the op with each decode kernel forced (cluster, split, "
-                         "wide) instead of auto's choice (ours_cluster_kernel_us, ours_split_kernel_us, "
-                         "ours_wide_kernel_us)")
+                    help="for M on the decode path also time the op with each decode kernel forced (cluster, split) "
+                         "instead of auto's choice (ours_cluster_kernel_us, ours_split_kernel_us)")
     ap.add_argument("--decode-max-rows", type=int, default=None,
-                    help="rows at or below which the op takes the decode kernels, for this run (0..64; default: the "
+                    help="rows at or below which the op takes the decode kernels, for this run (0..16; default: the "
                          "library's threshold)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_draft_fc.py needs a CUDA GPU")
     if args.decode_max_rows is not None:
-        if not 0 <= args.decode_max_rows <= 64:
-            sys.exit(f"--decode-max-rows must be in 0..64, got {args.decode_max_rows}")
+        if not 0 <= args.decode_max_rows <= 16:
+            sys.exit(f"--decode-max-rows must be in 0..16, got {args.decode_max_rows}")
         ops._set_draft_fc_decode_max_rows(args.decode_max_rows)
     dtype = getattr(torch, args.dtype)
     bw = common.streaming_read_bandwidth()

@@ -39,8 +39,7 @@ void usage() {
       "  --kernel auto (default: cluster for small N, else split), cluster (sm_90+, K <= 8: K-splits reduced in a\n"
       "  thread-block cluster), split (partials in an L2 workspace; --splits K-splits per tap) or bulk (TMA,\n"
       "  sm_90+, M <= 8; --stages, 0 = as many as fit; --bulk 1 is the same). --blocks-per-sm: the register\n"
-      "  kernels' one-wave grid size (0: as built). M up to 16 (two token groups above 8); up to 64 the wide\n"
-      "  kernel (activations staged in shared memory; --kernel wide forces it at any M).\n"
+      "  kernels' one-wave grid size (0: as built). M up to 16 (two token groups above 8).\n"
       "  --probe 1: also time a plain streaming read of the same weight bytes (the floor of one launch this size).\n"
 );
 }
@@ -56,7 +55,7 @@ int main(int argc, char** argv) {
   const bool norm = bench::arg_long(argc, argv, "--norm", 1) != 0;
   const int iters = static_cast<int>(bench::arg_long(argc, argv, "--iters", 50));
   const int samples = static_cast<int>(bench::arg_long(argc, argv, "--samples", 15));
-  if (M < 1 || M > e3::kDraftFcWideMaxRows || N < 1 || H < 8 || H % 8 || K < 1) { usage(); return 2; }
+  if (M < 1 || M > e3::kDraftFcDecodeMaxRows || N < 1 || H < 8 || H % 8 || K < 1) { usage(); return 2; }
   const size_t w_elems = size_t(N) * K * H, w_bytes = w_elems * 2;
   const int ncopies = static_cast<int>(std::min<size_t>(64, std::max<size_t>(2, (256u << 20) / w_bytes + 1)));
   std::vector<void*> weights(ncopies);
@@ -81,7 +80,6 @@ int main(int argc, char** argv) {
   else if (kname == "cluster") cfg.kernel = e3::DraftFcDecodeKernel::Cluster;
   else if (kname == "split") cfg.kernel = e3::DraftFcDecodeKernel::Split;
   else if (kname == "bulk") cfg.kernel = e3::DraftFcDecodeKernel::Bulk;
-  else if (kname == "wide") cfg.kernel = e3::DraftFcDecodeKernel::Wide;
   else { usage(); return 2; }
   if (bench::arg_long(argc, argv, "--bulk", 0) != 0) cfg.kernel = e3::DraftFcDecodeKernel::Bulk;
   cfg.bulk_stages = static_cast<int>(bench::arg_long(argc, argv, "--stages", cfg.bulk_stages));

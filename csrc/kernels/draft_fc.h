@@ -84,21 +84,16 @@ void draft_fc_normalize_rows_cpu(const DraftFcParams& p, T* xn, int64_t row_begi
 // except at N = 896, M <= 12 (benchmarks/NOTES.md), so they are opt-in through the ops' threshold knob.
 constexpr int64_t kDraftFcDecodeMaxRows = 16;
 constexpr int64_t kDraftFcDecodeDefaultRows = 8;
-// Rows the wide kernel takes at most (draft_fc_wide.h: eight token groups, activations staged in shared memory); it
-// is the only decode kernel above kDraftFcDecodeMaxRows.
-constexpr int64_t kDraftFcWideMaxRows = 64;
 
 // Decode workspace, zero at rest: zero-filled once at allocation and re-zeroed by the kernel after every call
 // (self-cleaning, so CUDA-graph replays need no memset; any (K, N) can reuse a large enough buffer since all of it
 // is zero between calls).
-// The wide kernel lays the same buffer out for its own pitch and tiles (draft_fc_wide_workspace_view); acc comes
-// first in both layouts, so its address is the buffer's.
 struct DraftFcWorkspace {
   float* acc;           // [K][N][16] split-K partial sums per tap (16 = kDraftFcDecodeMaxRows)
   float* tile_sum_sq;   // [n_tiles][K][16] per-column-tile sums of squares (per-tap norm)
   unsigned* counters;   // [n_tiles] blocks finished per column tile
 };
-int64_t draft_fc_decode_zeroed_bytes(int taps, int64_t out_features);  // covers the wide kernel's layout too
+int64_t draft_fc_decode_zeroed_bytes(int taps, int64_t out_features);
 DraftFcWorkspace draft_fc_decode_workspace_view(void* zeroed, int taps, int64_t out_features);
 
 // The decode kernels. Each streams the weights once through registers or shared memory; they differ in where the
@@ -118,9 +113,6 @@ enum class DraftFcDecodeKernel : int {
   // sm_90+, packed input, M <= 8: TMA copies into shared memory (draft_fc_bulk.h), workspace as Split. Not faster
   // on the H200 (benchmarks/NOTES.md); kept, tested and selectable. Where it does not apply, Auto's choice.
   Bulk = 3,
-  // Any GPU, M <= 64: activations staged once per block in shared memory, workspace as Split (draft_fc_wide.h).
-  // Auto's only kernel above 16 rows; forced, it takes M <= 16 too.
-  Wide = 4,
 };
 constexpr int64_t kDraftFcClusterMinSplits = 4;
 
@@ -133,7 +125,6 @@ struct DraftFcDecodeConfig {
   int splits_per_tap = 0;  // register-streaming kernel: K-splits per tap (0: from blocks_per_sm)
 };
 
-// M in (kDraftFcDecodeMaxRows, kDraftFcWideMaxRows]: the wide kernel whatever cfg.kernel says.
 int draft_fc_decode_cuda(const DraftFcParams& p, DType dtype, const DraftFcWorkspace& ws, void* stream,
                          const DraftFcDecodeConfig& cfg = DraftFcDecodeConfig());
 

@@ -5,7 +5,6 @@
 #include "draft_fc_bulk.h"
 #include "draft_fc_cluster.h"
 #include "draft_fc_device.cuh"
-#include "draft_fc_wide.h"
 
 namespace e3 {
 namespace cuda {
@@ -196,10 +195,8 @@ constexpr int64_t kW = cuda::kernels::kWsTokens;
 
 int64_t draft_fc_decode_zeroed_bytes(int taps, int64_t out_features) {
   const int64_t n_tiles = cuda::kernels::decode_n_tiles(out_features);
-  const int64_t narrow = cuda::align256(taps * out_features * kW * 4) + cuda::align256(n_tiles * taps * kW * 4) +
-                         cuda::align256(n_tiles * 4);
-  const int64_t wide = draft_fc_wide_zeroed_bytes(taps, out_features);
-  return narrow > wide ? narrow : wide;
+  return cuda::align256(taps * out_features * kW * 4) + cuda::align256(n_tiles * taps * kW * 4) +
+         cuda::align256(n_tiles * 4);
 }
 
 DraftFcWorkspace draft_fc_decode_workspace_view(void* zeroed, int taps, int64_t out_features) {
@@ -217,9 +214,7 @@ DraftFcWorkspace draft_fc_decode_workspace_view(void* zeroed, int taps, int64_t 
 int draft_fc_decode_cuda(const DraftFcParams& p, DType dtype, const DraftFcWorkspace& ws, void* stream,
                          const DraftFcDecodeConfig& cfg) {
   if (p.rows == 0 || p.out_features == 0) return 0;
-  if (p.rows > kDraftFcWideMaxRows) return static_cast<int>(cudaErrorInvalidValue);
-  if (p.rows > kDraftFcDecodeMaxRows || cfg.kernel == DraftFcDecodeKernel::Wide)
-    return draft_fc_decode_wide_cuda(p, dtype, draft_fc_wide_workspace_view(ws.acc, p.taps, p.out_features), stream);
+  if (p.rows > kDraftFcDecodeMaxRows) return static_cast<int>(cudaErrorInvalidValue);
   if (cfg.kernel == DraftFcDecodeKernel::Bulk && draft_fc_bulk_applies(p) && draft_fc_bulk_supported())
     return draft_fc_decode_bulk_cuda(p, dtype, ws, stream, cfg.bulk_stages);
   // Auto (and Bulk where the TMA kernel does not apply): the cluster kernel where the split grid would cut each tap

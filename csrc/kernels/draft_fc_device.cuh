@@ -176,30 +176,6 @@ __device__ __forceinline__ void decode_stream(const DraftFcParams& p, int tap, i
   }
 }
 
-// x * y on 8 elements (16-byte vectors), each product rounded to T: the norm weight applied to a weight vector.
-template <typename T>
-__device__ __forceinline__ uint4 mul8(uint4 a, uint4 b) {
-  const uint32_t aw[4] = {a.x, a.y, a.z, a.w}, bw[4] = {b.x, b.y, b.z, b.w};
-  uint32_t o[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 u = unpack2<T>(aw[i]), v = unpack2<T>(bw[i]);
-    o[i] = pack2<T>(u.x * v.x, u.y * v.y);
-  }
-  return make_uint4(o[0], o[1], o[2], o[3]);
-}
-
-// Adds the squares of the 8 elements of a 16-byte vector to s.
-template <typename T>
-__device__ __forceinline__ void add_squares8(uint4 xv, float& s) {
-  const uint32_t xw[4] = {xv.x, xv.y, xv.z, xv.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 a = unpack2<T>(xw[i]);
-    s += a.x * a.x + a.y * a.y;
-  }
-}
-
 // A token's sum of x^2 over a warp: lanes 4g..4g+3 hold parts of token g's (their k elements); after this every
 // lane of the quad holds the quad's total.
 __device__ __forceinline__ float quad_sum(float s) {
@@ -213,25 +189,23 @@ __device__ __forceinline__ float quad_sum(float s) {
 // (a float4 of the [row][kWsTokens] workspace) and issues every load (all taps' partials and sums of squares)
 // before any store: with loads and stores interleaved per tap and per (row, token), the epilogue was a chain of
 // dependent L2 round trips that grew with M (benchmarks/NOTES.md).
-// kRows: the tile's rows; kPitch: the workspace's token slots per row (the wide kernel's tiles and workspace are
-// larger, draft_fc_wide_cuda.cu).
-template <typename T, bool kNorm, int kRows = kFcRowsPerBlock, int kPitch = kWsTokens>
+template <typename T, bool kNorm>
 __device__ void decode_tile_epilogue(const DraftFcParams& p, const DraftFcWorkspace& ws, int64_t tile) {
-  constexpr int kQuads = kPitch / 4;  // float4s per workspace row
-  const float4* ss = reinterpret_cast<const float4*>(ws.tile_sum_sq + tile * p.taps * kPitch);
-  const int64_t left = p.out_features - tile * kRows;
-  const int64_t rows_here = left < kRows ? left : kRows;
+  constexpr int kQuads = kWsTokens / 4;  // float4s per workspace row
+  const float4* ss = reinterpret_cast<const float4*>(ws.tile_sum_sq + tile * p.taps * kWsTokens);
+  const int64_t left = p.out_features - tile * kFcRowsPerBlock;
+  const int64_t rows_here = left < kFcRowsPerBlock ? left : kFcRowsPerBlock;
   const T* bias = static_cast<const T*>(p.bias);
   T* out = static_cast<T*>(p.out);
   const float inv_h = 1.0f / static_cast<float>(p.hidden);
   const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
   for (int64_t i = threadIdx.x; i < rows_here * kQuads; i += blockDim.x) {
-    const int64_t n = tile * kRows + i / kQuads;
+    const int64_t n = tile * kFcRowsPerBlock + i / kQuads;
     const int quad = static_cast<int>(i % kQuads);
     const int tok0 = quad * 4;
     if (tok0 >= p.rows) continue;  // tokens never written: their partial sums are still zero
     const float b = bias != nullptr ? to_f(bias[n]) : 0.f;
-    float4* acc = reinterpret_cast<float4*>(ws.acc + n * kPitch + tok0);
+    float4* acc = reinterpret_cast<float4*>(ws.acc + n * kWsTokens + tok0);
     const int64_t tap_pitch = p.out_features * kQuads;  // float4s per tap
     float y[4] = {b, b, b, b};
 #pragma unroll 4
@@ -257,8 +231,8 @@ __device__ void decode_tile_epilogue(const DraftFcParams& p, const DraftFcWorksp
   }
   if (kNorm) {
     __syncthreads();  // every read of this tile's sums done before they are cleared
-    float* tile_ss = ws.tile_sum_sq + tile * p.taps * kPitch;
-    for (int64_t i = threadIdx.x; i < p.taps * kPitch; i += blockDim.x) __stcg(tile_ss + i, 0.f);
+    float* tile_ss = ws.tile_sum_sq + tile * p.taps * kWsTokens;
+    for (int64_t i = threadIdx.x; i < p.taps * kWsTokens; i += blockDim.x) __stcg(tile_ss + i, 0.f);
   }
   if (threadIdx.x == 0) ws.counters[tile] = 0;
 }

@@ -20,7 +20,7 @@ std::atomic<int> g_decode_kernel{static_cast<int>(e3::DraftFcDecodeConfig{}.kern
 int64_t draft_fc_decode_max_rows() { return g_decode_max_rows.load(std::memory_order_relaxed); }
 
 int64_t set_draft_fc_decode_max_rows(int64_t rows) {
-  rows = rows < 0 ? 0 : (rows > e3::kDraftFcWideMaxRows ? e3::kDraftFcWideMaxRows : rows);
+  rows = rows < 0 ? 0 : (rows > e3::kDraftFcDecodeMaxRows ? e3::kDraftFcDecodeMaxRows : rows);
   return g_decode_max_rows.exchange(rows);
 }
 
@@ -28,8 +28,8 @@ e3::DraftFcDecodeKernel draft_fc_decode_kernel() {
   return static_cast<e3::DraftFcDecodeKernel>(g_decode_kernel.load(std::memory_order_relaxed));
 }
 int64_t set_draft_fc_decode_kernel(int64_t kernel) {
-  E3_CHECK(kernel >= 0 && kernel <= static_cast<int64_t>(e3::DraftFcDecodeKernel::Wide),
-           "eagle3_capture: decode kernel must be 0 (auto), 1 (cluster), 2 (split), 3 (bulk) or 4 (wide), got ", kernel);
+  E3_CHECK(kernel >= 0 && kernel <= static_cast<int64_t>(e3::DraftFcDecodeKernel::Bulk),
+           "eagle3_capture: decode kernel must be 0 (auto), 1 (cluster), 2 (split) or 3 (bulk), got ", kernel);
   return g_decode_kernel.exchange(static_cast<int>(kernel));
 }
 

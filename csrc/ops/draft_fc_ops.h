@@ -15,12 +15,11 @@ namespace e3ops {
 
 // Rows at or below which CUDA bf16/fp16 calls take the decode kernel rather than normalise + cuBLAS. A process-wide
 // tuning knob for the benchmarks (eagle3_capture.ops._set_draft_fc_decode_max_rows); results differ only by the
-// rounding of the two paths. Default e3::kDraftFcDecodeDefaultRows, clamped to 0..e3::kDraftFcWideMaxRows (above
-// e3::kDraftFcDecodeMaxRows the wide kernel).
+// rounding of the two paths. Default e3::kDraftFcDecodeDefaultRows, clamped to 0..e3::kDraftFcDecodeMaxRows.
 int64_t draft_fc_decode_max_rows();
 int64_t set_draft_fc_decode_max_rows(int64_t rows);  // returns the previous value
 // Which decode kernel CUDA calls prefer (e3::DraftFcDecodeKernel as an int: 0 auto, the default; 1 cluster; 2
-// split; 3 bulk; 4 wide); each applies where it can, else auto's choice. Tuning and test knob; the setter checks the value
+// split; 3 bulk); each applies where it can, else auto's choice. Tuning and test knob; the setter checks the value
 // and returns the previous one.
 e3::DraftFcDecodeKernel draft_fc_decode_kernel();
 int64_t set_draft_fc_decode_kernel(int64_t kernel);

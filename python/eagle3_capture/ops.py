@@ -98,14 +98,14 @@ def draft_fc(x, weight: torch.Tensor, norm_weights=None, eps: float = 1e-6, bias
 
 
 def _set_draft_fc_decode_max_rows(rows: int) -> int:
-    """Benchmark knob: CUDA bf16/fp16 draft_fc takes the decode kernels for M <= rows (default 8, clamped to 0..64:
-    the register kernels hold two token groups of 8, the wide kernel eight), the normalise + cuBLAS path above.
-    Process-wide; returns the previous value so callers can restore it."""
+    """Benchmark knob: CUDA bf16/fp16 draft_fc takes the decode kernel for M <= rows (default 8, clamped to 0..16:
+    the kernels hold two token groups of 8), the normalise + cuBLAS path above. Process-wide; returns the previous
+    value so callers can restore it."""
 
     return int(load().set_draft_fc_decode_max_rows(int(rows)))
 
 
-_DECODE_KERNELS = ("auto", "cluster", "split", "bulk", "wide")  # e3::DraftFcDecodeKernel, in its order
+_DECODE_KERNELS = ("auto", "cluster", "split", "bulk")  # e3::DraftFcDecodeKernel, in its order
 
 
 def _set_draft_fc_decode_kernel(kernel: str) -> str:
@@ -113,10 +113,8 @@ def _set_draft_fc_decode_kernel(kernel: str) -> str:
 
     "cluster" (sm_90+, K <= 8): the K-splits of a column tile reduced in a thread-block cluster's shared memory.
     "split": partials added in an L2 workspace by atomics (any GPU). "bulk" (sm_90+, packed input, M <= 8): TMA
-    copies. "wide" (any GPU, M <= 64): activations staged once per block in shared memory, partials as split.
-    "auto" (default): for M <= 16 cluster for small N (many K-splits per tap) where its grid fits one wave of
-    co-resident clusters, else split; above 16 rows wide (the only kernel there). Where the preferred kernel does not
-    apply, auto's choice runs."""
+    copies. "auto" (default): cluster for small N (many K-splits per tap) where its grid fits one wave of co-resident
+    clusters, else split. Where the preferred kernel does not apply, auto's choice runs."""
     if kernel not in _DECODE_KERNELS:
         raise ValueError(f"decode kernel must be one of {_DECODE_KERNELS}, got {kernel!r}")
     return _DECODE_KERNELS[int(load().set_draft_fc_decode_kernel(_DECODE_KERNELS.index(kernel)))]
