@@ -30,16 +30,7 @@ def bench_row(m, n, h, k, dtype, bw, rate, samples, decode_rows, compare_paths=F
     es = 2
     w_bytes = n * k * h * es
     x_bytes = m * k * h * es
-    ncopies = common.copies_for(w_bytes + x_bytes)
-    gen = torch.Generator(device="cuda").manual_seed(m * 7 + n)
-
-    def rnd(*shape, scale=1.0):
-        return (torch.randn(*shape, device="cuda", generator=gen) * scale).to(dtype)
-
-    ws = [rnd(n, k * h, scale=(k * h) ** -0.5) for _ in range(ncopies)]
-    xs = [rnd(m, k * h) for _ in range(ncopies)]
-    g = rnd(k, h) + 1
-    normed = [torch.cat([F.rms_norm(c, (h,), g[i], 1e-6) for i, c in enumerate(x.chunk(k, -1))], -1) for x in xs]
+    ncopies, ws, xs, g, normed = common.draft_fc_inputs(m, n, h, k, dtype, seed=m * 7 + n)
     out = torch.empty(m, n, device="cuda", dtype=dtype)
 
     def ours(i):

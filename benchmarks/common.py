@@ -68,6 +68,26 @@ def matmul_rate(n: int = 8192, samples: int = 10) -> float:
     return 2 * n**3 / statistics.median(times)
 
 
+def draft_fc_inputs(m: int, n: int, h: int, k: int, dtype: torch.dtype, seed: int):
+    """Rotating copies for a draft fc row (one rotation of weights + activations >= 4x L2): returns (ncopies,
+    weights [N, K*H] scaled 1/sqrt(K*H), activations [M, K*H], norm weights [K, H] around 1, and each activation copy
+    normed per tap and concatenated (the input of the plain-matmul baseline))."""
+    import torch.nn.functional as F
+
+    es = torch.tensor([], dtype=dtype).element_size()
+    ncopies = copies_for(n * k * h * es + m * k * h * es)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+
+    def rnd(*shape, scale=1.0):
+        return (torch.randn(*shape, device="cuda", generator=gen) * scale).to(dtype)
+
+    ws = [rnd(n, k * h, scale=(k * h) ** -0.5) for _ in range(ncopies)]
+    xs = [rnd(m, k * h) for _ in range(ncopies)]
+    g = rnd(k, h) + 1
+    normed = [torch.cat([F.rms_norm(c, (h,), g[i], 1e-6) for i, c in enumerate(x.chunk(k, -1))], -1) for x in xs]
+    return ncopies, ws, xs, g, normed
+
+
 def time_graph_us(step: Callable[[int], None], ncopies: int, reps_per_copy: int = 1, samples: int = 25,
                   use_graph: bool = True) -> float:
     """Median microseconds of one step(i), i cycling over the ncopies input copies.

@@ -22,7 +22,6 @@ import os
 import sys
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
@@ -40,17 +39,7 @@ def bmm_out_dtype_supported() -> bool:
 
 def row(m, n, h, k, samples, fp32_out):
     dt = torch.bfloat16
-    w_bytes, x_bytes = n * k * h * 2, m * k * h * 2
-    ncopies = common.copies_for(w_bytes + x_bytes)
-    gen = torch.Generator(device="cuda").manual_seed(m + n)
-
-    def rnd(*shape, scale=1.0):
-        return (torch.randn(*shape, device="cuda", generator=gen) * scale).to(dt)
-
-    ws = [rnd(n, k * h, scale=(k * h) ** -0.5) for _ in range(ncopies)]
-    xs = [rnd(m, k * h) for _ in range(ncopies)]
-    g = rnd(k, h) + 1
-    normed = [torch.cat([F.rms_norm(c, (h,), g[i], 1e-6) for i, c in enumerate(x.chunk(k, -1))], -1) for x in xs]
+    ncopies, ws, xs, g, normed = common.draft_fc_inputs(m, n, h, k, dt, seed=m + n)
     rr = [torch.rsqrt(x.float().view(m, k, h).pow(2).mean(-1) + 1e-6) for x in xs]  # [M, K], as if handed over
     out = torch.empty(m, n, device="cuda", dtype=dt)
     taps_out = torch.empty(k, m, n, device="cuda", dtype=torch.float32 if fp32_out else dt)

@@ -231,6 +231,26 @@ def decode_kernel(request):
         yield request.param
 
 
+def capture_fc(x, w, g, out) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of one draft_fc(x, w, g) call into `out`."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ops.draft_fc(x, w, g, 1e-6, out=out)
+    return graph
+
+
+def replay_and_check(graph, x, w, g, out, gen, tol, label=""):
+    """Fresh activations into x, `out` poisoned, one replay, out checked against the float64 reference; returns the
+    reference."""
+    x.copy_(randn(x.shape, x.dtype, "cuda", gen))
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    want = reference.draft_fc(x.double().cpu(), w.double().cpu(), None if g is None else g.double().cpu(), 1e-6)
+    assert rel_err(out, want) <= tol, f"replay {label}"
+    return want
+
+
 # ---------------------------------------------------------------- CUDA only
 
 
@@ -248,16 +268,9 @@ def test_cuda_cluster_kernel_first_launch_inside_capture():
     out = torch.full((13, 896), float("nan"), dtype=dt, device="cuda")
     with decode_settings("auto", 16):
         ops.draft_fc(x[:1], w, None, 1e-6)  # eager, one token group: the decode workspace exists before capture
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            ops.draft_fc(x, w, None, 1e-6, out=out)
-        for _ in range(2):
-            x.copy_(randn(x.shape, dt, "cuda", gen))
-            out.fill_(float("nan"))
-            graph.replay()
-            torch.cuda.synchronize()
-            want = reference.draft_fc(x.double().cpu(), w.double().cpu(), None, 1e-6)
-            assert rel_err(out, want) <= 2e-3
+        graph = capture_fc(x, w, None, out)
+        for trial in range(2):
+            want = replay_and_check(graph, x, w, None, out, gen, 2e-3, trial)
         eager = ops.draft_fc(x, w, None, 1e-6)
     assert rel_err(eager, want) <= 2e-3
 
@@ -396,16 +409,9 @@ def test_cuda_graph_capture_and_replay(decode_kernel):
     with torch.cuda.stream(s):
         ops.draft_fc(x, w, g, 1e-6, out=out)  # eager warm-up: allocates the decode workspace
     torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        ops.draft_fc(x, w, g, 1e-6, out=out)
-    for _ in range(3):
-        x.copy_(randn(x.shape, dt, "cuda", gen))
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        want = reference.draft_fc(x.double().cpu(), w.double().cpu(), g.double().cpu(), 1e-6)
-        assert rel_err(out, want) <= 1e-2
+    graph = capture_fc(x, w, g, out)
+    for trial in range(3):
+        replay_and_check(graph, x, w, g, out, gen, 1e-2, trial)
 
 
 @pytest.mark.cuda
@@ -417,16 +423,9 @@ def test_cuda_capture_without_warmup_then_eager():
     w = randn((40000, 4 * 1024), dt, "cuda", gen, 0.02)  # larger K*N than any earlier call: a new workspace
     g = randn((4, 1024), dt, "cuda", gen) + 1
     out = torch.full((4, 40000), float("nan"), dtype=dt, device="cuda")
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        ops.draft_fc(x, w, g, 1e-6, out=out)
+    graph = capture_fc(x, w, g, out)
     for trial in range(2):
-        x.copy_(randn(x.shape, dt, "cuda", gen))
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        want = reference.draft_fc(x.double().cpu(), w.double().cpu(), g.double().cpu(), 1e-6)
-        assert rel_err(out, want) <= 1e-2, f"replay {trial}"
+        want = replay_and_check(graph, x, w, g, out, gen, 1e-2, trial)
         eager = ops.draft_fc(x, w, g, 1e-6)
         assert rel_err(eager, want) <= 1e-2, f"eager after replay {trial}"
 
