@@ -101,7 +101,7 @@ DraftFcWorkspace draft_fc_decode_workspace_view(void* zeroed, int taps, int64_t 
 enum class DraftFcDecodeKernel : int {
   // The default: Cluster where it applies, the split-K grid would cut each tap into at least
   // kDraftFcClusterMinSplits pieces (small N: many partials per tile, whose L2 round trips the cluster saves) and
-  // the cluster grid fits one wave of co-resident clusters (draft_fc_cluster_one_wave), else Split. On the H200
+  // the cluster grid fits one wave of co-resident clusters (draft_fc_cluster.h), else Split. On the H200
   // (H = 7168, K = 3) that is N <= 1792, where the cluster kernel is 1.0-2.1 us faster; the two are within
   // noise of each other at N = 3584 and 7168 (benchmarks/NOTES.md, results/draft_fc-decode-sweep).
   Auto = 0,

@@ -11,13 +11,13 @@ bool draft_fc_cluster_supported();
 // Whether the call suits it: K <= 8 taps (one cluster holds every tap of a column tile), M <= 16 rows.
 bool draft_fc_cluster_applies(const DraftFcParams& p);
 
-// Whether the cluster kernel's grid for this call fits in one wave of co-resident clusters on the current device
-// (a cluster's blocks share one GPC, so clusters of some sizes leave block slots unused).
-bool draft_fc_cluster_one_wave(const DraftFcParams& p, DType dtype,
-                               const DraftFcDecodeConfig& cfg = DraftFcDecodeConfig());
-
-// No workspace: the K-splits of a column tile meet in distributed shared memory. cudaError_t value.
+// No workspace: the K-splits of a column tile meet in distributed shared memory. cudaError_t value. With
+// only_one_wave (auto's choice), it launches only if its grid fits one wave of co-resident clusters on the current
+// device (a cluster's blocks share one GPC, so clusters of some sizes leave block slots unused), and returns 0
+// without launching otherwise; *launched (when given) says whether it launched. The tiling is computed once either
+// way.
 int draft_fc_decode_cluster_cuda(const DraftFcParams& p, DType dtype, void* stream,
-                                 const DraftFcDecodeConfig& cfg = DraftFcDecodeConfig());
+                                 const DraftFcDecodeConfig& cfg = DraftFcDecodeConfig(), bool only_one_wave = false,
+                                 bool* launched = nullptr);
 
 }  // namespace e3

@@ -28,7 +28,9 @@ constexpr int kMaxCluster = 8;
 // registers a thread), so 7 chunks with the norm, 10 without: its grids at the sizes it serves (N <= 1792 at K = 3)
 // fill under 3 blocks per SM anyway, and the stream is latency-bound, so fewer, larger load rounds per warp (N=896:
 // 4 rounds of 224 instead of 5 of 192). Two groups: the split kernel's budget.
-__host__ __device__ constexpr int cluster_blocks_per_sm(int groups) { return groups == 1 ? 3 : decode_blocks_per_sm(2); }
+__host__ __device__ constexpr int cluster_blocks_per_sm(int groups) {
+  return groups == 1 ? 3 : decode_blocks_per_sm(2);
+}
 __host__ __device__ constexpr int cluster_unroll(bool norm, int groups) {
   return groups == 1 ? (norm ? 7 : 10) : decode_unroll(norm, groups);
 }
@@ -289,9 +291,14 @@ ClusterTiling tiling_for(const DraftFcParams& p, const DraftFcDecodeConfig& cfg,
                         max_active_clusters<T, kNorm, kGroups>, fits_one_wave);
 }
 
+// Tiles the call once; with only_one_wave, launches only if the grid fits one wave. *launched says whether it did.
 template <typename T, bool kNorm, int kGroups>
-cudaError_t launch_cluster(const DraftFcParams& p, cudaStream_t s, const DraftFcDecodeConfig& cfg) {
-  const ClusterTiling t = tiling_for<T, kNorm, kGroups>(p, cfg, nullptr);
+cudaError_t launch_cluster(const DraftFcParams& p, cudaStream_t s, const DraftFcDecodeConfig& cfg, bool only_one_wave,
+                           bool* launched) {
+  bool fits = false;
+  const ClusterTiling t = tiling_for<T, kNorm, kGroups>(p, cfg, &fits);
+  *launched = !only_one_wave || fits;
+  if (!*launched) return cudaSuccess;
   const unsigned cluster = static_cast<unsigned>(p.taps * t.splits_per_tap);
   cudaLaunchConfig_t lc = {};
   lc.gridDim = dim3(static_cast<unsigned>(t.n_tiles), cluster);
@@ -310,18 +317,10 @@ cudaError_t launch_cluster(const DraftFcParams& p, cudaStream_t s, const DraftFc
 }
 
 template <typename T>
-bool one_wave_typed(const DraftFcParams& p, const DraftFcDecodeConfig& cfg) {
-  bool fits = false;
-  with_norm_and_groups(p, [&](auto norm, auto groups) {
-    return tiling_for<T, decltype(norm)::value, decltype(groups)::value>(p, cfg, &fits);
-  });
-  return fits;
-}
-
-template <typename T>
-cudaError_t launch_cluster_typed(const DraftFcParams& p, cudaStream_t s, const DraftFcDecodeConfig& cfg) {
+cudaError_t launch_cluster_typed(const DraftFcParams& p, cudaStream_t s, const DraftFcDecodeConfig& cfg,
+                                 bool only_one_wave, bool* launched) {
   return with_norm_and_groups(p, [&](auto norm, auto groups) {
-    return launch_cluster<T, decltype(norm)::value, decltype(groups)::value>(p, s, cfg);
+    return launch_cluster<T, decltype(norm)::value, decltype(groups)::value>(p, s, cfg, only_one_wave, launched);
   });
 }
 
@@ -333,27 +332,22 @@ bool draft_fc_cluster_supported() {
          cuda::current_device_attribute(cudaDevAttrClusterLaunch, 0) != 0;
 }
 
-bool draft_fc_cluster_one_wave(const DraftFcParams& p, DType dtype, const DraftFcDecodeConfig& cfg) {
-  if (!draft_fc_cluster_applies(p)) return false;
-  switch (dtype) {
-    case DType::BF16: return cuda::one_wave_typed<__nv_bfloat16>(p, cfg);
-    case DType::F16: return cuda::one_wave_typed<__half>(p, cfg);
-    default: return false;
-  }
-}
-
 bool draft_fc_cluster_applies(const DraftFcParams& p) {
   return p.taps <= cuda::kernels::kMaxCluster && p.rows <= kDraftFcDecodeMaxRows &&
          p.out_features < (int64_t(1) << 31);
 }
 
-int draft_fc_decode_cluster_cuda(const DraftFcParams& p, DType dtype, void* stream, const DraftFcDecodeConfig& cfg) {
+int draft_fc_decode_cluster_cuda(const DraftFcParams& p, DType dtype, void* stream, const DraftFcDecodeConfig& cfg,
+                                 bool only_one_wave, bool* launched) {
+  bool ran = false;
+  if (launched == nullptr) launched = &ran;
+  *launched = false;
   if (p.rows == 0 || p.out_features == 0) return 0;
   if (!draft_fc_cluster_applies(p)) return static_cast<int>(cudaErrorInvalidValue);
   auto s = static_cast<cudaStream_t>(stream);
   switch (dtype) {
-    case DType::BF16: return cuda::launch_cluster_typed<__nv_bfloat16>(p, s, cfg);
-    case DType::F16: return cuda::launch_cluster_typed<__half>(p, s, cfg);
+    case DType::BF16: return cuda::launch_cluster_typed<__nv_bfloat16>(p, s, cfg, only_one_wave, launched);
+    case DType::F16: return cuda::launch_cluster_typed<__half>(p, s, cfg, only_one_wave, launched);
     default: return static_cast<int>(cudaErrorInvalidValue);
   }
 }

@@ -143,28 +143,26 @@ DecodeTiling decode_tiling(int taps, int64_t hidden, int64_t out_features, const
   return t;
 }
 
-// The split-K grid's K-splits per tap for this call (Auto's choice between the split and cluster kernels).
-int64_t split_kernel_splits_per_tap(const DraftFcParams& p, const DraftFcDecodeConfig& cfg) {
+// The split-K grid of this call: what the split kernel launches, and what Auto consults (its K-splits per tap) to
+// choose between the split and cluster kernels; computed once per call.
+DecodeTiling split_tiling(const DraftFcParams& p, const DraftFcDecodeConfig& cfg) {
   return with_norm_and_groups(p, [&](auto norm, auto groups) {
-    return decode_tiling(p.taps, p.hidden, p.out_features, cfg, groups(), decode_unroll(norm(), groups()))
-        .splits_per_tap;
+    return decode_tiling(p.taps, p.hidden, p.out_features, cfg, groups(), decode_unroll(norm(), groups()));
   });
 }
 
 template <typename T, bool kNorm, int kGroups>
 cudaError_t launch_decode_groups(const DraftFcParams& p, const DraftFcWorkspace& ws, cudaStream_t s,
-                                 const DraftFcDecodeConfig& cfg) {
-  const DecodeTiling t = decode_tiling(p.taps, p.hidden, p.out_features, cfg, kGroups, decode_unroll(kNorm, kGroups));
+                                 const DecodeTiling& t) {
   const dim3 grid(static_cast<unsigned>(t.n_tiles), static_cast<unsigned>(p.taps * t.splits_per_tap));
   draft_fc_decode_kernel<T, kNorm, kGroups><<<grid, kFcWarps * 32, 0, s>>>(p, t, ws);
   return cudaGetLastError();
 }
 
 template <typename T>
-cudaError_t launch_decode(const DraftFcParams& p, const DraftFcWorkspace& ws, cudaStream_t s,
-                          const DraftFcDecodeConfig& cfg) {
+cudaError_t launch_decode(const DraftFcParams& p, const DraftFcWorkspace& ws, cudaStream_t s, const DecodeTiling& t) {
   return with_norm_and_groups(p, [&](auto norm, auto groups) {
-    return launch_decode_groups<T, decltype(norm)::value, decltype(groups)::value>(p, ws, s, cfg);
+    return launch_decode_groups<T, decltype(norm)::value, decltype(groups)::value>(p, ws, s, t);
   });
 }
 
@@ -217,18 +215,22 @@ int draft_fc_decode_cuda(const DraftFcParams& p, DType dtype, const DraftFcWorks
   if (p.rows > kDraftFcDecodeMaxRows) return static_cast<int>(cudaErrorInvalidValue);
   if (cfg.kernel == DraftFcDecodeKernel::Bulk && draft_fc_bulk_applies(p) && draft_fc_bulk_supported())
     return draft_fc_decode_bulk_cuda(p, dtype, ws, stream, cfg.bulk_stages);
+  const bool cluster = draft_fc_cluster_applies(p) && draft_fc_cluster_supported();
+  if (cluster && cfg.kernel == DraftFcDecodeKernel::Cluster)
+    return draft_fc_decode_cluster_cuda(p, dtype, stream, cfg);
   // Auto (and Bulk where the TMA kernel does not apply): the cluster kernel where the split grid would cut each tap
-  // into many pieces and the cluster grid fits one wave of co-resident clusters.
-  const bool cluster = draft_fc_cluster_applies(p) && draft_fc_cluster_supported() &&
-                       (cfg.kernel == DraftFcDecodeKernel::Cluster ||
-                        (cfg.kernel != DraftFcDecodeKernel::Split &&
-                         cuda::split_kernel_splits_per_tap(p, cfg) >= kDraftFcClusterMinSplits &&
-                         draft_fc_cluster_one_wave(p, dtype, cfg)));
-  if (cluster) return draft_fc_decode_cluster_cuda(p, dtype, stream, cfg);
+  // into many pieces and the cluster grid fits one wave of co-resident clusters (the cluster launcher declines
+  // otherwise), else the split kernel on the grid already computed.
+  const cuda::kernels::DecodeTiling split = cuda::split_tiling(p, cfg);
+  if (cluster && cfg.kernel != DraftFcDecodeKernel::Split && split.splits_per_tap >= kDraftFcClusterMinSplits) {
+    bool launched = false;
+    const int err = draft_fc_decode_cluster_cuda(p, dtype, stream, cfg, /*only_one_wave=*/true, &launched);
+    if (err != 0 || launched) return err;
+  }
   auto s = static_cast<cudaStream_t>(stream);
   switch (dtype) {
-    case DType::BF16: return cuda::launch_decode<__nv_bfloat16>(p, ws, s, cfg);
-    case DType::F16: return cuda::launch_decode<__half>(p, ws, s, cfg);
+    case DType::BF16: return cuda::launch_decode<__nv_bfloat16>(p, ws, s, split);
+    case DType::F16: return cuda::launch_decode<__half>(p, ws, s, split);
     default: return static_cast<int>(cudaErrorInvalidValue);
   }
 }

@@ -125,8 +125,9 @@ __device__ __forceinline__ uint4 load_weight16(const void* p) {
 // One warp's weight stream, shared by the register decode kernels (split-K and cluster): the warp's 16 weight rows
 // (row_a = its first row + lane / 4, and row_a + 8) over k in [k_begin, k_end) of tap `tap`, kUnroll 32-wide chunks
 // per step (the kernel's choice for its register budget), all of a step's loads issued before its MMAs; each
-// weight fragment feeds one MMA per token group of 8 (acc[q]: rows row_a, row_a + 8 x tokens 8q + 2c, 8q + 2c + 1). kNorm: g multiplies the activations as they are
-// loaded, and with count_sq the lane adds token (8q + lane / 4)'s x^2 over its elements to sum_sq[q].
+// weight fragment feeds one MMA per token group of 8 (acc[q]: rows row_a, row_a + 8 x tokens 8q + 2c, 8q + 2c + 1).
+// kNorm: g multiplies the activations as they are loaded, and with count_sq the lane adds token (8q + lane / 4)'s
+// x^2 over its elements to sum_sq[q].
 template <typename T, bool kNorm, int kGroups, int kUnroll>
 __device__ __forceinline__ void decode_stream(const DraftFcParams& p, int tap, int64_t row_a, int64_t k_begin,
                                               int64_t k_end, bool count_sq, float (&acc)[kGroups][4],
