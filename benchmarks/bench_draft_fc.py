@@ -26,8 +26,7 @@ import common  # noqa: E402
 from eagle3_capture import ops  # noqa: E402
 
 
-def bench_row(m, n, h, k, dtype, bw, rate, samples, decode_rows, wgmma_rows, compare_paths=False,
-              compare_kernels=False):
+def bench_row(m, n, h, k, dtype, bw, rate, samples, decode_rows, compare_paths=False, compare_kernels=False):
     es = 2
     w_bytes = n * k * h * es
     x_bytes = m * k * h * es
@@ -63,15 +62,13 @@ def bench_row(m, n, h, k, dtype, bw, rate, samples, decode_rows, wgmma_rows, com
     t_ours, t_b = (t_ours1 + t_ours2) / 2, (t_b1 + t_b2) / 2
     t_read = common.time_graph_us(read_weights, ncopies, samples=samples)
     t_other_path = None
-    if compare_paths and m <= max(decode_rows, wgmma_rows):  # M on a fused kernel: the op via normalise + cuBLAS
+    if compare_paths and m <= decode_rows:  # for M on the decode kernel: the same op through normalise + cuBLAS
         ops._set_draft_fc_decode_max_rows(0)
-        ops._set_draft_fc_wgmma_max_rows(0)
         try:
             ours(0)
             t_other_path = common.time_graph_us(ours, ncopies, samples=samples)
         finally:
             ops._set_draft_fc_decode_max_rows(decode_rows)
-            ops._set_draft_fc_wgmma_max_rows(wgmma_rows)
     t_kernel = {"cluster": None, "split": None}
     if compare_kernels:  # for M on the decode path: each register decode kernel forced, not auto's choice
         for name in t_kernel if m <= decode_rows else ():
@@ -113,14 +110,11 @@ def main() -> int:
     ap.add_argument("--out", default="benchmarks/results/draft_fc-h200.json")
     ap.add_argument("--plot", default=None)
     ap.add_argument("--compare-paths", action="store_true",
-                    help="for M on a fused kernel (the decode kernels, or the wgmma kernel up to 64 rows) also "
-                         "time the op through normalise + cuBLAS (ours_cublas_path_us)")
+                    help="for M on the decode kernel (M <= 16) also time the op through normalise + cuBLAS "
+                         "(ours_cublas_path_us)")
     ap.add_argument("--compare-kernels", action="store_true",
                     help="for M on the decode path also time the op with each decode kernel forced (cluster, split) "
                          "instead of auto's choice (ours_cluster_kernel_us, ours_split_kernel_us)")
-    ap.add_argument("--wgmma-max-rows", type=int, default=None,
-                    help="rows at or below which the op takes the wgmma kernel above the decode threshold "
-                         "(compute capability 9.0), for this run (0..64; default: the library's)")
     ap.add_argument("--decode-max-rows", type=int, default=None,
                     help="rows at or below which the op takes the decode kernels, for this run (0..16; default: the "
                          "library's threshold)")
@@ -131,22 +125,16 @@ def main() -> int:
         if not 0 <= args.decode_max_rows <= 16:
             sys.exit(f"--decode-max-rows must be in 0..16, got {args.decode_max_rows}")
         ops._set_draft_fc_decode_max_rows(args.decode_max_rows)
-    if args.wgmma_max_rows is not None:
-        if not 0 <= args.wgmma_max_rows <= 64:
-            sys.exit(f"--wgmma-max-rows must be in 0..64, got {args.wgmma_max_rows}")
-        ops._set_draft_fc_wgmma_max_rows(args.wgmma_max_rows)
     dtype = getattr(torch, args.dtype)
     bw = common.streaming_read_bandwidth()
     rate = common.matmul_rate()
     print(f"streaming read bandwidth {bw / 1e12:.3f} TB/s, bf16 matmul {rate / 1e12:.0f} TFLOP/s")
     decode_rows = ops._set_draft_fc_decode_max_rows(0)  # the threshold in force (the setter returns it) ...
     ops._set_draft_fc_decode_max_rows(decode_rows)      # ... put back at once
-    wgmma_rows = ops._set_draft_fc_wgmma_max_rows(0)
-    ops._set_draft_fc_wgmma_max_rows(wgmma_rows)
     rows = []
     for n in [int(v) for v in args.N.split(",")]:
         for m in [int(v) for v in args.M.split(",")]:
-            rows.append(bench_row(m, n, args.H, args.K, dtype, bw, rate, args.samples, decode_rows, wgmma_rows,
+            rows.append(bench_row(m, n, args.H, args.K, dtype, bw, rate, args.samples, decode_rows,
                                   args.compare_paths, args.compare_kernels))
     cols = ["M", "N", "ours_us", "baseline_us", "linear_us", "floor_us", "weight_bw_fraction", "speedup_vs_a",
             "speedup_vs_b"]
@@ -156,8 +144,7 @@ def main() -> int:
                                           "floor_definition": "max(bytes / read bandwidth, flops / matmul rate)",
                                           "baseline": "(a) K x F.rms_norm + torch.cat + matmul",
                                           "linear": "(b) matmul on the pre-normed concatenated input",
-                                          "decode_max_rows": decode_rows, "wgmma_max_rows": wgmma_rows,
-                                          "wgmma_kernel": torch.cuda.get_device_capability() == (9, 0)})
+                                          "decode_max_rows": decode_rows})
     common.plot_rows(args.plot or args.out.replace(".json", ".png"), rows, "M",
                      ["ours_us", "baseline_us", "linear_us", "floor_us"], "N", "draft fc", "M (rows)")
     return 0

@@ -15,15 +15,7 @@ namespace e3ops {
 namespace {
 std::atomic<int64_t> g_decode_max_rows{e3::kDraftFcDecodeDefaultRows};
 std::atomic<int> g_decode_kernel{static_cast<int>(e3::DraftFcDecodeConfig{}.kernel)};
-std::atomic<int64_t> g_wgmma_max_rows{e3::kDraftFcWgmmaMaxRows};
 }  // namespace
-
-int64_t draft_fc_wgmma_max_rows() { return g_wgmma_max_rows.load(std::memory_order_relaxed); }
-
-int64_t set_draft_fc_wgmma_max_rows(int64_t rows) {
-  rows = rows < 0 ? 0 : (rows > e3::kDraftFcWgmmaMaxRows ? e3::kDraftFcWgmmaMaxRows : rows);
-  return g_wgmma_max_rows.exchange(rows);
-}
 
 int64_t draft_fc_decode_max_rows() { return g_decode_max_rows.load(std::memory_order_relaxed); }
 

@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "../kernels/draft_fc.h"
-#include "../kernels/draft_fc_wgmma.h"
 
 namespace e3ops {
 
@@ -24,11 +23,6 @@ int64_t set_draft_fc_decode_max_rows(int64_t rows);  // returns the previous val
 // and returns the previous one.
 e3::DraftFcDecodeKernel draft_fc_decode_kernel();
 int64_t set_draft_fc_decode_kernel(int64_t kernel);
-// Rows at or below which CUDA bf16/fp16 calls above the decode threshold take the wgmma kernel (compute capability
-// 9.0 only; elsewhere normalise + cuBLAS). Benchmark knob (eagle3_capture.ops._set_draft_fc_wgmma_max_rows);
-// default and maximum e3::kDraftFcWgmmaMaxRows, clamped to 0..that.
-int64_t draft_fc_wgmma_max_rows();
-int64_t set_draft_fc_wgmma_max_rows(int64_t rows);  // returns the previous value
 
 // x: one packed [M, K*H] tensor (K from norm_weight, 1 without a norm) or K [M, H] tensors.
 e3::DraftFcParams draft_fc_params(const std::vector<at::Tensor>& x, const at::Tensor& weight,

@@ -1,6 +1,6 @@
 // CUDA implementation of draft_fc: the decode weight-streaming kernels for M <= 8 bf16/fp16 rows (up to 16 by the
-// threshold knob), the wgmma kernel for M = 9..64 on compute capability 9.0, otherwise the normalise kernel into
-// scratch plus torch's GEMM (cuBLAS). float32 always takes the last path.
+// threshold knob), otherwise the normalise kernel into scratch plus torch's GEMM (cuBLAS). float32 always takes the
+// second path.
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAException.h>
@@ -39,9 +39,8 @@ Workspaces& workspaces() {
   return w;
 }
 
-// A zero-at-rest buffer of at least `zeroed_bytes` on `device` (the decode and wgmma kernels share it: both leave it
-// zero, and they run on one stream).
-void* zeroed_workspace(const at::Device& device, int64_t zeroed_bytes, cudaStream_t stream) {
+e3::DraftFcWorkspace decode_workspace(const at::Device& device, const e3::DraftFcParams& p, cudaStream_t stream) {
+  const int64_t zeroed_bytes = e3::draft_fc_decode_zeroed_bytes(p.taps, p.out_features);
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
   const bool capturing = status != cudaStreamCaptureStatusNone;
@@ -59,7 +58,7 @@ void* zeroed_workspace(const at::Device& device, int64_t zeroed_bytes, cudaStrea
     d.zeroed.zero_();
     d.needs_eager_zero = false;
   }
-  return d.zeroed.data_ptr();
+  return e3::draft_fc_decode_workspace_view(d.zeroed.data_ptr(), p.taps, p.out_features);
 }
 
 void check_vector_aligned(const void* ptr, int64_t row_stride, const char* what) {
@@ -84,21 +83,12 @@ void draft_fc_out_cuda(const std::vector<at::Tensor>& x, const at::Tensor& weigh
   }
   if (p.norm_weight != nullptr) check_vector_aligned(p.norm_weight, 8, "norm_weight");
   const bool decode = p.rows <= draft_fc_decode_max_rows() && dtype != e3::DType::F32;
-  // M = 9..64 on compute capability 9.0 (the device of x: checked under its guard below).
-  const bool wgmma = !decode && dtype != e3::DType::F32 && p.rows <= draft_fc_wgmma_max_rows();
-  if (decode || wgmma) check_vector_aligned(p.weight, p.weight_row_stride, "weight");
+  if (decode) check_vector_aligned(p.weight, p.weight_row_stride, "weight");
   if (p.rows == 0) return;
   const c10::cuda::CUDAGuard guard(x[0].device());
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
-  if (wgmma && e3::draft_fc_wgmma_supported() && e3::draft_fc_wgmma_applies(p)) {
-    void* zeroed = zeroed_workspace(x[0].device(), e3::draft_fc_wgmma_zeroed_bytes(p.taps, p.out_features), stream);
-    const e3::DraftFcWorkspace ws = e3::draft_fc_wgmma_workspace_view(zeroed, p.taps, p.out_features);
-    C10_CUDA_CHECK(static_cast<cudaError_t>(e3::draft_fc_wgmma_cuda(p, dtype, ws, stream)));
-    return;
-  }
   if (decode) {
-    void* zeroed = zeroed_workspace(x[0].device(), e3::draft_fc_decode_zeroed_bytes(p.taps, p.out_features), stream);
-    const e3::DraftFcWorkspace ws = e3::draft_fc_decode_workspace_view(zeroed, p.taps, p.out_features);
+    const e3::DraftFcWorkspace ws = decode_workspace(x[0].device(), p, stream);
     e3::DraftFcDecodeConfig cfg;
     cfg.kernel = draft_fc_decode_kernel();
     C10_CUDA_CHECK(static_cast<cudaError_t>(e3::draft_fc_decode_cuda(p, dtype, ws, stream, cfg)));

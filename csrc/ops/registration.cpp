@@ -66,12 +66,6 @@ PyObject* py_set_draft_fc_decode_max_rows(PyObject*, PyObject* arg) {
   return PyLong_FromLongLong(static_cast<long long>(e3ops::set_draft_fc_decode_max_rows(rows)));
 }
 
-PyObject* py_set_draft_fc_wgmma_max_rows(PyObject*, PyObject* arg) {
-  const long long rows = PyLong_AsLongLong(arg);
-  if (rows == -1 && PyErr_Occurred()) return nullptr;
-  return PyLong_FromLongLong(static_cast<long long>(e3ops::set_draft_fc_wgmma_max_rows(rows)));
-}
-
 PyObject* py_set_draft_fc_decode_kernel(PyObject*, PyObject* arg) {
   const long long kernel = PyLong_AsLongLong(arg);
   if (kernel == -1 && PyErr_Occurred()) return nullptr;
@@ -88,9 +82,6 @@ PyMethodDef kMethods[] = {
     {"set_draft_fc_decode_max_rows", py_set_draft_fc_decode_max_rows, METH_O,
      "Benchmark knob: rows at or below which CUDA draft_fc takes the decode kernel (clamped to 0..16); returns the "
      "previous value."},
-    {"set_draft_fc_wgmma_max_rows", py_set_draft_fc_wgmma_max_rows, METH_O,
-     "Benchmark knob: rows at or below which CUDA draft_fc above the decode threshold takes the wgmma kernel "
-     "(compute capability 9.0; clamped to 0..64); returns the previous value."},
     {"set_draft_fc_decode_kernel", py_set_draft_fc_decode_kernel, METH_O,
      "Test knob: the decode kernel CUDA draft_fc prefers, 0 auto (default), 1 cluster, 2 split, 3 bulk; returns "
      "the previous value."},

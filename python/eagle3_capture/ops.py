@@ -86,8 +86,7 @@ def draft_fc(x, weight: torch.Tensor, norm_weights=None, eps: float = 1e-6, bias
        or a list of K [M, H] tensors. weight: [N, K*H] (N = H, or H/tp for a column-parallel shard).
     norm_weights: None (EAGLE-3), or the per-tap RMSNorm weights of EAGLE-3.1 drafts (`fc_norm`) as [K, H] or a
        list of K [H]. bias: [N] or None. out: optional [M, N] contiguous output.
-    bf16/fp16 (CUDA decode kernels for M <= 8: weights streamed once, norms applied on the fly; M = 9..64 on
-    compute capability 9.0: the same through the warpgroup tensor cores; above that, or on other GPUs, the
+    bf16/fp16 (CUDA decode kernel for M <= 8: weights streamed once, norms applied on the fly; above that the
     normalised taps go through cuBLAS) and float32 (CPU, and the cuBLAS path on CUDA). H must be a multiple of 8.
     """
     taps = _tap_list(x)
@@ -104,14 +103,6 @@ def _set_draft_fc_decode_max_rows(rows: int) -> int:
     value so callers can restore it."""
 
     return int(load().set_draft_fc_decode_max_rows(int(rows)))
-
-
-def _set_draft_fc_wgmma_max_rows(rows: int) -> int:
-    """Benchmark knob: CUDA bf16/fp16 draft_fc above the decode threshold takes the wgmma kernel (compute capability
-    9.0: weights streamed by TMA, per-tap norms applied on the fly) for M <= rows (default 64, clamped to 0..64),
-    normalise + cuBLAS above, and on other GPUs. Process-wide; returns the previous value."""
-
-    return int(load().set_draft_fc_wgmma_max_rows(int(rows)))
 
 
 _DECODE_KERNELS = ("auto", "cluster", "split", "bulk")  # e3::DraftFcDecodeKernel, in its order
