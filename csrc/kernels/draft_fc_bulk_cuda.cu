@@ -16,9 +16,11 @@
 // >= M and columns past K*H; columns of the next tap inside a box are masked here. At the end of each (tile, tap) run
 // the block adds its fp32 partials and sums of squares to the workspace and the unit count to the tile's counter;
 // the block that completes a tile runs decode_tile_epilogue. Packed activations only (one tensor map).
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
 #include "draft_fc_bulk.h"
 #include "draft_fc_device.cuh"
-#include "tma.cuh"
 
 namespace e3 {
 namespace cuda {
@@ -47,15 +49,41 @@ struct BulkMaps {
   CUtensorMap g;  // [K*H] norm weights, box kBulkSlice (unused without a norm)
 };
 
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
 // Byte offset of (row, byte) in a box (dense rows, no swizzle).
 __device__ __forceinline__ int box_offset(int row, int byte) { return row * kBulkRowBytes + byte; }
 
-using tma::encode_fn;
-using tma::smem_u32;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-using tma::mbar_arrive_expect_tx;
-using tma::mbar_init;
-using tma::mbar_wait;
+__device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
+  asm volatile(
+      "{\n\t.reg .pred done;\n"
+      "WAIT:\n\t"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n\t"
+      "@!done bra WAIT;\n}" ::"r"(smem_u32(bar)),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void tma_2d(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::
+          "r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_u32(bar))
+      : "memory");
+}
+__device__ __forceinline__ void tma_1d(void* dst, const CUtensorMap* map, int c0, uint64_t* bar) {
+  asm volatile("cp.async.bulk.tensor.1d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2}], [%3];" ::
+                   "r"(smem_u32(dst)),
+               "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(smem_u32(bar))
+               : "memory");
+}
 #endif
 
 template <typename T, bool kNorm>
@@ -87,9 +115,9 @@ __global__ void __launch_bounds__(kFcWarps * 32, 1) draft_fc_bulk_kernel(const _
     const int col = static_cast<int>(seg - tile * p.taps) * static_cast<int>(p.hidden) + k0;
     unsigned char* st = stages + static_cast<int64_t>(s) * kBulkStageBytes;
     mbar_arrive_expect_tx(bars + s, unit_bytes);
-    tma::copy_2d(st, &maps.w, col, static_cast<int>(tile * kFcRowsPerBlock), bars + s);
-    tma::copy_2d(st + kBulkWBytes, &maps.x, col, 0, bars + s);
-    if (kNorm) tma::copy_1d(st + kBulkWBytes + kBulkXBytes, &maps.g, col, bars + s);
+    tma_2d(st, &maps.w, col, static_cast<int>(tile * kFcRowsPerBlock), bars + s);
+    tma_2d(st + kBulkWBytes, &maps.x, col, 0, bars + s);
+    if (kNorm) tma_1d(st + kBulkWBytes + kBulkXBytes, &maps.g, col, bars + s);
   };
   if (threadIdx.x == 0)
     for (int s = 0; s < t.stages && u_begin + s < u_end; ++s) issue(u_begin + s, s);
@@ -139,6 +167,19 @@ __global__ void __launch_bounds__(kFcWarps * 32, 1) draft_fc_bulk_kernel(const _
 #else
   __trap();  // launched only on sm_90 and later (draft_fc_bulk_supported)
 #endif
+}
+
+// cuTensorMapEncodeTiled from the driver, through the runtime (no link against libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      f = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
 }
 
 // A row-major [rows, cols] map (row pitch `pitch_bytes`) with a box of box_rows x kBulkSlice elements, no swizzle;
