@@ -101,10 +101,7 @@ def bench_row(m, n, h, k, dtype, bw, rate, samples, decode_rows, compare_paths=F
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--M", default="1,8,32,64,512,4096")
-    ap.add_argument("--N", default="896,7168")
-    ap.add_argument("--H", type=int, default=7168)
-    ap.add_argument("--K", type=int, default=3)
+    common.add_draft_fc_shape_args(ap, "1,8,32,64,512,4096")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     ap.add_argument("--samples", type=int, default=25)
     ap.add_argument("--out", default="benchmarks/results/draft_fc-h200.json")
@@ -132,8 +129,8 @@ def main() -> int:
     decode_rows = ops._set_draft_fc_decode_max_rows(0)  # the threshold in force (the setter returns it) ...
     ops._set_draft_fc_decode_max_rows(decode_rows)      # ... put back at once
     rows = []
-    for n in [int(v) for v in args.N.split(",")]:
-        for m in [int(v) for v in args.M.split(",")]:
+    for n in common.int_list(args.N):
+        for m in common.int_list(args.M):
             rows.append(bench_row(m, n, args.H, args.K, dtype, bw, rate, args.samples, decode_rows,
                                   args.compare_paths, args.compare_kernels))
     cols = ["M", "N", "ours_us", "baseline_us", "linear_us", "floor_us", "weight_bw_fraction", "speedup_vs_a",

@@ -68,6 +68,20 @@ def matmul_rate(n: int = 8192, samples: int = 10) -> float:
     return 2 * n**3 / statistics.median(times)
 
 
+def int_list(text: str) -> list[int]:
+    """"1,8,32" -> [1, 8, 32]."""
+    return [int(v) for v in text.split(",") if v]
+
+
+def add_draft_fc_shape_args(ap, m_default: str) -> None:
+    """The shape options of the draft fc benchmarks and probes: --M and --N (comma lists), --H, --K; the defaults are
+    the EAGLE-3 fc of a DeepSeek-V3 / Kimi-K2 draft (K = 3 taps of H = 7168) sharded for tp = 8 and replicated."""
+    ap.add_argument("--M", default=m_default, help="rows (tokens), comma-separated")
+    ap.add_argument("--N", default="896,7168", help="fc output features (H / tp), comma-separated")
+    ap.add_argument("--H", type=int, default=7168)
+    ap.add_argument("--K", type=int, default=3)
+
+
 def draft_fc_inputs(m: int, n: int, h: int, k: int, dtype: torch.dtype, seed: int):
     """Rotating copies for a draft fc row (one rotation of weights + activations >= 4x L2): returns (ncopies,
     weights [N, K*H] scaled 1/sqrt(K*H), activations [M, K*H], norm weights [K, H] around 1, and each activation copy

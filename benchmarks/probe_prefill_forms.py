@@ -82,10 +82,7 @@ def row(m, n, h, k, samples, fp32_out):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--M", default="512,4096")
-    ap.add_argument("--N", default="896,7168")
-    ap.add_argument("--H", type=int, default=7168)
-    ap.add_argument("--K", type=int, default=3)
+    common.add_draft_fc_shape_args(ap, "512,4096")
     ap.add_argument("--samples", type=int, default=11)
     ap.add_argument("--out", default=None, help="results JSON")
     args = ap.parse_args()
@@ -94,7 +91,7 @@ def main() -> int:
     fp32_out = bmm_out_dtype_supported()
     print(f"per-tap GEMM outputs in {'float32' if fp32_out else 'bfloat16 (this torch has no bmm out_dtype)'}")
     rows = [row(m, n, args.H, args.K, args.samples, fp32_out)
-            for n in (int(v) for v in args.N.split(",")) for m in (int(v) for v in args.M.split(","))]
+            for n in common.int_list(args.N) for m in common.int_list(args.M)]
     if args.out:
         common.write_results(args.out, rows, {"note": "planning probe; see the module docstring"})
     return 0

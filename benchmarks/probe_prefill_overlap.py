@@ -91,19 +91,16 @@ def row(m, n, h, k, samples, chunk_counts):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--M", default="512,4096")
-    ap.add_argument("--N", default="896,7168")
-    ap.add_argument("--H", type=int, default=7168)
-    ap.add_argument("--K", type=int, default=3)
+    common.add_draft_fc_shape_args(ap, "512,4096")
     ap.add_argument("--chunks", default="2,4,8")
     ap.add_argument("--samples", type=int, default=11)
     ap.add_argument("--out", default="benchmarks/results/draft_fc-prefill-overlap-h200.json")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("probe_prefill_overlap.py needs a CUDA GPU")
-    chunks = [int(v) for v in args.chunks.split(",")]
+    chunks = common.int_list(args.chunks)
     rows = [row(m, n, args.H, args.K, args.samples, chunks)
-            for n in [int(v) for v in args.N.split(",")] for m in [int(v) for v in args.M.split(",")]]
+            for n in common.int_list(args.N) for m in common.int_list(args.M)]
     common.write_results(args.out, rows, {"stand_in": "torch.mul(x, g.flatten()) for the normalise pass",
                                           "baseline": "(b) matmul on the pre-normed concatenated input"})
     return 0
