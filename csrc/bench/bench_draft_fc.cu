@@ -1,14 +1,12 @@
 // bench_draft_fc: times the draft fc decode kernel alone (no torch): M rows of K packed taps of H through an
 // [N, K*H] fc with per-tap RMSNorm, rotating among weight copies larger than L2. Prints bytes, time and the
 // weight-streaming bandwidth; checks a few outputs against a float64 host computation first.
-#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <vector>
 
 #include "../kernels/draft_fc.h"
 #include "../kernels/draft_fc_device.cuh"
-#include "../kernels/draft_fc_staged.h"
 #include "bench_util.cuh"
 
 namespace {
@@ -42,8 +40,6 @@ void usage() {
       "  thread-block cluster), split (partials in an L2 workspace; --splits K-splits per tap) or bulk (TMA,\n"
       "  sm_90+, M <= 8; --stages, 0 = as many as fit; --bulk 1 is the same). --blocks-per-sm: the register\n"
       "  kernels' one-wave grid size (0: as built). M up to 16 (two token groups above 8).\n"
-      "  --kernel staged: the M <= 64 kernel (activations staged once per block in shared memory);\n"
-      "  --splits K-splits per tap (0: one wave).\n"
       "  --probe 1: also time a plain streaming read of the same weight bytes (the floor of one launch this size).\n"
 );
 }
@@ -59,14 +55,7 @@ int main(int argc, char** argv) {
   const bool norm = bench::arg_long(argc, argv, "--norm", 1) != 0;
   const int iters = static_cast<int>(bench::arg_long(argc, argv, "--iters", 50));
   const int samples = static_cast<int>(bench::arg_long(argc, argv, "--samples", 15));
-  const std::string kname = bench::arg_str(argc, argv, "--kernel", "auto");
-  const bool staged = kname == "staged";
-  const long max_m = staged ? e3::kDraftFcStagedMaxRows : e3::kDraftFcDecodeMaxRows;
-  if (M < 1 || M > max_m || N < 1 || H < 8 || H % 8 || K < 1) { usage(); return 2; }
-  if (staged && !e3::draft_fc_staged_supported()) {
-    std::printf("--kernel staged needs an sm_80+ GPU\n");
-    return 2;
-  }
+  if (M < 1 || M > e3::kDraftFcDecodeMaxRows || N < 1 || H < 8 || H % 8 || K < 1) { usage(); return 2; }
   const size_t w_elems = size_t(N) * K * H, w_bytes = w_elems * 2;
   const int ncopies = static_cast<int>(std::min<size_t>(64, std::max<size_t>(2, (256u << 20) / w_bytes + 1)));
   std::vector<void*> weights(ncopies);
@@ -80,15 +69,14 @@ int main(int argc, char** argv) {
   E3_CHECK(cudaMalloc(&out, size_t(M) * N * 2));
   bench::fill(x, size_t(M) * K * H, 2, 7);
   bench::fill(g, size_t(K) * H, 2, 8);
-  const int64_t zeroed_bytes = std::max(e3::draft_fc_decode_zeroed_bytes(static_cast<int>(K), N),
-                                        e3::draft_fc_staged_zeroed_bytes(static_cast<int>(K), N));
+  const int64_t zeroed_bytes = e3::draft_fc_decode_zeroed_bytes(static_cast<int>(K), N);
   E3_CHECK(cudaMalloc(&zeroed, zeroed_bytes));
   E3_CHECK(cudaMemset(zeroed, 0, zeroed_bytes));
-  const e3::DraftFcWorkspace wsv = staged ? e3::draft_fc_staged_workspace_view(zeroed, static_cast<int>(K), N)
-                                         : e3::draft_fc_decode_workspace_view(zeroed, static_cast<int>(K), N);
+  const e3::DraftFcWorkspace wsv = e3::draft_fc_decode_workspace_view(zeroed, static_cast<int>(K), N);
   e3::DraftFcDecodeConfig cfg;
   cfg.blocks_per_sm = static_cast<int>(bench::arg_long(argc, argv, "--blocks-per-sm", cfg.blocks_per_sm));
-  if (staged || kname == "auto") cfg.kernel = e3::DraftFcDecodeKernel::Auto;
+  const std::string kname = bench::arg_str(argc, argv, "--kernel", "auto");
+  if (kname == "auto") cfg.kernel = e3::DraftFcDecodeKernel::Auto;
   else if (kname == "cluster") cfg.kernel = e3::DraftFcDecodeKernel::Cluster;
   else if (kname == "split") cfg.kernel = e3::DraftFcDecodeKernel::Split;
   else if (kname == "bulk") cfg.kernel = e3::DraftFcDecodeKernel::Bulk;
@@ -103,13 +91,10 @@ int main(int argc, char** argv) {
   p.out = out; p.out_row_stride = N; p.elem_size = 2;
   auto run = [&](int i) {
     p.weight = weights[i % ncopies];
-    if (staged) E3_CHECK(e3::draft_fc_staged_cuda(p, e3::DType::BF16, wsv, nullptr, cfg.splits_per_tap));
-    else E3_CHECK(e3::draft_fc_decode_cuda(p, e3::DType::BF16, wsv, nullptr, cfg));
+    E3_CHECK(e3::draft_fc_decode_cuda(p, e3::DType::BF16, wsv, nullptr, cfg));
   };
 
-  // Spot check: outputs (rows 0, M/2 and M-1, a few columns on both sides of a 64-row tile edge) against float64
-  // on the host, the output poisoned first (0xffff: a NaN in bf16).
-  E3_CHECK(cudaMemset(out, 0xff, size_t(M) * N * 2));
+  // Spot check: outputs (row 0 and M-1, a few columns) against float64 on the host.
   run(0);
   E3_CHECK(cudaDeviceSynchronize());
   std::vector<uint16_t> hx(size_t(M) * K * H), hg(size_t(K) * H), hy(size_t(M) * N), hw(size_t(K) * H);
@@ -117,10 +102,8 @@ int main(int argc, char** argv) {
   E3_CHECK(cudaMemcpy(hg.data(), g, hg.size() * 2, cudaMemcpyDeviceToHost));
   E3_CHECK(cudaMemcpy(hy.data(), out, hy.size() * 2, cudaMemcpyDeviceToHost));
   double worst = 0;
-  int checked = 0;
-  for (long m : {0L, M / 2, M - 1}) {
-    for (long n : {0L, std::min(63L, N - 1), std::min(64L, N - 1), N / 2, N - 1}) {
-      ++checked;
+  for (long m : {0L, M - 1}) {
+    for (long n : {0L, N / 2, N - 1}) {
       E3_CHECK(cudaMemcpy(hw.data(), static_cast<char*>(weights[0]) + size_t(n) * K * H * 2, hw.size() * 2,
                           cudaMemcpyDeviceToHost));
       double y = 0, mag = 0;
@@ -134,19 +117,17 @@ int main(int argc, char** argv) {
           mag += std::fabs(v * bf16_host(hw[k * H + j]));
         }
       }
-      const double err = std::fabs(bf16_host(hy[m * N + n]) - y) / (mag / std::sqrt(double(K * H)) + 1e-30);
-      worst = std::isnan(err) ? INFINITY : std::max(worst, err);
+      worst = std::max(worst, std::fabs(bf16_host(hy[m * N + n]) - y) / (mag / std::sqrt(double(K * H)) + 1e-30));
     }
   }
-  std::printf("check: %d outputs vs float64 host: worst error %.2e of the term scale %s\n", checked, worst,
+  std::printf("check: 6 outputs vs float64 host: worst error %.2e of the term scale %s\n", worst,
               worst < 2e-2 ? "(ok)" : "(TOO LARGE)");
   if (!(worst < 2e-2)) return 1;
 
   const double t = bench::time_us(run, iters, samples);
   const double bytes = double(w_bytes) + double(M) * K * H * 2 + double(M) * N * 2;
   const bool bulk = cfg.kernel == e3::DraftFcDecodeKernel::Bulk;
-  const char* kernel = staged ? "staged" : bulk ? "bulk"
-                               : (cfg.kernel == e3::DraftFcDecodeKernel::Split ? "split" : kname.c_str());
+  const char* kernel = bulk ? "bulk" : (cfg.kernel == e3::DraftFcDecodeKernel::Split ? "split" : kname.c_str());
   std::printf("%-6s %5s %6s %6s %3s %4s %6s %12s %10s %12s\n", "kernel", "M", "N", "H", "K", "bpsm", "splits",
               "bytes", "time_us", "weight_GB/s");
   std::printf("%-6s %5ld %6ld %6ld %3ld %4d %6d %12.0f %10.2f %12.1f\n", kernel, M, N, H, K,
