@@ -43,6 +43,12 @@ __device__ __forceinline__ void store_chunk(T* p, const Chunk<T, N>& c) {
   *reinterpret_cast<Chunk<T, N>*>(p) = c;
 }
 
+// A shared-memory pointer as the 32-bit shared-window address that PTX shared-memory operands take (mbarrier,
+// tensor copies, mapa, st.async).
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
 // An attribute of the current device, or `fallback` when the query fails (host code).
 inline int current_device_attribute(cudaDeviceAttr attr, int fallback) {
   int dev = 0, value = 0;

@@ -49,9 +49,6 @@ struct BulkMaps {
   CUtensorMap g;  // [K*H] norm weights, box kBulkSlice (unused without a norm)
 };
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 // Byte offset of (row, byte) in a box (dense rows, no swizzle).
 __device__ __forceinline__ int box_offset(int row, int byte) { return row * kBulkRowBytes + byte; }
 

@@ -44,9 +44,6 @@ struct ClusterTiling {
 };
 
 // Cluster-scope pieces of the tail (sm_90+): the leader's inbox barrier and the asynchronous stores into it.
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 // This CTA's shared-memory address `a` as seen at the same offset in cluster rank `rank`.
 __device__ __forceinline__ uint32_t map_to_rank(uint32_t a, uint32_t rank) {
   uint32_t r;
@@ -94,7 +91,7 @@ __global__ void __launch_bounds__(kFcWarps * 32, cluster_blocks_per_sm(kGroups))
     const int rank = static_cast<int>(cluster.block_rank());
     const int blocks = static_cast<int>(cluster.num_blocks());
     if (rank == 0 && threadIdx.x == 0) {
-      const uint32_t bar = smem_addr(&inbox_full);
+      const uint32_t bar = smem_u32(&inbox_full);
       const uint32_t bytes =
           static_cast<uint32_t>(cluster_inbox_floats(blocks - 1, R, kTok, kNorm) * sizeof(float));
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
@@ -145,7 +142,7 @@ __global__ void __launch_bounds__(kFcWarps * 32, cluster_blocks_per_sm(kGroups))
   const int part_floats = 16 * R * kTok;
   float* sq_base = inbox + static_cast<int64_t>(blocks) * part_floats;
   asm volatile("barrier.cluster.wait.aligned;" ::: "memory");  // the leader's mbarrier is initialised
-  const uint32_t bar = map_to_rank(smem_addr(&inbox_full), 0);
+  const uint32_t bar = map_to_rank(smem_u32(&inbox_full), 0);
   for (int i = threadIdx.x; i < part_floats / 4; i += blockDim.x) {
     const int r = (4 * i) / kTok, tok = (4 * i) % kTok;
     float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -158,20 +155,20 @@ __global__ void __launch_bounds__(kFcWarps * 32, cluster_blocks_per_sm(kGroups))
     }
     float4* dst = reinterpret_cast<float4*>(inbox + static_cast<int64_t>(rank) * part_floats) + i;
     if (rank == 0) *dst = v;
-    else st_async4(map_to_rank(smem_addr(dst), 0), v, bar);
+    else st_async4(map_to_rank(smem_u32(dst), 0), v, bar);
   }
   if (kNorm && threadIdx.x < kTok) {
     float v = 0.f;
     for (int s = 0; s < subs; ++s) v += warp_sq[s * R][threadIdx.x];
     float* dst = sq_base + rank * kTok + threadIdx.x;
     if (rank == 0) *dst = v;
-    else st_async1(map_to_rank(smem_addr(dst), 0), v, bar);
+    else st_async1(map_to_rank(smem_u32(dst), 0), v, bar);
   }
   if (rank != 0) return;  // nothing reads this block's shared memory
 
   // The leader: every other block's bytes, then the tile's outputs, item = (row, token) for tokens < M.
   {
-    const uint32_t local_bar = smem_addr(&inbox_full);
+    const uint32_t local_bar = smem_u32(&inbox_full);
     uint32_t done = 0;
     while (!done) {
       asm volatile(
