@@ -280,20 +280,15 @@ ClusterTiling cluster_tiling(int taps, int64_t hidden, int64_t out_features, int
   return best;
 }
 
-template <typename T, bool kNorm, int kGroups>
-ClusterTiling tiling_for(const DraftFcParams& p, const DraftFcDecodeConfig& cfg, bool* fits_one_wave) {
-  const int blocks_per_sm = cfg.blocks_per_sm > 0 ? cfg.blocks_per_sm : cluster_blocks_per_sm(kGroups);
-  const int64_t slots = static_cast<int64_t>(blocks_per_sm) * sm_count();
-  return cluster_tiling(p.taps, p.hidden, p.out_features, slots, cluster_unroll(kNorm, kGroups),
-                        max_active_clusters<T, kNorm, kGroups>, fits_one_wave);
-}
-
 // Tiles the call once; with only_one_wave, launches only if the grid fits one wave. *launched says whether it did.
 template <typename T, bool kNorm, int kGroups>
 cudaError_t launch_cluster(const DraftFcParams& p, cudaStream_t s, const DraftFcDecodeConfig& cfg, bool only_one_wave,
                            bool* launched) {
+  const int blocks_per_sm = cfg.blocks_per_sm > 0 ? cfg.blocks_per_sm : cluster_blocks_per_sm(kGroups);
+  const int64_t slots = static_cast<int64_t>(blocks_per_sm) * sm_count();
   bool fits = false;
-  const ClusterTiling t = tiling_for<T, kNorm, kGroups>(p, cfg, &fits);
+  const ClusterTiling t = cluster_tiling(p.taps, p.hidden, p.out_features, slots, cluster_unroll(kNorm, kGroups),
+                                         max_active_clusters<T, kNorm, kGroups>, &fits);
   *launched = !only_one_wave || fits;
   if (!*launched) return cudaSuccess;
   const unsigned cluster = static_cast<unsigned>(p.taps * t.splits_per_tap);
