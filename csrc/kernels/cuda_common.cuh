@@ -49,10 +49,12 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// An attribute of the current device, or `fallback` when the query fails (host code).
+// An attribute of the current device, or `fallback` when the query fails (host code). A successful query's value is
+// returned as it is, 0 included: 0 is a real answer for some attributes (the minor compute capability, a yes/no
+// capability), so it must not be read as a failure.
 inline int current_device_attribute(cudaDeviceAttr attr, int fallback) {
   int dev = 0, value = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&value, attr, dev) != cudaSuccess || value <= 0)
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&value, attr, dev) != cudaSuccess)
     return fallback;
   return value;
 }
