@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from doctor_helpers import assert_clean_error, cli, demo_fast, write_json
-from eagle3_capture.doctor.accept import leading_correct, metrics
+from eagle3_capture.doctor.accept import metrics
+from eagle3_capture.doctor.serving import chain_accepted
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -26,7 +27,7 @@ def test_metrics_by_hand():
     assert m.tau(1) == pytest.approx(1.75) and m.tau(0) == 1.0
     # ... which is the mean accepted length of the chain
     for n in (1, 2, 3):
-        assert m.tau(n) == pytest.approx(1 + leading_correct(c, n).float().mean().item())
+        assert m.tau(n) == pytest.approx(1 + chain_accepted(c, n).float().mean().item())
 
 
 @pytest.fixture(scope="module")
@@ -63,14 +64,22 @@ def test_accept_on_the_demo_pair(demo, small_prompts, tmp_path):
     j = json.load(open(tmp_path / "a.json"))
     m = j["metrics"]
     assert j["server"]["num_steps"] == 3 and m["steps"] == 3 and m["anchors"] == 12 * 13
-    assert j["predicted_accept_length"] == pytest.approx(m["tau_by_chain_length"]["3"])
+    assert j["tau"] == pytest.approx(m["tau_by_chain_length"]["3"])
     assert m["teacher_forced"][0] > 0.4  # a trained draft on its own target
-    assert "predicted accept length" in text and "teacher-forced" in text
+    assert "served accept length" in text and "tau" in text and "teacher-forced" in text
+    # the served figure: SGLang's walk, per prompt and in total, in meta_info's terms
+    sv = j["served"]
+    assert sv["max_new_tokens"] == 12 and len(sv["per_prompt"]) == 12
+    assert sv["completion_tokens"] == 12 * 12 == sum(p["completion_tokens"] for p in sv["per_prompt"])
+    assert sv["verify_ct"] == sum(p["verify_ct"] for p in sv["per_prompt"]) == sum(sv["correct_drafts_histogram"])
+    assert sv["served_accept_length"] == pytest.approx(sv["completion_tokens"] / sv["verify_ct"], abs=1e-6)
+    for p in sv["per_prompt"]:
+        assert len(p["correct_drafts_histogram"]) <= 4 and sum(p["correct_drafts_histogram"]) == p["verify_ct"]
     from safetensors.torch import load_file
 
     t = load_file(str(tmp_path / "a.safetensors"))
     assert t["correct"].shape == (12 * 13, 3)
-    assert 1 + t["accepted"].float().mean().item() == pytest.approx(j["predicted_accept_length"], abs=1e-5)
+    assert 1 + t["accepted"].float().mean().item() == pytest.approx(j["tau"], abs=1e-5)
 
     # the same draft fed the miswired taps, predicted through --taps: clearly lower
     code, text2, err = cli("doctor", "accept", "--target", "demo", "--draft", os.path.join(out, "draft"),
@@ -185,7 +194,7 @@ def test_dump_reference_bad_inputs(tmp_path):
                             "--out", tmp_path / "r.safetensors", "--device", "cpu"), "no prompts")
 
 
-@pytest.mark.parametrize("sub", ["check", "fingerprint", "dump-reference", "accept", "demo"])
+@pytest.mark.parametrize("sub", ["check", "fingerprint", "dump-reference", "accept", "online", "demo"])
 def test_every_subcommand_has_help(sub):
     code, out, err = cli("doctor", sub, "--help")
     assert code == 0 and "usage: eagle3-capture doctor " + sub in out

@@ -8,10 +8,12 @@ equals the target's greedy token at t+j.
 * teacher-forced accuracy of step j: over all anchors (the chain is fed the target's tokens);
 * conditional accuracy of step j: over the anchors whose steps 1..j-1 were all correct -- exactly the anchors a
   server would still be verifying at step j, where the target's tokens and the draft's coincide;
-* predicted accept length for a chain of n draft tokens: tau = 1 + sum_{k=1..n} prod_{i<=k} acc_i (conditional
-  accuracies), the mean tokens per verify that SGLang and vLLM report. It equals the mean over anchors of
-  1 + (number of leading correct steps, at most n). With eagle-topk > 1 the server verifies a tree; the top-1 chain
-  gives a lower bound.
+* tau for a chain of n draft tokens: 1 + sum_{k=1..n} prod_{i<=k} acc_i (conditional accuracies), the mean over
+  every anchor of 1 + (number of leading correct steps, at most n);
+* the served accept length (``serving.py``): SGLang's own loop replayed for the server flags (the chain, or the
+  tree for eagle-topk > 1) over each prompt's continuation, reported as its ``meta_info`` reports it: completion
+  tokens / verifies, and the histogram of accepted draft tokens per verify. This, not tau, is what a server's
+  ``spec_accept_length`` is compared with: the server's walk visits hard stretches more often than tau weighs them.
 
 The taps fed to the draft are the declared ones unless ``--taps`` says otherwise (to predict a miswired server).
 """
@@ -26,6 +28,7 @@ import torch
 from .. import configs
 from ..spec import CONVENTIONS, Embedding, TapError, TapSpec
 from .common import DoctorError, read_prompts, save_safetensors, write_json
+from .serving import Served, chain_accepted, total, tree_accepted, walk
 from .server_args import parse_server_args, resolve_speculative
 
 
@@ -119,12 +122,6 @@ def metrics(correct: torch.Tensor) -> Metrics:
     return Metrics(S, N, tf, cond, sup, taus)
 
 
-def leading_correct(correct: torch.Tensor, n: int) -> torch.Tensor:
-    """Accepted draft tokens per anchor for a chain of n: the number of leading correct steps, at most n."""
-    c = correct[:, :n].to(torch.int64)
-    return c.cumprod(1).sum(1)
-
-
 @dataclass
 class AcceptReport:
     target: str
@@ -139,21 +136,50 @@ class AcceptReport:
     metrics: Metrics
     prompts: int
     tokens: int
+    new_tokens: int
+    served: List[Served]           # per prompt, in the prompts file's order; empty when not predicted
+    unserved: Optional[str] = None  # why there is no served figure
     notes: List[str] = field(default_factory=list)
 
     @property
-    def predicted_tau(self) -> float:
+    def tau(self) -> float:
         return self.metrics.tau(self.steps)
 
+    @property
+    def served_total(self) -> Optional[Served]:
+        return total(self.served) if self.served else None
+
     def to_json(self) -> dict:
+        tot = self.served_total
+        served = None if tot is None else {
+            **tot.to_json(), "max_new_tokens": self.new_tokens,
+            "per_prompt": [{"prompt": i, **s.to_json()} for i, s in enumerate(self.served)]}
         return {"target": self.target, "draft": self.draft, "taps": [repr(t) for t in self.taps.taps],
                 "declared": None if self.declared is None else [repr(t) for t in self.declared.taps],
                 "server_args": self.flags_text,
                 "server": {"num_steps": self.steps, "eagle_topk": self.topk, "num_draft_tokens": self.draft_tokens,
                            "error": self.flag_error},
-                "predicted_accept_length": round(self.predicted_tau, 6),
+                "served": served, "tau": round(self.tau, 6),
                 "metrics": self.metrics.to_json(), "prompts": self.prompts, "tokens": self.tokens,
                 "notes": self.notes}
+
+
+SERVED_MEANS = ("served accept length: completion tokens / verifies along SGLang's own loop (its meta_info "
+                "spec_accept_length), the figure to compare with a server's")
+TAU_MEANS = ("tau: the mean of 1 + accepted draft tokens over every position of the continuations, each weighed "
+             "alike (no server reports it)")
+
+
+def render_served(served: Sequence[Served], label: str = "prompt") -> List[str]:
+    """The per-prompt table and the total line, as SGLang reports them."""
+    lines = [f"{label:>6}  tokens  verifies  accept length  accepted drafts per verify (0, 1, ...)"]
+    for i, s in enumerate(served):
+        lines.append(f"{i:>6}  {s.completion_tokens:>6}  {s.verify_ct:>8}  {s.served_accept_length:>13.3f}  "
+                     f"{s.histogram}")
+    tot = total(served)
+    lines.append(f"{'total':>6}  {tot.completion_tokens:>6}  {tot.verify_ct:>8}  {tot.served_accept_length:>13.3f}  "
+                 f"{tot.histogram}")
+    return lines
 
 
 def render(rep: AcceptReport) -> str:
@@ -162,33 +188,99 @@ def render(rep: AcceptReport) -> str:
              f"taps fed to the draft: {list(rep.taps.taps)}"
              + ("" if rep.declared is None or rep.declared.taps == rep.taps.taps
                 else f"  (declared: {list(rep.declared.taps)})"),
-             f"{rep.prompts} prompts, {m.anchors} anchor positions on the target's greedy continuations",
+             f"{rep.prompts} prompts, {rep.new_tokens} new tokens each, {m.anchors} anchor positions on the target's "
+             "greedy continuations",
              "", "step  teacher-forced  conditional (support)  tau if chain ends here"]
     for j in range(m.steps):
         lines.append(f"{j + 1:>4}  {m.teacher_forced[j]:>14.3f}  {m.conditional[j]:>11.3f} ({m.conditional_support[j]:>6})"
                      f"  {m.tau_by_chain[j]:>8.3f}")
     lines.append("")
-    if rep.flag_error:
-        lines.append(f"server flags {rep.flags_text!r}: SGLang 0.5.23 refuses them ({rep.flag_error})")
+    if not rep.served:
+        lines.append(f"server flags {rep.flags_text!r}: no served accept length: {rep.unserved}")
+        lines.append(f"tau for a chain of {rep.steps} = {rep.tau:.3f}")
     else:
         src = f"server flags {rep.flags_text!r}" if rep.flags_text else "SGLang 0.5.23 defaults for this target"
-        lines.append(f"{src}: num-steps {rep.steps}, eagle-topk {rep.topk}, num-draft-tokens {rep.draft_tokens}")
-        lines.append(f"predicted accept length tau = 1 + sum_k prod_(i<=k) acc_i = {rep.predicted_tau:.3f}"
-                     + (" (top-1 chain: a lower bound for topk > 1)" if rep.topk > 1 else ""))
+        lines.append(f"{src}: num-steps {rep.steps}, eagle-topk {rep.topk}, num-draft-tokens {rep.draft_tokens}"
+                     + (" (a tree)" if rep.topk > 1 else " (a chain)"))
+        lines += ["", "SGLang's loop replayed (what each response's meta_info reports):"]
+        lines += ["  " + ln for ln in render_served(rep.served)]
+        tot = rep.served_total
+        lines += ["", f"served accept length = {tot.completion_tokens} / {tot.verify_ct} = "
+                      f"{tot.served_accept_length:.3f}   <- compare with the server's spec_accept_length",
+                  f"tau = 1 + sum_k prod_(i<=k) acc_i = {rep.tau:.3f}"
+                  + (" (top-1 chain; the tree's tau is not computed)" if rep.topk > 1 else ""),
+                  f"  {SERVED_MEANS}", f"  {TAU_MEANS}"]
     lines += [f"note: {n}" for n in rep.notes]
     return "\n".join(lines)
 
 
-def run_accept(target_path: str, draft_path: str, prompts_path: str, server_args: Optional[str] = None,
-               taps: Optional[str] = None, new_tokens: int = 64, steps: Optional[int] = None,
-               batch_size: int = 8, device: str = "cpu", out_json: Optional[str] = None,
-               out_tensors: Optional[str] = None, progress: bool = True, seed: int = 0) -> AcceptReport:
-    from .draft_model import load_draft
-    from .target_model import load_target, greedy_continue, residual_stream
+@dataclass
+class PromptRun:
+    """One prompt's offline run: its continuation and, per anchor, the chain's correctness and what a verify
+    there accepts under the server flags."""
 
-    if new_tokens < 2:
-        raise DoctorError(f"--new-tokens {new_tokens}: need at least 2 continuation tokens")
-    flags = parse_server_args(server_args) if server_args else None
+    prompt: List[int]
+    seq: torch.Tensor          # [P + new_tokens + S] prompt + greedy continuation
+    correct: torch.Tensor      # [A, S] bool
+    accepted: Optional[torch.Tensor]  # [A] int64, None when the flags are refused
+
+
+def evaluate(target, draft, prompts: List[List[int]], spec: TapSpec, S: int, new_tokens: int, res, batch_size: int,
+             device: str, progress: bool, desc: str = "accept") -> List[PromptRun]:
+    """Greedy continuations, per-anchor chain correctness and served acceptance for every prompt (in order)."""
+    from .target_model import greedy_continue, residual_stream
+
+    idx = tap_indices(spec)
+    groups: Dict[int, List[int]] = {}  # equal-length prompts batch together
+    for i, p in enumerate(prompts):
+        groups.setdefault(len(p), []).append(i)
+    batches = [(P, g[i:i + batch_size]) for P, g in sorted(groups.items()) for i in range(0, len(g), batch_size)]
+    runs: List[Optional[PromptRun]] = [None] * len(prompts)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(prompts), desc=desc, unit="prompt", leave=False)
+    for P, members in batches:
+        ids = torch.tensor([prompts[i] for i in members], dtype=torch.int64, device=device)
+        seq = greedy_continue(target.model, ids, new_tokens + S)
+        stack, _, greedy = residual_stream(target.model, seq)
+        c = chain_correct(draft, stack, seq, greedy, idx, S, first_anchor=P - 1, use_op=True)
+        acc = None
+        if unserved_reason(res) is None:
+            if res.topk == 1:
+                acc = chain_accepted(c, res.steps)
+            else:
+                acc = tree_accepted(draft, stack, seq, greedy, idx, res.steps, res.topk, res.draft_tokens,
+                                    first_anchor=P - 1, use_op=True)
+        for j, i in enumerate(members):
+            runs[i] = PromptRun(prompts[i], seq[j].cpu(), c[j], None if acc is None else acc[j])
+        if bar is not None:
+            bar.update(len(members))
+    if bar is not None:
+        bar.close()
+    return runs
+
+
+def unserved_reason(res) -> Optional[str]:
+    """Why no served accept length can be predicted for these resolved flags (None: it can)."""
+    if res.error:
+        return f"SGLang 0.5.23 refuses the flags ({res.error})"
+    if res.steps is None or res.topk is None or res.draft_tokens is None:
+        return ("num-steps / eagle-topk / num-draft-tokens are not all known before serving (e.g. "
+                "--speculative-adaptive changes them while serving)")
+    return None
+
+
+def served_walks(runs: Sequence[PromptRun], new_tokens: int) -> List[Served]:
+    return [walk(r.accepted.tolist(), new_tokens) for r in runs] if runs and runs[0].accepted is not None else []
+
+
+def load_pair(target_path: str, draft_path: str, taps: Optional[str], device: str, seed: int, progress: bool):
+    """(target, draft, taps fed, declared taps, target config, notes) for ``accept`` and ``online``."""
+    from .draft_model import load_draft
+    from .target_model import load_target
+
     target = load_target(target_path, device=device, seed=seed, quiet=not progress)
     try:
         tcfg = configs.read_target_config(target.config_dict)
@@ -212,50 +304,39 @@ def run_accept(target_path: str, draft_path: str, prompts_path: str, server_args
     if spec.hidden_size != draft.arch.target_hidden_size:
         raise DoctorError(f"the draft was built for a target of H={draft.arch.target_hidden_size}, this target has "
                           f"H={spec.hidden_size}")
+    return target, draft, spec, declared, tcfg, notes
+
+
+def run_accept(target_path: str, draft_path: str, prompts_path: str, server_args: Optional[str] = None,
+               taps: Optional[str] = None, new_tokens: int = 64, steps: Optional[int] = None,
+               batch_size: int = 8, device: str = "cpu", out_json: Optional[str] = None,
+               out_tensors: Optional[str] = None, progress: bool = True, seed: int = 0) -> AcceptReport:
+    if new_tokens < 2:
+        raise DoctorError(f"--new-tokens {new_tokens}: need at least 2 continuation tokens")
+    flags = parse_server_args(server_args) if server_args else None
+    target, draft, spec, declared, tcfg, notes = load_pair(target_path, draft_path, taps, device, seed, progress)
     arch = tcfg.architectures[0] if tcfg.architectures else None
     res = resolve_speculative(flags or parse_server_args(""), arch)
     n_chain = res.steps if (res.steps is not None and not res.error) else 3
     S = max(1, n_chain, steps or 0)
     prompts = read_prompts(prompts_path, target.tokenizer, vocab_size=target.vocab_size)
-    idx = tap_indices(spec)
-
-    # batches of equal-length prompts
-    groups: Dict[int, List[List[int]]] = {}
-    for p in prompts:
-        groups.setdefault(len(p), []).append(p)
-    batches = [(L, g[i:i + batch_size]) for L, g in sorted(groups.items()) for i in range(0, len(g), batch_size)]
-    correct, ids_out = [], []
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(prompts), desc="accept", unit="prompt", leave=False)
-    for P, group in batches:
-        ids = torch.tensor(group, dtype=torch.int64, device=device)
-        seq = greedy_continue(target.model, ids, new_tokens + S)
-        stack, _, greedy = residual_stream(target.model, seq)
-        c = chain_correct(draft, stack, seq, greedy, idx, S, first_anchor=P - 1, use_op=True)
-        correct.append(c.reshape(-1, S))
-        ids_out.append(seq.cpu())
-        if bar is not None:
-            bar.update(len(group))
-    if bar is not None:
-        bar.close()
-    allc = torch.cat(correct, 0)
+    runs = evaluate(target, draft, prompts, spec, S, new_tokens, res, batch_size, device, progress)
+    allc = torch.cat([r.correct for r in runs], 0)
     m = metrics(allc)
     topk = res.topk if res.topk is not None else 1
     rep = AcceptReport(target.source, draft_path, spec, declared, flags.raw if flags else "",
                        res.steps if res.steps is not None else n_chain, topk,
                        res.draft_tokens if res.draft_tokens is not None else n_chain + 1, res.error, m,
-                       len(prompts), sum(int(s.numel()) for s in ids_out), notes)
+                       len(prompts), sum(int(r.seq.numel()) for r in runs), new_tokens,
+                       served_walks(runs, new_tokens), unserved_reason(res), notes)
     if out_json:
         write_json(out_json, rep.to_json())
     if out_tensors:
         save_safetensors(out_tensors, {"correct": allc.to(torch.uint8),
-                                       "accepted": leading_correct(allc, rep.steps)},
+                                       "accepted": chain_accepted(allc, rep.steps)},
                          {"format": "eagle3-capture-accept/1", "steps": S, "taps": [repr(t) for t in spec.taps]})
     return rep
 
 
-__all__ = ["tap_indices", "parse_taps", "chain_correct", "Metrics", "metrics", "leading_correct", "AcceptReport",
-           "render", "run_accept"]
+__all__ = ["tap_indices", "parse_taps", "chain_correct", "Metrics", "metrics", "AcceptReport", "PromptRun",
+           "evaluate", "unserved_reason", "served_walks", "load_pair", "render", "render_served", "run_accept"]

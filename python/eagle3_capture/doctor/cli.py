@@ -97,6 +97,20 @@ def _cmd_accept(args) -> int:
     return EXIT_OK
 
 
+def _cmd_online(args) -> int:
+    from .common import pick_device, torch_threads
+    from .online import render, run_online
+
+    device = pick_device(args.device)
+    with torch_threads(args.threads):
+        rep = run_online(args.server, args.prompts, args.target, args.draft, server_args=args.server_args,
+                         new_tokens=args.new_tokens, taps=args.taps, batch_size=args.batch_size, device=device,
+                         timeout=args.timeout, concurrency=args.concurrency, tolerance=args.tolerance,
+                         out_json=args.json, progress=not args.no_progress, seed=args.seed)
+    print(render(rep))
+    return EXIT_OK if rep.ok else EXIT_FINDINGS
+
+
 def _cmd_demo(args) -> int:
     from .demo import run_demo
 
@@ -113,7 +127,7 @@ def add_doctor_parser(sub) -> None:
         description="Find why a served EAGLE-3 draft accepts less than it should: configs and server flags "
                     "(check), what a server really captured (fingerprint), the draft's offline accuracy and "
                     "predicted accept length (accept); `demo` runs all of it on a tiny built-in pair.")
-    ds = doc.add_subparsers(dest="doctor_command", required=True, metavar="{check,fingerprint,dump-reference,accept,demo}")
+    ds = doc.add_subparsers(dest="doctor_command", required=True, metavar="{check,fingerprint,dump-reference,accept,online,demo}")
 
     s = ds.add_parser("check", help="trained taps vs what SGLang 0.5.23 / the plugin capture, config and flag traps",
                       description="Reads the target and draft config.json, says which taps the draft was trained on "
@@ -186,6 +200,37 @@ def add_doctor_parser(sub) -> None:
     s.add_argument("--no-progress", action="store_true", help="no tqdm bar")
     s.add_argument("--seed", type=int, default=0, help="seed of the demo target (with --target demo)")
     s.set_defaults(func=_cmd_accept)
+
+    s = ds.add_parser("online", help="a running server's accept length and per-step acceptance vs the offline replay",
+                      description="Sends the prompts as token ids to a running SGLang server's /generate (greedy, "
+                                  "ignore_eos, max_new_tokens N), or reads recorded responses, checks the outputs "
+                                  "equal the target's greedy continuation, replays SGLang's speculative loop offline "
+                                  "for the server's flags, and compares per prompt and in total: the served accept "
+                                  "length and the per-step acceptance. Exit 0 when they match, 1 on a mismatch "
+                                  "(with what it means), 2 on bad input or an unreachable server.")
+    s.add_argument("--server", required=True, metavar="URL|FILE.jsonl",
+                   help="http://host:port of a running server, or a JSONL file of recorded responses "
+                        "({\"input_ids\", \"output_ids\", \"meta_info\"} a line)")
+    s.add_argument("--prompts", required=True, metavar="FILE", help="as for dump-reference")
+    s.add_argument("--target", required=True, metavar="PATH|demo", help="the served target (transformers directory)")
+    s.add_argument("--draft", required=True, metavar="PATH", help="the EAGLE-3 draft directory the server runs")
+    s.add_argument("--server-args", metavar="\"FLAGS\"",
+                   help=SERVER_ARGS_HELP + "; optional with a URL (the server's /server_info says), needed with a file")
+    s.add_argument("--new-tokens", type=int, default=None,
+                   help="max_new_tokens per request (needed with a URL; a file's completion tokens otherwise)")
+    s.add_argument("--taps", metavar="CONV:IDS", help="replay with these taps instead of the draft's declared ones")
+    s.add_argument("--tolerance", type=float, default=0.02,
+                   help="largest per-step acceptance difference (and relative accept-length difference) still called "
+                        "a match (default 0.02)")
+    s.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for each response (default 600)")
+    s.add_argument("--concurrency", type=int, default=8, help="requests in flight at once (default 8)")
+    s.add_argument("--batch-size", type=int, default=8, help="prompts per offline batch")
+    s.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda")
+    s.add_argument("--threads", type=int, default=None, help="CPU threads")
+    s.add_argument("--json", metavar="OUT.json", help="write the report as JSON")
+    s.add_argument("--no-progress", action="store_true", help="no tqdm bars")
+    s.add_argument("--seed", type=int, default=0, help="seed of the demo target (with --target demo)")
+    s.set_defaults(func=_cmd_online)
 
     s = ds.add_parser("demo", help="the whole story on a tiny built-in DeepseekV3 target and a draft it trains",
                       description="Builds a tiny DeepseekV3 target (seeded, from a config in the package), trains a "

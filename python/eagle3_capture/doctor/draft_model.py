@@ -126,21 +126,26 @@ class _Attention(nn.Module):
             k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
         return _rope(q, pos[:, None, :], a.rope_theta), _rope(k, pos[:, None, :], a.rope_theta), v
 
-    def attend(self, q, keys: List[torch.Tensor], values: List[torch.Tensor]) -> torch.Tensor:
-        """q [B,h,T,d]; keys[0]/values[0]: step-1 [B,h,T,d] (causal over positions); keys[i>0]: the anchor's own
-        keys of later steps (diagonal)."""
-        B, h, T, d = q.shape
+    def attend_rows(self, q, prefix_k, prefix_v, own_k: List[torch.Tensor], own_v: List[torch.Tensor]):
+        """R draft rows per anchor: q [B,h,T,R,d] (row r of anchor t); prefix_k/v [B,h,P,d]: the draft KV of
+        positions 0..P-1, of which row (t, r) sees positions <= t when P == T (every anchor at once) and all P
+        when T == 1 (one anchor whose cache holds P positions); own_k/v: [B,h,T,R,d] each, keys that only row
+        (t, r) sees (its chain, or SGLang's per-slot entries of a tree). Returns [B,T,R,H]."""
+        B, h, T, R, d = q.shape
+        P = prefix_k.shape[2]
+        if P != T and T != 1:
+            raise ValueError(f"prefix of {P} positions for {T} anchors: expected {T}, or one anchor")
         scale = 1.0 / math.sqrt(d)
-        s1 = (q @ keys[0].transpose(-1, -2)) * scale  # [B,h,T,T]
-        causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
-        s1 = s1.masked_fill(~causal, float("-inf"))
-        diag = [((q * k).sum(-1, keepdim=True) * scale) for k in keys[1:]]  # [B,h,T,1] each
+        s1 = torch.einsum("bhtrd,bhpd->bhtrp", q, prefix_k) * scale  # [B,h,T,R,P]
+        if P == T:
+            causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()[None, None, :, None, :]
+            s1 = s1.masked_fill(~causal, float("-inf"))
+        diag = [((q * k).sum(-1, keepdim=True) * scale) for k in own_k]  # [B,h,T,R,1] each
         p = torch.softmax(torch.cat([s1] + diag, dim=-1).float(), dim=-1).to(q.dtype)
-        out = p[..., :T] @ values[0]
-        for i, v in enumerate(values[1:]):
-            out = out + p[..., T + i: T + i + 1] * v
-        B, h, T, d = out.shape
-        return self.o_proj(out.transpose(1, 2).reshape(B, T, h * d))
+        out = torch.einsum("bhtrp,bhpd->bhtrd", p[..., :P], prefix_v)
+        for i, v in enumerate(own_v):
+            out = out + p[..., P + i: P + i + 1] * v
+        return self.o_proj(out.permute(0, 2, 3, 1, 4).reshape(B, T, R, h * d))
 
 
 class _MLP(nn.Module):
@@ -218,24 +223,58 @@ class Eagle3Draft(nn.Module):
         B, T, _ = taps.shape
         if tokens.shape != (B, T + steps - 1):
             raise ValueError(f"tokens must be [B, T+steps-1] = {(B, T + steps - 1)}, got {tuple(tokens.shape)}")
-        a, layer = self.arch, self.midlayer
         pos0 = torch.arange(T, device=taps.device)[None].expand(B, T) if positions is None else positions
-        hidden = self.project(taps, use_op)
-        keys: List[torch.Tensor] = []
-        values: List[torch.Tensor] = []
-        out = []
-        for j in range(steps):
-            emb = self.embed_tokens(tokens[:, j: j + T])
-            x = torch.cat([layer.input_layernorm(emb), layer.hidden_norm(hidden)], -1)
-            q, k, v = layer.self_attn.qkv(x, pos0 + j)
-            keys.append(k)
-            values.append(v)
-            h = hidden + layer.self_attn.attend(q, keys, values)
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
-            normed = self.norm(h)
-            out.append(self.lm_head(normed))
-            hidden = normed if a.norm_output else h
+        logits, hidden, kv = self.first_step(taps, tokens[:, :T], pos0, use_op)
+        out = [logits]
+        for j in range(1, steps):
+            logits, hidden = self.rows_step(tokens[:, j: j + T, None], hidden[:, :, None], pos0 + j, kv)
+            logits, hidden = logits[:, :, 0], hidden[:, :, 0]
+            out.append(logits)
         return out
+
+    def first_step(self, taps: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, use_op: bool = False):
+        """Step 1 at every position: the draft reads the target's taps at t and the token x_{t+1} (tokens [B, T]).
+        Returns (logits [B, T, Vd], hidden [B, T, H] handed to step 2, the KV: :class:`DraftKV` whose prefix is
+        these keys, which every later step of anchor t sees for positions <= t)."""
+        hidden = self.project(taps, use_op)
+        kv = DraftKV()
+        logits, hidden = self.rows_step(tokens[:, :, None], hidden[:, :, None], positions, kv)
+        return logits[:, :, 0], hidden[:, :, 0], kv
+
+    def rows_step(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, kv: "DraftKV"):
+        """One draft forward of R rows per anchor: tokens [B, T, R] (target ids), hidden [B, T, R, H] (each row's
+        input hidden), positions [B, T] (every row of anchor t at the same position). Row (t, r) attends to the
+        prefix (positions <= t) and to kv's own entries of row r, to which this step's keys are appended (the
+        first call sets the prefix instead). Returns (logits [B, T, R, Vd], hidden out [B, T, R, H])."""
+        a, layer = self.arch, self.midlayer
+        B, T, R = tokens.shape
+        emb = self.embed_tokens(tokens)
+        x = torch.cat([layer.input_layernorm(emb), layer.hidden_norm(hidden)], -1)
+        pos = positions[:, :, None].expand(B, T, R).reshape(B, T * R)
+        q, k, v = layer.self_attn.qkv(x.reshape(B, T * R, -1), pos)
+        q, k, v = (t.reshape(B, t.shape[1], T, R, t.shape[-1]) for t in (q, k, v))
+        if kv.prefix_k is None:
+            if R != 1:
+                raise ValueError("the first draft step runs one row per position")
+            kv.prefix_k, kv.prefix_v = k[:, :, :, 0], v[:, :, :, 0]
+        else:
+            kv.own_k.append(k)
+            kv.own_v.append(v)
+        h = hidden + layer.self_attn.attend_rows(q, kv.prefix_k, kv.prefix_v, kv.own_k, kv.own_v)
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+        normed = self.norm(h)
+        return self.lm_head(normed), (normed if a.norm_output else h)
+
+
+@dataclass
+class DraftKV:
+    """The draft's KV cache seen by a step: the prefix (step-1 keys of every position) and, per row, the keys of
+    its later steps ([B, h, T, R, d] each, one per step)."""
+
+    prefix_k: Optional[torch.Tensor] = None
+    prefix_v: Optional[torch.Tensor] = None
+    own_k: List[torch.Tensor] = field(default_factory=list)
+    own_v: List[torch.Tensor] = field(default_factory=list)
 
 
 # ----------------------------------------------------------------------------------------------------------------

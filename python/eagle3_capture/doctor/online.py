@@ -1,0 +1,390 @@
+"""``doctor online``: a running SGLang server's speculative figures beside the doctor's replay of the same loop.
+
+The prompts go to the server's native ``/generate`` as token ids (temperature 0, ``ignore_eos``,
+``max_new_tokens`` N), or come from a JSONL file of recorded responses (``{"input_ids", "output_ids",
+"meta_info"}`` a line). Each response's ``meta_info`` gives ``completion_tokens``, ``spec_verify_ct`` and
+``spec_correct_drafts_histogram``. Offline, the target writes its greedy continuation of the same prompts and
+:mod:`.serving` replays SGLang's loop for the server's flags (``accept`` does the same). Then:
+
+1. the outputs must equal the target's greedy continuation, or the comparison means nothing (not lossless:
+   sampling, another dtype, another target);
+2. per draft step k, the server's share of verifies that accepted step k given steps 1..k-1, against the same share
+   in the replay; online below offline at a step means the draft sees other inputs online than offline (the
+   capture, or the draft side);
+3. the served accept length, online against predicted.
+
+Exit 0 when everything matches within ``--tolerance``, 1 on a mismatch, 2 on bad input or an unreachable server.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from .common import DoctorError, read_prompts, write_json
+from .serving import Served, step_acceptance, total
+
+DUMP_HINT = "run the server with EAGLE3_CAPTURE_DUMP=<dir> and `eagle3-capture doctor fingerprint`"
+
+
+@dataclass
+class Response:
+    """One prompt's response as the server reported it."""
+
+    input_ids: List[int]
+    output_ids: List[int]
+    served: Served
+    num_proposed_drafts: Optional[int] = None
+
+
+def _int_list(v, what: str) -> List[int]:
+    if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+        raise DoctorError(f"{what}: expected a list of integers, got {str(v)[:80]!r}")
+    return list(v)
+
+
+def parse_response(obj, what: str, input_ids: Optional[List[int]] = None) -> Response:
+    """A Response from a ``/generate`` result (or a recorded line); DoctorError naming the field on anything else."""
+    if not isinstance(obj, dict):
+        raise DoctorError(f"{what}: expected a JSON object, got {type(obj).__name__}")
+    if "error" in obj and "meta_info" not in obj:
+        raise DoctorError(f"{what}: the server answered with an error: {str(obj['error'])[:200]}")
+    ids = input_ids if input_ids is not None else _int_list(obj.get("input_ids"), f"{what}: 'input_ids'")
+    out = _int_list(obj.get("output_ids"), f"{what}: 'output_ids' (start the server with --skip-tokenizer-init, "
+                                            "or record output_ids)")
+    meta = obj.get("meta_info")
+    if not isinstance(meta, dict):
+        raise DoctorError(f"{what}: no 'meta_info' object")
+    if "spec_verify_ct" not in meta:
+        raise DoctorError(f"{what}: meta_info has no spec_verify_ct: the server does not run speculative decoding "
+                          "(launch it with --speculative-algorithm EAGLE3 and the draft)")
+    fields = {}
+    for key in ("completion_tokens", "spec_verify_ct"):
+        v = meta.get(key)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise DoctorError(f"{what}: meta_info '{key}' must be a non-negative integer, got {v!r}")
+        fields[key] = v
+    hist = _int_list(meta.get("spec_correct_drafts_histogram", []), f"{what}: meta_info 'spec_correct_drafts_histogram'")
+    if sum(hist) != fields["spec_verify_ct"]:
+        raise DoctorError(f"{what}: meta_info spec_correct_drafts_histogram {hist} sums to {sum(hist)}, but "
+                          f"spec_verify_ct is {fields['spec_verify_ct']}")
+    proposed = meta.get("spec_num_proposed_drafts")
+    return Response(ids, out, Served(fields["completion_tokens"], fields["spec_verify_ct"], hist),
+                    proposed if isinstance(proposed, int) and not isinstance(proposed, bool) else None)
+
+
+def read_recorded(path: str) -> List[Response]:
+    from .common import require_file
+
+    p = require_file(path, "--server recorded responses")
+    out = []
+    try:
+        with open(p, "r", encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except UnicodeDecodeError as e:
+        raise DoctorError(f"--server {p}: not UTF-8 text: {e}") from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DoctorError(f"--server {p}, line {n}: malformed JSON: {e}") from None
+        out.append(parse_response(obj, f"--server {p}, line {n}"))
+    if not out:
+        raise DoctorError(f"--server {p}: no responses in it")
+    return out
+
+
+def _post_json(url: str, body: dict, timeout: float) -> object:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"},
+                                 method="POST")
+    return _open_json(req, url, timeout)
+
+
+def _open_json(req, url: str, timeout: float) -> object:
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            data = r.read()
+    except urllib.error.HTTPError as e:
+        detail = e.read()[:300].decode("utf-8", "replace")
+        raise DoctorError(f"--server {url}: HTTP {e.code} {e.reason}: {detail}") from None
+    except urllib.error.URLError as e:
+        raise DoctorError(f"--server {url}: cannot reach the server ({e.reason})") from None
+    except (TimeoutError, OSError) as e:
+        raise DoctorError(f"--server {url}: no answer within {timeout:g} s ({e})") from None
+    try:
+        return json.loads(data)
+    except json.JSONDecodeError:
+        raise DoctorError(f"--server {url}: the answer is not JSON: {data[:120]!r}") from None
+
+
+def server_flags(base: str, timeout: float) -> Optional[Tuple[int, int, int]]:
+    """(num_steps, eagle_topk, num_draft_tokens) as the server resolved them (``/server_info``), or None when the
+    server does not say."""
+    req = urllib.request.Request(base.rstrip("/") + "/server_info", method="GET")
+    try:
+        info = _open_json(req, base, timeout)
+    except DoctorError:
+        return None
+    if not isinstance(info, dict):
+        return None
+    vals = [info.get(k) for k in ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens")]
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in vals):
+        return tuple(vals)
+    return None
+
+
+def fetch(base: str, prompts: Sequence[List[int]], new_tokens: int, timeout: float, concurrency: int,
+          progress: bool) -> List[Response]:
+    """Send each prompt to ``<base>/generate`` (greedy, ignore_eos, max_new_tokens); responses in prompt order."""
+    url = base.rstrip("/") + "/generate"
+    sampling = {"temperature": 0, "max_new_tokens": int(new_tokens), "ignore_eos": True}
+
+    def one(i: int) -> Response:
+        obj = _post_json(url, {"input_ids": list(prompts[i]), "sampling_params": sampling}, timeout)
+        if isinstance(obj, list) and len(obj) == 1:
+            obj = obj[0]
+        return parse_response(obj, f"--server {url}, prompt {i}", input_ids=list(prompts[i]))
+
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(prompts), desc="server", unit="prompt", leave=False)
+    out: List[Optional[Response]] = [None] * len(prompts)
+    with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(prompts)))) as pool:
+        futures = {pool.submit(one, i): i for i in range(len(prompts))}
+        try:
+            for fut in futures:
+                out[futures[fut]] = fut.result()
+                if bar is not None:
+                    bar.update(1)
+        finally:
+            for fut in futures:
+                fut.cancel()
+            if bar is not None:
+                bar.close()
+    return out
+
+
+@dataclass
+class StepRow:
+    step: int
+    online: float
+    offline: float
+    offline_all: float   # conditional accuracy over every anchor (accept's table)
+
+
+@dataclass
+class OnlineReport:
+    server: str
+    target: str
+    draft: str
+    taps: List[str]
+    flags: Tuple[int, int, int]
+    new_tokens: int
+    online: List[Served]
+    predicted: List[Served]
+    lossless: List[bool]
+    first_difference: Optional[Tuple[int, int]]  # (prompt, output position) of the first differing token
+    steps: List[StepRow]
+    tolerance: float
+    verdict: str
+    ok: bool
+    tau: float
+    notes: List[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        s, k, d = self.flags
+        return {
+            "server": self.server, "target": self.target, "draft": self.draft, "taps": self.taps,
+            "server_flags": {"num_steps": s, "eagle_topk": k, "num_draft_tokens": d}, "max_new_tokens": self.new_tokens,
+            "verdict": self.verdict, "ok": self.ok, "tolerance": self.tolerance,
+            "online": {**total(self.online).to_json(),
+                       "per_prompt": [{"prompt": i, **o.to_json()} for i, o in enumerate(self.online)]},
+            "predicted": {**total(self.predicted).to_json(),
+                          "per_prompt": [{"prompt": i, **o.to_json()} for i, o in enumerate(self.predicted)]},
+            "lossless": self.lossless, "first_difference": self.first_difference,
+            "step_acceptance": [{"step": r.step, "online": _r(r.online), "offline": _r(r.offline),
+                                 "offline_all_positions": _r(r.offline_all)} for r in self.steps],
+            "tau": round(self.tau, 6), "notes": self.notes,
+        }
+
+
+def _r(v: float):
+    return None if v is None or math.isnan(v) else round(v, 6)
+
+
+def verdict_of(lossless: Sequence[bool], first_difference, steps: Sequence[StepRow], online: Served,
+               predicted: Served, tolerance: float) -> Tuple[bool, str]:
+    if not all(lossless):
+        p, pos = first_difference
+        return False, (f"outputs differ from the target's greedy continuation ({lossless.count(False)} of "
+                       f"{len(lossless)} prompts; first at prompt {p}, output token {pos}): not lossless "
+                       "(sampling, dtype, or a different target); the acceptance figures below are not comparable")
+    for r in steps:
+        if not math.isnan(r.online) and not math.isnan(r.offline) and r.offline - r.online > tolerance:
+            return False, (f"online below offline by {r.offline - r.online:.3f} at step {r.step} ({r.online:.3f} vs "
+                           f"{r.offline:.3f}): the draft sees other inputs online than offline -- capture or "
+                           f"draft-side mismatch; {DUMP_HINT}")
+    for r in steps:
+        if not math.isnan(r.online) and not math.isnan(r.offline) and r.online - r.offline > tolerance:
+            return False, (f"online above offline by {r.online - r.offline:.3f} at step {r.step} ({r.online:.3f} vs "
+                           f"{r.offline:.3f}): the server's draft or flags are not the ones given here")
+    lo, lp = online.served_accept_length, predicted.served_accept_length
+    if abs(lo - lp) > tolerance * max(1.0, lp):
+        return False, (f"served accept length online {lo:.3f} vs predicted {lp:.3f}: the walks differ although the "
+                       "per-step shares agree within the tolerance; compare the per-prompt rows")
+    return True, (f"matches: online {lo:.3f} = {online.completion_tokens} / {online.verify_ct}, predicted {lp:.3f} = "
+                  f"{predicted.completion_tokens} / {predicted.verify_ct}")
+
+
+def _flags_from(server_args: Optional[str], arch: Optional[str], from_server, responses: Sequence[Response]):
+    from .server_args import parse_server_args, resolve_speculative
+
+    given = None
+    if server_args:
+        res = resolve_speculative(parse_server_args(server_args), arch)
+        if res.error:
+            raise DoctorError(f"--server-args {server_args!r}: SGLang 0.5.23 refuses them ({res.error})")
+        if res.steps is None or res.topk is None or res.draft_tokens is None:
+            raise DoctorError(f"--server-args {server_args!r}: num-steps, eagle-topk and num-draft-tokens must be "
+                              "known (adaptive speculative decoding is not replayed)")
+        given = (res.steps, res.topk, res.draft_tokens)
+    if from_server is not None and given is not None and tuple(from_server) != given:
+        raise DoctorError(f"--server-args give num-steps/eagle-topk/num-draft-tokens {given}, but the server reports "
+                          f"{tuple(from_server)} (/server_info)")
+    flags = given or from_server
+    if flags is None:
+        raise DoctorError("the server's speculative flags are unknown: give --server-args (a recorded file, or a "
+                          "server without /server_info)")
+    for r in responses:
+        if r.num_proposed_drafts is not None and r.served.verify_ct and \
+                r.num_proposed_drafts != r.served.verify_ct * (flags[2] - 1):
+            raise DoctorError(f"the server reports spec_num_proposed_drafts {r.num_proposed_drafts} for "
+                              f"{r.served.verify_ct} verifies, i.e. num-draft-tokens "
+                              f"{r.num_proposed_drafts / r.served.verify_ct + 1:g}, not {flags[2]}")
+    return flags
+
+
+def run_online(server: str, prompts_path: str, target_path: str, draft_path: str, server_args: Optional[str] = None,
+               new_tokens: Optional[int] = None, taps: Optional[str] = None, batch_size: int = 8,
+               device: str = "cpu", timeout: float = 600.0, concurrency: int = 8, tolerance: float = 0.02,
+               out_json: Optional[str] = None, progress: bool = True, seed: int = 0) -> OnlineReport:
+    from .accept import evaluate, load_pair, metrics, served_walks
+    from .server_args import SpecResolution
+
+    if not 0 <= tolerance < 1:
+        raise DoctorError(f"--tolerance {tolerance}: expected a share in [0, 1)")
+    if timeout <= 0:
+        raise DoctorError(f"--timeout {timeout}: expected a positive number of seconds")
+    if concurrency < 1:
+        raise DoctorError(f"--concurrency {concurrency}: expected at least 1")
+    is_url = server.startswith(("http://", "https://"))
+    if not is_url and not os.path.exists(server):
+        raise DoctorError(f"--server {server!r}: neither an http(s):// URL nor an existing JSONL file of recorded "
+                          "responses")
+    target, draft, spec, declared, tcfg, notes = load_pair(target_path, draft_path, taps, device, seed, progress)
+    prompts = read_prompts(prompts_path, target.tokenizer, vocab_size=target.vocab_size)
+    if is_url:
+        if new_tokens is None:
+            raise DoctorError("--new-tokens is needed with a server URL (max_new_tokens of each request)")
+        if new_tokens < 2:
+            raise DoctorError(f"--new-tokens {new_tokens}: need at least 2")
+        from_server = server_flags(server, min(timeout, 30.0))
+        responses = fetch(server, prompts, new_tokens, timeout, concurrency, progress)
+    else:
+        from_server = None
+        recorded = read_recorded(server)
+        by_ids: Dict[Tuple[int, ...], Response] = {tuple(r.input_ids): r for r in recorded}
+        missing = [i for i, p in enumerate(prompts) if tuple(p) not in by_ids]
+        if missing:
+            raise DoctorError(f"--server {server}: no recorded response for prompt {missing[0]} of {prompts_path}"
+                              f" ({len(missing)} of {len(prompts)} missing)")
+        responses = [by_ids[tuple(p)] for p in prompts]
+        lengths = sorted({r.served.completion_tokens for r in responses})
+        if new_tokens is None:
+            if len(lengths) != 1:
+                raise DoctorError(f"--server {server}: the responses have {lengths} completion tokens; give "
+                                  "--new-tokens (the max_new_tokens they were served with)")
+            new_tokens = lengths[0]
+        if new_tokens < 2:
+            raise DoctorError(f"--new-tokens {new_tokens}: need at least 2")
+    short = [i for i, r in enumerate(responses) if r.served.completion_tokens != new_tokens]
+    if short:
+        r = responses[short[0]]
+        raise DoctorError(f"prompt {short[0]}: the server returned {r.served.completion_tokens} tokens, not "
+                          f"max_new_tokens {new_tokens} (context limit or an early stop); the replay needs full-length "
+                          "greedy responses with ignore_eos")
+    arch = tcfg.architectures[0] if tcfg.architectures else None
+    flags = _flags_from(server_args, arch, from_server, responses)
+    S, k, D = flags
+    res = SpecResolution(S, k, D, requested=flags)
+    runs = evaluate(target, draft, prompts, spec, S, new_tokens, res, batch_size, device, progress, desc="offline")
+    predicted = served_walks(runs, new_tokens)
+    lossless, first = [], None
+    for i, (run, resp) in enumerate(zip(runs, responses)):
+        want = run.seq[len(run.prompt): len(run.prompt) + new_tokens].tolist()
+        same = want == resp.output_ids
+        lossless.append(same)
+        if not same and first is None:
+            pos = next((j for j, (a, b) in enumerate(zip(want, resp.output_ids)) if a != b),
+                       min(len(want), len(resp.output_ids)))
+            first = (i, pos)
+    on_tot, pr_tot = total([r.served for r in responses]), total(predicted)
+    m = metrics(torch.cat([r.correct for r in runs], 0))
+    on_steps, pr_steps = step_acceptance(on_tot.histogram, S), step_acceptance(pr_tot.histogram, S)
+    rows = [StepRow(j + 1, on_steps[j], pr_steps[j], m.conditional[j] if k == 1 else float("nan"))
+            for j in range(S)]
+    ok, verdict = verdict_of(lossless, first, rows, on_tot, pr_tot, tolerance)
+    if k > 1:
+        notes.append("eagle-topk > 1: the per-step shares are of the tree's accepted depth; 'all positions' is "
+                     "given for chains only")
+    rep = OnlineReport(server, target.source, draft_path, [repr(t) for t in spec.taps], flags, new_tokens,
+                       [r.served for r in responses], predicted, lossless, first, rows, tolerance, verdict, ok,
+                       m.tau(S), notes)
+    if out_json:
+        write_json(out_json, rep.to_json())
+    return rep
+
+
+def render(rep: OnlineReport) -> str:
+    from .accept import SERVED_MEANS
+
+    S, k, D = rep.flags
+    on_tot, pr_tot = total(rep.online), total(rep.predicted)
+    lines = [f"server {rep.server}", f"target {rep.target}", f"draft  {rep.draft} (taps {rep.taps})",
+             f"{len(rep.online)} prompts, max_new_tokens {rep.new_tokens}, num-steps {S}, eagle-topk {k}, "
+             f"num-draft-tokens {D}",
+             f"outputs equal the target's greedy continuation: {sum(rep.lossless)} of {len(rep.lossless)} prompts",
+             "", "prompt  tokens  verifies online / predicted  accept length online / predicted"]
+    for i, (o, p) in enumerate(zip(rep.online, rep.predicted)):
+        mark = "" if (o.verify_ct == p.verify_ct and o.histogram == p.histogram) else "   <- differs"
+        lines.append(f"{i:>6}  {o.completion_tokens:>6}  {o.verify_ct:>8} / {p.verify_ct:<9}  "
+                     f"{o.served_accept_length:>13.3f} / {p.served_accept_length:.3f}{mark}")
+    lines.append(f"{'total':>6}  {on_tot.completion_tokens:>6}  {on_tot.verify_ct:>8} / {pr_tot.verify_ct:<9}  "
+                 f"{on_tot.served_accept_length:>13.3f} / {pr_tot.served_accept_length:.3f}")
+    lines += ["", f"accepted drafts per verify (0, 1, ...): online {on_tot.histogram}, predicted {pr_tot.histogram}",
+              "", "step  online  offline (replayed walk)  offline (all positions)"]
+    for r in rep.steps:
+        lines.append(f"{r.step:>4}  {_fmt(r.online):>6}  {_fmt(r.offline):>23}  {_fmt(r.offline_all):>23}")
+    lines += ["", f"  {SERVED_MEANS}", f"  tau over every position (not a served figure): {rep.tau:.3f}"]
+    lines += [f"note: {n}" for n in rep.notes]
+    lines += ["", f"verdict: {rep.verdict}"]
+    return "\n".join(lines)
+
+
+def _fmt(v: float) -> str:
+    return "-" if v is None or math.isnan(v) else f"{v:.3f}"
+
+
+__all__ = ["Response", "parse_response", "read_recorded", "fetch", "server_flags", "OnlineReport", "StepRow",
+           "verdict_of", "run_online", "render"]

@@ -1,0 +1,68 @@
+"""Test-only SGLang 0.5.23 plugin: what its real serving loop needs to run on a machine with no GPU.
+
+Active only with ``E3_SGLANG_CPU_STANDINS=1`` (the engine tests set it; ``TRITON_INTERPRET=1`` must be set too, so
+SGLang's Triton kernels run in Triton's interpreter on CPU tensors). Each stand-in answers one blocker listed in
+../shared/SGLANG_CPU.md ("The real serving loop on CPU"):
+
+* ``vllm._custom_ops``: ``RotaryEmbedding.__init__`` imports it when there is no GPU; it is never called in the
+  forward, so an empty module (whose function raises if it ever is) suffices.
+* ``get_rope_cpu`` asserts a deepseek-yarn ``rope_scaling``; for ``rope_scaling is None`` SGLang's own ``get_rope``
+  builds the plain rotary embedding (an AROUND hook through SGLang's HookRegistry).
+* ``kernels/ops/speculative/spec_tree.py`` and ``cache_locs.py`` have no branch for a CPU host without
+  ``sgl_kernel`` (tree build, greedy verify; the verify's KV write locations, which a chain gets elsewhere but a
+  tree (eagle-topk > 1) gets from ``assign_extend_cache_locs*``, whose fall-through returns None): their XPU
+  branches call SGLang's own Triton kernels, which then run interpreted.
+
+Nothing here changes what SGLang computes on the paths the tests exercise; it only lets them run.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import types
+
+ENV = "E3_SGLANG_CPU_STANDINS"
+logger = logging.getLogger("e3_sglang_cpu")
+
+
+def _stub_vllm() -> None:
+    if "vllm" in sys.modules:
+        return
+    vllm = types.ModuleType("vllm")
+    ops = types.ModuleType("vllm._custom_ops")
+
+    def rotary_embedding(*args, **kwargs):
+        raise RuntimeError("vllm._custom_ops.rotary_embedding is a CPU-test stand-in and must not be called")
+
+    ops.rotary_embedding = rotary_embedding
+    vllm._custom_ops = ops
+    sys.modules["vllm"] = vllm
+    sys.modules["vllm._custom_ops"] = ops
+
+
+def get_rope_cpu_hook(original, head_size, rotary_dim, max_position, base, is_neox_style=True, rope_scaling=None,
+                      dtype=None, partial_rotary_factor=1.0, device=None):
+    if rope_scaling is None:
+        from sglang.srt.layers.rotary_embedding import factory
+
+        return factory.get_rope(head_size, rotary_dim, max_position, base, is_neox_style, rope_scaling, dtype,
+                                partial_rotary_factor)
+    return original(head_size, rotary_dim, max_position, base, is_neox_style, rope_scaling, dtype,
+                    partial_rotary_factor, device)
+
+
+def register() -> None:
+    if os.environ.get(ENV) != "1":
+        return
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    _stub_vllm()
+    HookRegistry.register("sglang.srt.layers.rotary_embedding.factory.get_rope_cpu", get_rope_cpu_hook,
+                          HookType.AROUND)
+    import sglang.kernels.ops.speculative.cache_locs as cache_locs
+    import sglang.kernels.ops.speculative.spec_tree as spec_tree
+
+    spec_tree._is_xpu = True
+    cache_locs._is_xpu = True
+    logger.warning("e3_sglang_cpu: CPU test stand-ins active (pid %d)", os.getpid())
