@@ -1,6 +1,9 @@
 """Python API over torch.ops.eagle3_capture.*, with a fake (meta) implementation beside every op so they trace
 under torch.compile and FakeTensorMode. The fake implementations check shapes the way the native checks do, so a
 compiled graph fails at trace time on the inputs the kernels would refuse.
+
+The ops are inference-only: they have no backward, and with grad mode on a tensor argument that requires grad is
+refused here (see ``_inference_only``); call them under ``torch.no_grad()`` / ``torch.inference_mode()``.
 """
 from __future__ import annotations
 
@@ -14,6 +17,19 @@ load()
 _ops = torch.ops.eagle3_capture
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _inference_only(op: str, **tensors) -> None:
+    """The ops have no backward: with grad mode on, an argument that requires grad would silently get no gradient
+    (draft_fc) or be mutated in place behind autograd's back (the capture ops), so it is refused. Training uses
+    plain torch (eagle3_capture.reference holds the same math)."""
+    if not torch.is_grad_enabled():
+        return
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            raise RuntimeError(f"eagle3_capture.{op} is inference-only (no backward): '{name}' requires grad; call "
+                               "it under torch.no_grad() or torch.inference_mode(), or detach the tensor "
+                               "(for training, use the plain-torch eagle3_capture.reference)")
 
 
 def _check_packed(op: str, packed: torch.Tensor, slot: int, tap: torch.Tensor) -> None:
@@ -91,6 +107,9 @@ def draft_fc(x, weight: torch.Tensor, norm_weights=None, eps: float = 1e-6, bias
     """
     taps = _tap_list(x)
     g = _norm_tensor(norm_weights)
+    _inference_only("draft_fc", x=x if isinstance(x, torch.Tensor) else None,
+                    **{f"x[{k}]": t for k, t in enumerate(taps) if not isinstance(x, torch.Tensor)},
+                    weight=weight, norm_weights=g, bias=bias, out=out)
     if out is None:
         return _ops.draft_fc(taps, weight, g, eps, bias)
     _ops.draft_fc_out(taps, weight, g, eps, bias, out)
@@ -127,6 +146,7 @@ def capture_(packed: torch.Tensor, slot: int, hidden: torch.Tensor, residual: Op
     `packed` may be a row-strided view (e.g. the first T rows of a larger decode buffer); every tensor needs
     contiguous rows (last stride 1). CPU and CUDA; float32, float16, bfloat16; T may be 0.
     """
+    _inference_only("capture_", packed=packed, hidden=hidden, residual=residual)
     _ops.capture_(packed, slot, hidden, residual)
 
 
@@ -140,6 +160,7 @@ def fused_add_rmsnorm_capture_(hidden: torch.Tensor, residual: torch.Tensor, wei
 
     The only traffic beyond the plain fused add+norm is one write of T*H elements.
     """
+    _inference_only("fused_add_rmsnorm_capture_", hidden=hidden, residual=residual, weight=weight, packed=packed)
     _ops.fused_add_rmsnorm_capture_(hidden, residual, weight, eps, packed, slot)
 
 
