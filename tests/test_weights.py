@@ -1,0 +1,198 @@
+"""weights.load_draft_fc on unusual checkpoints: fp8 fc weights dequantized by their per-tensor, per-channel or
+block scale (against a float64 reference, whole and as TP shards); every shape, dtype, scale or index problem a
+ValueError / FileNotFoundError naming the tensor or file, never a silent slice or a dropped tensor."""
+import json
+import os
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from eagle3_capture.weights import load_draft_fc
+
+N, K, H = 300, 3, 96   # N and K*H not multiples of 128: the last scale blocks are partial
+FP8 = torch.float8_e4m3fn
+
+
+def _fp8_weight(seed=0, n=N, kh=K * H):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(n, kh, generator=g) * 100).clamp(-440, 440).to(FP8)
+
+
+def _block_scale(n=N, kh=K * H, block=(128, 128), seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(-(-n // block[0]), -(-kh // block[1]), generator=g) * 1e-3 + 1e-4
+
+
+def _expand(scale, block, n, kh):
+    return scale.double().repeat_interleave(block[0], 0)[:n].repeat_interleave(block[1], 1)[:, :kh]
+
+
+def _save(d, tensors, config=None, name="model.safetensors"):
+    os.makedirs(d, exist_ok=True)
+    save_file(tensors, os.path.join(d, name))
+    if config is not None:
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump(config, f)
+    return str(d)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# fp8: dequantized as the checkpoint says
+# ----------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("block", [(128, 128), (64, 32)])
+def test_fp8_block_scale_inv_is_dequantized(tmp_path, block):
+    w8, s = _fp8_weight(), _block_scale(block=block)
+    cfg = {"quantization_config": {"quant_method": "fp8", "weight_block_size": list(block)}}
+    d = _save(tmp_path, {"model.fc.weight": w8, "model.fc.weight_scale_inv": s}, cfg)
+    want = w8.double() * _expand(s, block, N, K * H)
+    fc = load_draft_fc(d, dtype=torch.float32)
+    assert fc.weight.dtype == torch.float32 and "weight_scale_inv" in fc.quantization
+    torch.testing.assert_close(fc.weight.double(), want, rtol=2 ** -23, atol=0)
+    # a ColumnParallelLinear shard whose rows start inside a scale block
+    for tp in (2, 3):
+        for r in range(tp):
+            sh = load_draft_fc(d, tp_rank=r, tp_size=tp, dtype=torch.float32)
+            rows = slice(r * N // tp, (r + 1) * N // tp)
+            torch.testing.assert_close(sh.weight.double(), want[rows], rtol=2 ** -23, atol=0)
+
+
+def test_fp8_block_size_defaults_to_128_only_when_the_scale_shape_says_so(tmp_path):
+    w8, s = _fp8_weight(), _block_scale()
+    d = _save(tmp_path / "a", {"fc.weight": w8, "fc.weight_scale_inv": s})  # no config.json
+    torch.testing.assert_close(load_draft_fc(d).weight.double(), w8.double() * _expand(s, (128, 128), N, K * H),
+                               rtol=2 ** -23, atol=0)
+    d = _save(tmp_path / "b", {"fc.weight": w8, "fc.weight_scale_inv": _block_scale(block=(64, 64))})
+    with pytest.raises(ValueError, match=r"fc.weight_scale_inv.*shape \[5, 5\].*weight_block_size"):
+        load_draft_fc(d)
+
+
+@pytest.mark.parametrize("shape", [(), (1,), (N,), (N, 1)])
+def test_fp8_per_tensor_and_per_channel_weight_scale(tmp_path, shape):
+    w8 = _fp8_weight()
+    s = (torch.rand(shape, generator=torch.Generator().manual_seed(3)) + 0.5) * 1e-2
+    d = _save(tmp_path, {"fc.weight": w8, "fc.weight_scale": s})
+    sd = s.double().reshape(-1, 1) if s.numel() > 1 else s.double().reshape(())
+    want = w8.double() * sd
+    fc = load_draft_fc(d, dtype=torch.float32)
+    torch.testing.assert_close(fc.weight.double(), want, rtol=2 ** -23, atol=0)
+    # without dequantization the values would be ~1/scale off: the test can tell
+    assert (fc.weight.double() - w8.double()).abs().max() > 1
+    sh = load_draft_fc(d, tp_rank=1, tp_size=3, dtype=torch.float32)
+    torch.testing.assert_close(sh.weight.double(), want[100:200], rtol=2 ** -23, atol=0)
+
+
+def test_fp8_bf16_request_rounds_the_dequantized_value_once(tmp_path):
+    w8, s = _fp8_weight(), _block_scale()
+    d = _save(tmp_path, {"fc.weight": w8, "fc.weight_scale_inv": s})
+    fc = load_draft_fc(d, dtype=torch.bfloat16)
+    want = (w8.double() * _expand(s, (128, 128), N, K * H)).bfloat16()
+    assert torch.equal(fc.weight, want)
+
+
+@pytest.mark.parametrize("tensors, needles", [
+    ({"fc.weight": _fp8_weight()}, ["fc.weight", "float8_e4m3fn", "no fc.weight_scale"]),
+    ({"fc.weight": _fp8_weight(), "fc.weight_scale": torch.ones(2, 2)}, ["fc.weight_scale", "[2, 2]"]),
+    ({"fc.weight": _fp8_weight(), "fc.weight_scale_inv": torch.ones(3)}, ["fc.weight_scale_inv", "2-D"]),
+    ({"fc.weight": _fp8_weight(), "fc.weight_scale": torch.ones(()), "fc.weight_scale_inv": _block_scale()},
+     ["both"]),
+    ({"fc.weight": torch.randn(N, K * H), "fc.weight_scale": torch.ones(())}, ["fc.weight_scale", "float32"]),
+    ({"fc.weight": _fp8_weight(), "fc.weight_scale": torch.ones((), dtype=torch.int32)},
+     ["fc.weight_scale", "int32"]),
+    ({"fc.weight": torch.ones(N, K * H, dtype=torch.int8)}, ["fc.weight", "int8"]),
+    ({"fc.weight": torch.randn(N)}, ["fc.weight", "2-D"]),
+])
+def test_fp8_and_dtype_problems_are_refused(tmp_path, tensors, needles):
+    d = _save(tmp_path, tensors)
+    with pytest.raises(ValueError) as e:
+        load_draft_fc(d)
+    for n in needles:
+        assert n in str(e.value), str(e.value)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# shapes
+# ----------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("bias, needle", [
+    (torch.randn(N + 4), f"fc.bias has shape [{N + 4}]"),
+    (torch.randn(N - 1), f"fc.bias has shape [{N - 1}]"),
+    (torch.randn(N, 1), f"fc.bias has shape [{N}, 1]"),
+    (torch.ones(N, dtype=torch.int64), "int64"),
+])
+def test_bias_must_match_out_features(tmp_path, bias, needle):
+    d = _save(tmp_path, {"fc.weight": torch.randn(N, K * H), "fc.bias": bias})
+    with pytest.raises(ValueError, match=needle.replace("[", r"\[").replace("]", r"\]")):
+        load_draft_fc(d)
+    with pytest.raises(ValueError):
+        load_draft_fc(d, tp_rank=1, tp_size=2)
+
+
+@pytest.mark.parametrize("norms, needle", [
+    ([torch.ones(H), torch.ones(H), torch.ones(H + 1)], "fc_norm.2.weight has shape"),
+    ([torch.ones(H, 1)] * 3, "fc_norm.0.weight has shape"),
+    ([torch.ones(2 * H)] * 3, "do not match fc in_features"),
+])
+def test_norm_weights_must_be_k_vectors_of_h(tmp_path, norms, needle):
+    t = {"fc.weight": torch.randn(N, K * H)}
+    t.update({f"fc_norm.{k}.weight": v.clone() for k, v in enumerate(norms)})
+    d = _save(tmp_path, t)
+    with pytest.raises(ValueError, match=needle):
+        load_draft_fc(d)
+
+
+def test_bad_tp_arguments(tmp_path):
+    d = _save(tmp_path, {"fc.weight": torch.randn(N, K * H)})
+    for kw in ({"tp_rank": 0.0, "tp_size": 1}, {"tp_rank": 0, "tp_size": True}, {"tp_rank": -1, "tp_size": 2},
+               {"tp_rank": 0, "tp_size": 0}):
+        with pytest.raises(ValueError, match="tp_"):
+            load_draft_fc(d, **kw)
+
+
+def test_unreadable_file_is_a_value_error_naming_it(tmp_path):
+    p = tmp_path / "model.safetensors"
+    p.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
+    with pytest.raises(ValueError, match="model.safetensors.*not a readable safetensors"):
+        load_draft_fc(str(tmp_path))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the shard index
+# ----------------------------------------------------------------------------------------------------------------
+
+def _index(d, weight_map):
+    with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {}, "weight_map": weight_map}, f)
+
+
+def test_index_names_the_file_of_every_tensor(tmp_path):
+    w, b = torch.randn(N, K * H), torch.randn(N)
+    _save(tmp_path, {"fc.weight": w}, name="model-00001-of-00002.safetensors")
+    _save(tmp_path, {"fc.bias": b}, name="model-00002-of-00002.safetensors")
+    _save(tmp_path, {"fc.bias": torch.zeros(N)}, name="stale.safetensors")  # not in the index: not read
+    _index(tmp_path, {"fc.weight": "model-00001-of-00002.safetensors", "fc.bias": "model-00002-of-00002.safetensors"})
+    fc = load_draft_fc(str(tmp_path))
+    assert torch.equal(fc.weight, w) and torch.equal(fc.bias, b)
+
+
+def test_index_naming_a_missing_shard_is_an_error(tmp_path):
+    _save(tmp_path, {"fc.weight": torch.randn(N, K * H)}, name="model-00001-of-00002.safetensors")
+    _index(tmp_path, {"fc.weight": "model-00001-of-00002.safetensors", "fc.bias": "model-00002-of-00002.safetensors"})
+    with pytest.raises(FileNotFoundError, match="model-00002-of-00002.safetensors.*fc.bias"):
+        load_draft_fc(str(tmp_path))
+
+
+def test_index_naming_a_tensor_its_file_lacks_is_an_error(tmp_path):
+    _save(tmp_path, {"fc.weight": torch.randn(N, K * H)}, name="a.safetensors")
+    _index(tmp_path, {"fc.weight": "a.safetensors", "fc.bias": "a.safetensors"})
+    with pytest.raises(ValueError, match="fc.bias.*not in.*a.safetensors"):
+        load_draft_fc(str(tmp_path))
+
+
+@pytest.mark.parametrize("content", ["{", "[]", '{"weight_map": [1]}', '{"weight_map": {"fc.weight": 3}}'])
+def test_malformed_index(tmp_path, content):
+    _save(tmp_path, {"fc.weight": torch.randn(N, K * H)})
+    (tmp_path / "model.safetensors.index.json").write_text(content)
+    with pytest.raises(ValueError, match="model.safetensors.index.json"):
+        load_draft_fc(str(tmp_path))
