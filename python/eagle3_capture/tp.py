@@ -13,16 +13,25 @@ every rank's packed [rows, K*H] buffer:
 Layouts: "rows" — each rank holds [T_r, K*H] (uneven T_r allowed, given as rows_per_rank), rank r's rows land at
 row offset sum(T_q, q < r). "columns" — each rank holds H/tp columns of every tap, [T, K*H/tp], and the gather
 fills the strided column slots: out[:, k*H + r*H/tp : k*H + (r+1)*H/tp] = local[:, k*H/tp : (k+1)*H/tp].
+
+Every gather first agrees its arguments across the ranks (`gather_agreement`): ranks that pass different
+`rows_per_rank`, uneven local rows without it, or arguments one rank refuses get a ValueError on every rank naming
+the rank and what differed; a rank that does not call gather within `timeout_s` gets the others a GatherTimeout
+naming it (and itself one when it comes later). The exchange is host-side, so it runs when a CUDA graph is
+captured, not at its replays.
 """
 from __future__ import annotations
 
 import importlib
+import operator
 import os
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import torch
 import torch.distributed as dist
+
+from . import gather_agreement
 
 ROWS = "rows"
 COLUMNS = "columns"
@@ -86,6 +95,7 @@ class PackedGatherer:
             2 * torch.cuda.get_device_properties(self.device).multi_processor_count
             if self.device.type == "cuda" else 1)
         self._check_same_config()
+        self._agreement = self._setup_agreement()
         self.backend = self._choose_backend(backend)
         self._broken: Optional[str] = None
         if self.backend == "p2p":
@@ -102,6 +112,11 @@ class PackedGatherer:
         if bad:
             diffs = "; ".join(f"rank {r}: {c}" for r, c in bad)
             raise ValueError(f"PackedGatherer configuration differs across ranks (rank {self.rank} has {mine}); {diffs}")
+
+    def _setup_agreement(self) -> gather_agreement.CallAgreement:
+        store = gather_agreement.group_store(self.group)
+        prefix = gather_agreement.shared_prefix(self.group, self.rank, self.world)
+        return gather_agreement.CallAgreement(store, prefix, self.rank, self.world, self.timeout_s)
 
     def _choose_backend(self, backend: str) -> str:
         if self.device.type == "cpu":
@@ -183,7 +198,7 @@ class PackedGatherer:
         elif rows_per_rank is None:
             rows = [local.shape[0]] * self.world
         else:
-            rows = [int(r) for r in rows_per_rank]
+            rows = _int_list(rows_per_rank)
             if len(rows) != self.world:
                 raise ValueError(f"rows_per_rank has {len(rows)} entries for {self.world} ranks")
             if rows[self.rank] != local.shape[0]:
@@ -196,6 +211,8 @@ class PackedGatherer:
 
     def _check_local(self, local: torch.Tensor) -> None:
         want_cols = self.width if self.layout == ROWS else self.width // self.world
+        if not isinstance(local, torch.Tensor):
+            raise ValueError(f"local must be a tensor [rows, {want_cols}], got {type(local).__name__}")
         if local.dim() != 2 or local.shape[1] != want_cols:
             raise ValueError(f"local must be [rows, {want_cols}] for layout {self.layout!r} (K={self.num_taps}, "
                              f"H={self.hidden_size}, world={self.world}), got {tuple(local.shape)}")
@@ -210,18 +227,68 @@ class PackedGatherer:
         `out` must be None or `output(...)`: peers write straight into the registered buffer.
         """
         if self.backend == "p2p" and not self._broken and int(self._error[0]) != 0:
-            self.check()  # an earlier gather gave up: raise now rather than hang on a broken protocol
+            try:
+                self.check()  # an earlier gather gave up: raise now rather than hang on a broken protocol
+            except GatherTimeout:
+                self._agreement.give_up(self._broken)  # the peers' next gather ends with this reason too
+                raise
         if self._broken:
             raise GatherTimeout(f"this gatherer is unusable after an earlier failure: {self._broken}")
-        self._check_local(local)
+        self._agree(local, out, rows_per_rank)
         rows, total = self._layout_rows(local, rows_per_rank)
         if self.backend == "p2p":
             return self._gather_p2p(local, out, rows, total)
         if out is None:
             out = torch.empty(total, self.width, dtype=self.dtype, device=self.device)
-        if out.shape != (total, self.width):
-            raise ValueError(f"out must be [{total}, {self.width}], got {tuple(out.shape)}")
         return self._gather_collective(local, out, rows)
+
+    # ------------------------------------------------------------------ argument agreement
+
+    def _argument_problem(self, local, out, rows_per_rank) -> Optional[str]:
+        """What is wrong with this rank's own gather arguments (None: nothing), without raising."""
+        try:
+            self._check_local(local)
+            _, total = self._layout_rows(local, rows_per_rank)
+            self._check_out(out, total)
+        except (ValueError, TypeError) as e:
+            return str(e)
+        return None
+
+    def _check_out(self, out: Optional[torch.Tensor], total: int) -> None:
+        if out is None:
+            return
+        if self.backend == "p2p":
+            view = self._out[:total]
+            if not isinstance(out, torch.Tensor) or out.data_ptr() != view.data_ptr() or out.shape != view.shape:
+                raise ValueError("with the p2p backend, out must be gatherer.output(total_rows): peers write into "
+                                 "the registered buffer directly")
+            return
+        if not isinstance(out, torch.Tensor) or out.shape != (total, self.width):
+            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            raise ValueError(f"out must be [{total}, {self.width}], got {got}")
+        if out.dtype != self.dtype or out.device.type != self.device.type:
+            raise ValueError(f"out must be {self.dtype} on {self.device}, got {out.dtype} on {out.device}")
+
+    def _agree(self, local, out, rows_per_rank) -> None:
+        """Every rank's arguments of this gather, compared on every rank: ValueError on a disagreement (the gatherer
+        stays usable), GatherTimeout when a rank does not come within timeout_s (it does not)."""
+        problem = self._argument_problem(local, out, rows_per_rank)
+        rows = int(local.shape[0]) if isinstance(local, torch.Tensor) and local.dim() >= 1 else -1
+        given = None
+        if rows_per_rank is not None:
+            try:
+                given = _int_list(rows_per_rank)
+            except (TypeError, ValueError):
+                given = None  # the problem above says why
+        header = gather_agreement.Header(rows, given, problem)
+        try:
+            headers = self._agreement.exchange(header)
+        except gather_agreement.AgreementTimeout as e:
+            self._broken = str(e)
+            raise GatherTimeout(str(e)) from None
+        bad = gather_agreement.disagreement(headers, self._agreement.calls, self.layout == ROWS)
+        if bad:
+            raise ValueError(f"PackedGatherer on rank {self.rank} of {self.world}: {bad}")
 
     def _segments(self) -> tuple[list[int], list[int], int]:
         if self.layout == ROWS:
@@ -288,6 +355,24 @@ class PackedGatherer:
             torch.cuda.synchronize(self.device)
             self._handle = None
             self._buf = self._out = self._flags = None
+
+
+def _int_list(values) -> list[int]:
+    """rows_per_rank as Python ints; a float, a bool or anything else that is not an integer is a ValueError (int()
+    would truncate 2.5 to 2 and gather the wrong rows)."""
+    try:
+        items = list(values)
+    except TypeError:
+        raise ValueError(f"rows_per_rank must be a sequence of integers, got {type(values).__name__}") from None
+    out = []
+    for v in items:
+        if isinstance(v, bool):
+            raise ValueError(f"rows_per_rank must hold integers, got {v!r} in {items}")
+        try:
+            out.append(operator.index(v))
+        except TypeError:
+            raise ValueError(f"rows_per_rank must hold integers, got {v!r} in {items}") from None
+    return out
 
 
 def reference_gather(locals_: Sequence[torch.Tensor], layout: str, num_taps: int, hidden_size: int) -> torch.Tensor:
