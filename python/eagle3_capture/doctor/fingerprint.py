@@ -3,25 +3,21 @@
 The reference (``doctor dump-reference``) holds, for some tokens, every residual-stream value of the target as the
 training side computed it: the HF ``hidden_states`` stack (index h: 0 = embedding output, h = k+1 = output of
 layer k; the last entry h = L is post-final-norm in most models) plus the final boundary LayerOutput(L-1) taken
-before the final norm. The captured file holds what a server packed for the same tokens: ``aux`` [T, K*H].
+before the final norm. The captured file holds what a server packed for the same tokens: ``aux`` [T, K*H]
+(file formats: :mod:`.fingerprint_files`).
 
 For every slot and every reference column the table gives the mean over tokens of the cosine similarity; the
 column a slot matches names the tap the server really captured, whatever its config says. A one-layer shift
 costs only about 0.1 accept length on real drafts, invisible in acceptance alone; here it is a different column.
 
-File formats read:
-
-* reference: safetensors with ``hidden_states`` [L+1, T, H], ``final_prenorm`` [T, H], ``input_ids`` [T]
-  (+ ``positions``, ``prompt_offsets``), metadata ``format`` = ``eagle3-capture-reference/1``, ``num_layers``,
-  ``hidden_size``.
-* captured: the SGLang plugin's dump (``EAGLE3_CAPTURE_DUMP=<dir>``: ``eagle3_capture_pid*_*.pt``, a dict with
-  ``aux``, ``input_ids``, ``positions``, ``draft_ids``, ``layers_to_capture``, ``num_layers``, ``hidden_size``),
-  a directory of such dumps, or a safetensors file with ``aux`` [T, K*H] and ``input_ids`` [T] (metadata
-  ``layers_to_capture`` / ``draft_ids`` as JSON lists, optional).
+Rows that cannot be compared are left out of the means and counted: a captured row with a NaN or Inf, or all zero
+where the reference row it matches is not, is a broken capture and an error finding of its own (with the slot and
+the row count); the table says how many rows each slot's figures rest on. The reference is read one column at a
+time, so memory stays near the size of the capture plus one column, whatever the reference's size.
 """
 from __future__ import annotations
 
-import glob
+import math
 import os
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
@@ -29,173 +25,14 @@ from typing import List, Optional, Tuple
 import torch
 
 from ..spec import EMBEDDING, Finding, LayerOutput, TapError, TapSpec, compare_taps
-from .common import DoctorError, fmt_table, load_safetensors, meta_json
-
-REFERENCE_FORMAT = "eagle3-capture-reference/1"
-CAPTURE_FORMAT = "eagle3-capture-captured/1"
-POST_NORM = "post-norm"
+from .common import DoctorError, fmt_table
+from .fingerprint_files import (
+    CAPTURE_FORMAT, POST_NORM, REFERENCE_FORMAT, Captured, Reference, column_label, load_captured, load_reference,
+    save_captured, short_label,
+)
 
 DEFAULT_MIN_COS = 0.95     # below this, a slot matches nothing in the reference
 DEFAULT_AMBIGUOUS = 0.005  # best - second best below this: the match is not trustworthy
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# files
-# ----------------------------------------------------------------------------------------------------------------
-
-@dataclass
-class Reference:
-    columns: List[object]          # canonical taps, plus POST_NORM for HF's post-norm last entry
-    labels: List[str]
-    values: torch.Tensor           # [C, T, H] float32
-    input_ids: torch.Tensor        # [T]
-    positions: Optional[torch.Tensor]
-    num_layers: int
-    hidden_size: int
-    path: str
-
-
-@dataclass
-class Captured:
-    aux: torch.Tensor              # [T, K*H]
-    input_ids: Optional[torch.Tensor]
-    positions: Optional[torch.Tensor]
-    layers_to_capture: Optional[List[int]]
-    draft_ids: Optional[List[int]]
-    num_layers: Optional[int]
-    hidden_size: Optional[int]
-    path: str
-
-
-def column_label(c, L: int) -> str:
-    if c == POST_NORM:
-        return f"hs[{L}] post-norm"
-    if c == EMBEDDING:
-        return "hs[0] Embedding"
-    if c.k == L - 1:
-        return f"LayerOutput({c.k}) pre-norm"
-    return f"hs[{c.k + 1}] LayerOutput({c.k})"
-
-
-def short_label(c, L: int) -> str:
-    if c == POST_NORM:
-        return f"hs{L}post"
-    if c == EMBEDDING:
-        return "Emb"
-    return f"LO{c.k}"
-
-
-def load_reference(path: str) -> Reference:
-    t, meta = load_safetensors(path, "reference")
-    what = f"reference {path}"
-    for key in ("hidden_states", "input_ids"):
-        if key not in t:
-            raise DoctorError(f"{what}: no '{key}' tensor (expected a file written by `eagle3-capture doctor "
-                              f"dump-reference`; it has {sorted(t)})")
-    hs = t["hidden_states"]
-    if hs.dim() != 3:
-        raise DoctorError(f"{what}: hidden_states must be [L+1, T, H], got shape {tuple(hs.shape)}")
-    L = hs.shape[0] - 1
-    if L < 1:
-        raise DoctorError(f"{what}: hidden_states has {hs.shape[0]} entries; at least 2 (embedding + one layer)")
-    T, H = hs.shape[1], hs.shape[2]
-    ids = t["input_ids"].reshape(-1).to(torch.int64)
-    if ids.numel() != T:
-        raise DoctorError(f"{what}: input_ids has {ids.numel()} tokens but hidden_states has T={T}")
-    n_meta = meta_json(meta, "num_layers", what)
-    if n_meta is not None and int(n_meta) != L:
-        raise DoctorError(f"{what}: metadata num_layers={n_meta} but hidden_states has L+1={L + 1} entries")
-    cols: List[object] = [EMBEDDING] + [LayerOutput(k) for k in range(L - 1)]
-    vals = [hs[h] for h in range(L)]
-    pre = t.get("final_prenorm")
-    if pre is not None:
-        if tuple(pre.shape) != (T, H):
-            raise DoctorError(f"{what}: final_prenorm must be [T, H] = {(T, H)}, got {tuple(pre.shape)}")
-        cols.append(LayerOutput(L - 1))
-        vals.append(pre)
-        if not torch.equal(pre, hs[L]):
-            cols.append(POST_NORM)
-            vals.append(hs[L])
-    else:
-        cols.append(POST_NORM)
-        vals.append(hs[L])
-    pos = t.get("positions")
-    return Reference(cols, [column_label(c, L) for c in cols], torch.stack(vals).float(), ids,
-                     None if pos is None else pos.reshape(-1).to(torch.int64), L, H, path)
-
-
-def _captured_from_dict(d: dict, path: str) -> Captured:
-    what = f"captured {path}"
-    aux = d.get("aux")
-    if not isinstance(aux, torch.Tensor):
-        raise DoctorError(f"{what}: no 'aux' tensor (the packed [T, K*H] capture)")
-    if aux.dim() != 2:
-        raise DoctorError(f"{what}: aux must be [T, K*H], got shape {tuple(aux.shape)}")
-
-    def ints(key):
-        v = d.get(key)
-        if v is None:
-            return None
-        if isinstance(v, torch.Tensor):
-            v = v.reshape(-1).tolist()
-        if not isinstance(v, (list, tuple)) or not all(isinstance(x, int) for x in v):
-            raise DoctorError(f"{what}: '{key}' must be a list of integers, got {v!r}")
-        return list(v)
-
-    def tensor(key):
-        v = d.get(key)
-        return None if v is None else torch.as_tensor(v).reshape(-1).to(torch.int64)
-
-    def opt_int(key):
-        v = d.get(key)
-        return None if v is None else int(v)
-
-    return Captured(aux.float(), tensor("input_ids"), tensor("positions"), ints("layers_to_capture"),
-                    ints("draft_ids"), opt_int("num_layers"), opt_int("hidden_size"), path)
-
-
-def load_captured(path: str) -> List[Captured]:
-    """One record per file (a directory: every ``*.pt`` / ``*.safetensors`` in it, in name order)."""
-    from .common import require_file
-
-    require_file(path, "captured", allow_dir=True)
-    if os.path.isdir(path):
-        files = sorted(glob.glob(os.path.join(path, "*.pt")) + glob.glob(os.path.join(path, "*.safetensors")))
-        if not files:
-            raise DoctorError(f"captured {path}: directory has no *.pt or *.safetensors capture dump")
-    else:
-        files = [path]
-    out = []
-    for f in files:
-        if f.endswith(".safetensors"):
-            t, meta = load_safetensors(f, "captured")
-            d = dict(t)
-            for key in ("layers_to_capture", "draft_ids", "num_layers", "hidden_size"):
-                if key in meta:
-                    d[key] = meta_json(meta, key, f"captured {f}")
-            out.append(_captured_from_dict(d, f))
-        else:
-            try:
-                d = torch.load(f, map_location="cpu", weights_only=True)
-            except Exception as e:  # pickle / zip errors come in many types
-                raise DoctorError(f"captured {f}: not a readable capture dump (torch.load: {type(e).__name__}: "
-                                  f"{str(e).splitlines()[0] if str(e) else ''})") from None
-            if not isinstance(d, dict):
-                raise DoctorError(f"captured {f}: expected the plugin's dump (a dict), got {type(d).__name__}")
-            out.append(_captured_from_dict(d, f))
-    return out
-
-
-def save_captured(path: str, aux: torch.Tensor, input_ids: torch.Tensor, *, layers_to_capture=None,
-                  draft_ids=None, num_layers=None, hidden_size=None, source: str = "") -> None:
-    from .common import save_safetensors
-
-    meta = {"format": CAPTURE_FORMAT, "source": source}
-    for k, v in (("layers_to_capture", layers_to_capture), ("draft_ids", draft_ids), ("num_layers", num_layers),
-                 ("hidden_size", hidden_size)):
-        if v is not None:
-            meta[k] = v
-    save_safetensors(path, {"aux": aux, "input_ids": input_ids.to(torch.int64)}, meta)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -204,7 +41,7 @@ def save_captured(path: str, aux: torch.Tensor, input_ids: torch.Tensor, *, laye
 
 def _align(ref: Reference, cap: Captured) -> Tuple[int, str]:
     """Start row in the reference of the captured rows, or DoctorError."""
-    Tc, T = cap.aux.shape[0], ref.values.shape[1]
+    Tc, T = cap.aux.shape[0], ref.num_tokens
     if cap.input_ids is None:
         if Tc != T:
             raise DoctorError(f"captured {cap.path}: mismatched token counts: it has T={Tc} rows and no input_ids, "
@@ -232,17 +69,127 @@ def _align(ref: Reference, cap: Captured) -> Tuple[int, str]:
     return starts[0], note
 
 
-def _cos_table(ref_vals: torch.Tensor, aux: torch.Tensor, H: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(sum of cosines [K, C], rows counted [K, C]) over rows where both vectors are non-zero."""
-    T = aux.shape[0]
-    K = aux.shape[1] // H
-    slots = aux.reshape(T, K, H).transpose(0, 1)                          # [K, T, H]
-    sn = slots / slots.norm(dim=-1, keepdim=True).clamp_min(1e-30)
-    rn = ref_vals / ref_vals.norm(dim=-1, keepdim=True).clamp_min(1e-30)  # [C, T, H]
-    cos = torch.einsum("kth,cth->kct", sn.double(), rn.double())          # [K, C, T]
-    valid = (slots.norm(dim=-1) > 0)[:, None, :] & (ref_vals.norm(dim=-1) > 0)[None, :, :]
-    cos = torch.where(valid, cos, torch.zeros_like(cos))
-    return cos.sum(-1), valid.sum(-1).double()
+@dataclass
+class _Record:
+    """One aligned capture: its normalised slots and which of its rows can be compared."""
+
+    cap: Captured
+    start: int                     # row of the reference where its rows begin
+    normed: torch.Tensor           # [K, Tc, H] float32, unit rows (rows that are not valid: zero)
+    valid: torch.Tensor            # [K, Tc] bool: finite and not all zero
+    nonfinite: torch.Tensor        # [K, Tc] bool
+    zero: torch.Tensor             # [K, Tc] bool
+
+
+def _unit_rows(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(rows scaled to unit length as float32, finite [T], norm [T] float64) of x [T, H]; rows that are not finite
+    or all zero come back as zeros. The norm accumulates in float64 (a finite float32 row cannot overflow it), so a
+    row is finite exactly when its norm is, and no float64 copy of x is made."""
+    norm = torch.linalg.vector_norm(x, dim=-1, dtype=torch.float64)
+    finite = torch.isfinite(norm)
+    x = x.float()
+    if not bool(finite.all()):
+        x = torch.where(finite[:, None], x, torch.zeros((), dtype=x.dtype))
+        norm = torch.where(finite, norm, torch.zeros((), dtype=norm.dtype))
+    scale = torch.where(norm > 0, 1.0 / norm.clamp_min(1e-300), torch.zeros((), dtype=norm.dtype))
+    return x * scale.float()[:, None], finite, norm
+
+
+def _record(cap: Captured, start: int, K: int, H: int) -> _Record:
+    Tc = cap.aux.shape[0]
+    normed = torch.empty(K, Tc, H, dtype=torch.float32)
+    valid, nonfinite, zero = (torch.empty(K, Tc, dtype=torch.bool) for _ in range(3))
+    for k in range(K):  # one slot at a time: the temporaries stay one slot large
+        normed[k], finite, norm = _unit_rows(cap.aux[:, k * H:(k + 1) * H])
+        valid[k], nonfinite[k], zero[k] = finite & (norm > 0), ~finite, finite & (norm == 0)
+    return _Record(cap, start, normed, valid, nonfinite, zero)
+
+
+@dataclass
+class _Table:
+    cos_sum: torch.Tensor          # [K, C] float64
+    used: torch.Tensor             # [K, C] int64: rows compared
+    ref_nonfinite: List[int]       # per column: reference rows with a NaN or Inf
+    ref_zero: torch.Tensor         # [C, T] bool: all-zero reference rows
+
+
+def _stream_table(ref: Reference, records: List[_Record], K: int) -> _Table:
+    """Sums of cosines and row counts per (slot, column), reading the reference one column at a time. The dot
+    products of unit rows are float32 (error ~1e-6, far below the 0.005 that separates neighbouring layers), their
+    sums over rows float64."""
+    C, T = len(ref.columns), ref.num_tokens
+    cos_sum = torch.zeros(K, C, dtype=torch.float64)
+    used = torch.zeros(K, C, dtype=torch.int64)
+    ref_nonfinite = [0] * C
+    ref_zero = torch.zeros(C, T, dtype=torch.bool)
+    for c in range(C):
+        unit, finite, norm = _unit_rows(ref.column(c))
+        rvalid = finite & (norm > 0)
+        ref_nonfinite[c] = int((~finite).sum())
+        ref_zero[c] = finite & (norm == 0)
+        for rec in records:
+            Tc = rec.valid.shape[1]
+            rows = unit[rec.start:rec.start + Tc]
+            rv = rvalid[rec.start:rec.start + Tc]
+            cos = torch.einsum("kth,th->kt", rec.normed, rows).double()     # [K, Tc]
+            both = rec.valid & rv[None]
+            cos_sum[:, c] += torch.where(both, cos, torch.zeros((), dtype=cos.dtype)).sum(-1)
+            used[:, c] += both.sum(-1)
+        del unit
+    return _Table(cos_sum, used, ref_nonfinite, ref_zero)
+
+
+def _row_findings(ref: Reference, records: List[_Record], table: _Table, best: List[int], K: int
+                  ) -> Tuple[List[Finding], List[str]]:
+    """Findings for captured rows that are not finite or are all zero, and for a reference that is not finite."""
+    out, notes = [], []
+    total = sum(r.valid.shape[1] for r in records)
+    for k in range(K):
+        nf = sum(int(r.nonfinite[k].sum()) for r in records)
+        if nf:
+            first = next((r, int(r.nonfinite[k].nonzero()[0])) for r in records if r.nonfinite[k].any())
+            out.append(Finding(
+                "error", "fingerprint-nonfinite-rows",
+                f"captured slot {k}: {nf} of {total} rows hold NaN or Inf (first: {os.path.basename(first[0].cap.path)}"
+                f" row {first[1]}); they are left out of the cosines: a capture that is not finite is broken, "
+                "whatever tap it holds",
+                "find where the served model or the capture produces non-finite values (dtype overflow, an "
+                "uninitialised buffer)"))
+        # all-zero rows: a fault unless the reference row the slot matches is all zero too (a padding embedding)
+        unexplained, explained, first = 0, 0, None
+        for r in records:
+            rows = r.zero[k].nonzero().flatten()
+            if rows.numel() == 0:
+                continue
+            ref_zero = table.ref_zero[best[k], r.start + rows]
+            explained += int(ref_zero.sum())
+            bad = rows[~ref_zero]
+            unexplained += int(bad.numel())
+            if first is None and bad.numel():
+                first = (r, int(bad[0]))
+        if unexplained:
+            out.append(Finding(
+                "error", "fingerprint-zero-rows",
+                f"captured slot {k}: {unexplained} of {total} rows are all zero where the reference's "
+                f"{ref.labels[best[k]]} is not (first: {os.path.basename(first[0].cap.path)} row {first[1]}); "
+                "they are left out of the cosines: those rows were not captured",
+                "check that every tap is written for every token (a slot the capture skips keeps the buffer's "
+                "zeros)"))
+        if explained:
+            notes.append(f"slot {k}: {explained} all-zero row(s) where the reference's {ref.labels[best[k]]} is all "
+                         "zero too (left out of the cosines)")
+        if int(table.used[k].max()) == 0:
+            out.append(Finding("error", "fingerprint-no-rows",
+                               f"captured slot {k}: none of its {total} rows can be compared (non-finite or all "
+                               "zero): nothing is known about the tap it holds",
+                               "dump a capture with finite, non-zero rows"))
+    for c, n in enumerate(table.ref_nonfinite):
+        if n:
+            out.append(Finding("error", "fingerprint-reference-nonfinite",
+                               f"reference {ref.path}: {ref.labels[c]} has {n} of {ref.num_tokens} rows with NaN or "
+                               "Inf; they are left out of the cosines",
+                               "dump the reference again (in float32)"))
+    return out, notes
 
 
 @dataclass
@@ -259,8 +206,8 @@ class SlotMatch:
 @dataclass
 class FingerprintResult:
     reference: Reference
-    cos: torch.Tensor              # [K, C] mean cosine
-    rows: int
+    cos: torch.Tensor              # [K, C] mean cosine over the rows compared (NaN: no row could be)
+    rows: int                      # captured token rows aligned with the reference
     records: List[str]
     notes: List[str]
     declared: Optional[TapSpec]
@@ -269,6 +216,7 @@ class FingerprintResult:
     matches: List[SlotMatch]
     findings: List[Finding] = field(default_factory=list)
     min_cos: float = DEFAULT_MIN_COS
+    rows_used: List[int] = field(default_factory=list)  # per slot: rows its best match's cosine rests on
 
     @property
     def K(self) -> int:
@@ -281,19 +229,25 @@ class FingerprintResult:
     def to_json(self) -> dict:
         ref = self.reference
         return {
-            "reference": ref.path, "records": self.records, "rows": self.rows, "notes": self.notes,
-            "columns": ref.labels, "cos": [[round(float(v), 6) for v in row] for row in self.cos],
+            "reference": ref.path, "records": self.records, "rows": self.rows, "rows_used": self.rows_used,
+            "notes": self.notes, "columns": ref.labels, "cos": [[_num(v) for v in row] for row in self.cos],
             "declared": None if self.declared is None else [repr(t) for t in self.declared.taps],
             "declared_source": self.declared_source,
             "served": None if self.served is None else [repr(t) for t in self.served],
-            "slots": [{"slot": m.slot, "matches": ref.labels[m.best], "cos": m.best_cos,
-                       "next_best": ref.labels[m.second], "next_cos": m.second_cos,
+            "slots": [{"slot": m.slot, "matches": ref.labels[m.best], "cos": _num(m.best_cos),
+                       "next_best": ref.labels[m.second], "next_cos": _num(m.second_cos),
                        "declared": None if m.declared is None else ref.labels[m.declared],
-                       "declared_cos": m.declared_cos,
+                       "declared_cos": None if m.declared_cos is None else _num(m.declared_cos),
                        "ok": m.declared is not None and m.best == m.declared and m.best_cos >= self.min_cos}
                       for m in self.matches],
             "findings": [f.__dict__ for f in self.findings],
         }
+
+
+def _num(v) -> Optional[float]:
+    """A cosine for JSON: rounded, and None where no row could be compared (JSON has no NaN)."""
+    v = float(v)
+    return None if math.isnan(v) else round(v, 6)
 
 
 def _declared_from_record(cap: Captured, L: int, H: int) -> Tuple[Optional[TapSpec], Optional[List[object]], str]:
@@ -310,17 +264,38 @@ def _declared_from_record(cap: Captured, L: int, H: int) -> Tuple[Optional[TapSp
     return declared, served, src
 
 
+def _check_thresholds(min_cos: float, ambiguous: float) -> None:
+    if not isinstance(min_cos, (int, float)) or isinstance(min_cos, bool) or not -1.0 <= min_cos <= 1.0:
+        raise DoctorError(f"--min-cos {min_cos!r}: expected a cosine in [-1, 1]")
+    if not isinstance(ambiguous, (int, float)) or isinstance(ambiguous, bool) or not 0.0 <= ambiguous <= 2.0:
+        raise DoctorError(f"ambiguous margin {ambiguous!r}: expected a number in [0, 2]")
+
+
+def _declared_columns(declared: TapSpec, ref: Reference) -> List[int]:
+    L, H = ref.num_layers, ref.hidden_size
+    if declared.hidden_size != H or declared.num_layers != L:
+        raise DoctorError(f"declared taps are for L={declared.num_layers}, H={declared.hidden_size}; the "
+                          f"reference has L={L}, H={H}")
+    missing = [t for t in declared.taps if t not in ref.columns]
+    if missing:
+        raise DoctorError(f"declared taps {missing} have no column in the reference {ref.path} (a reference "
+                          "without final_prenorm cannot show the final boundary; dump it with doctor "
+                          "dump-reference)")
+    return [ref.columns.index(t) for t in declared.taps]
+
+
 def fingerprint(reference: str, captured: str, declared: Optional[TapSpec] = None, declared_source: str = "",
                 min_cos: float = DEFAULT_MIN_COS, ambiguous: float = DEFAULT_AMBIGUOUS) -> FingerprintResult:
+    _check_thresholds(min_cos, ambiguous)
     ref = load_reference(reference)
     caps = load_captured(captured)
     L, H = ref.num_layers, ref.hidden_size
     K = None
-    total = None
-    count = None
+    aligned: List[_Record] = []
     records, notes = [], []
     skipped = []
     served = None
+    dcols = None if declared is None else _declared_columns(declared, ref)
     for cap in caps:
         W = cap.aux.shape[1]
         if W % H:
@@ -342,46 +317,39 @@ def fingerprint(reference: str, captured: str, declared: Optional[TapSpec] = Non
         K = W // H
         if note:
             notes.append(f"{os.path.basename(cap.path)}: {note}")
-        s, n = _cos_table(ref.values[:, start:start + cap.aux.shape[0]], cap.aux, H)
-        total = s if total is None else total + s
-        count = n if count is None else count + n
+        aligned.append(_record(cap, start, K, H))
         records.append(cap.path)
         if declared is None:
             d, sv, src = _declared_from_record(cap, L, H)
             if d is not None:
                 declared, declared_source = d, src
+                dcols = _declared_columns(declared, ref)
             elif src and not declared_source:
                 notes.append(src)
             served = served or sv
         elif served is None:
             served = _declared_from_record(cap, L, H)[1]
-    if total is None:
+    if not aligned:
         raise DoctorError(f"captured {captured}: none of its {len(caps)} dumps matches the reference's tokens: "
                           + "; ".join(skipped[:3]))
     if skipped:
         notes.append(f"{len(skipped)} dump(s) skipped (tokens not in the reference)")
-    cos = (total / count.clamp_min(1)).float()
+    table = _stream_table(ref, aligned, K)
+    cos = torch.where(table.used > 0, table.cos_sum / table.used.clamp_min(1), torch.full((), float("nan"),
+                                                                                            dtype=torch.float64))
+    order_key = cos.nan_to_num(nan=-math.inf)
     matches = []
-    dcols = None
-    if declared is not None:
-        if declared.hidden_size != H or declared.num_layers != L:
-            raise DoctorError(f"declared taps are for L={declared.num_layers}, H={declared.hidden_size}; the "
-                              f"reference has L={L}, H={H}")
-        missing = [t for t in declared.taps if t not in ref.columns]
-        if missing:
-            raise DoctorError(f"declared taps {missing} have no column in the reference {ref.path} (a reference "
-                              "without final_prenorm cannot show the final boundary; dump it with doctor "
-                              "dump-reference)")
-        dcols = [ref.columns.index(t) for t in declared.taps]
     for s in range(K):
-        order = torch.argsort(cos[s], descending=True).tolist()
+        order = torch.argsort(order_key[s], descending=True, stable=True).tolist()
         best, second = order[0], order[1] if len(order) > 1 else order[0]
         dc = dcols[s] if dcols is not None and s < len(dcols) else None
         matches.append(SlotMatch(s, best, float(cos[s, best]), second, float(cos[s, second]), dc,
                                  None if dc is None else float(cos[s, dc])))
-    res = FingerprintResult(ref, cos, int(count.max()), records, notes, declared, declared_source, served, matches,
-                            min_cos=min_cos)
-    res.findings = _findings(res, ambiguous)
+    row_findings, row_notes = _row_findings(ref, aligned, table, [m.best for m in matches], K)
+    res = FingerprintResult(ref, cos.float(), sum(r.valid.shape[1] for r in aligned), records, notes + row_notes,
+                            declared, declared_source, served, matches, min_cos=min_cos,
+                            rows_used=[int(table.used[m.slot, m.best]) for m in matches])
+    res.findings = row_findings + _findings(res, ambiguous)
     return res
 
 
@@ -389,6 +357,8 @@ def _findings(res: FingerprintResult, ambiguous: float) -> List[Finding]:
     ref, out = res.reference, []
     labels = ref.labels
     for m in res.matches:
+        if math.isnan(m.best_cos):
+            continue  # no row of this slot could be compared: fingerprint-no-rows says so
         if m.best_cos < res.min_cos:
             out.append(Finding("error", "fingerprint-no-match",
                                f"captured slot {m.slot} matches no reference index (best {labels[m.best]} at cos "
@@ -434,18 +404,20 @@ def render(res: FingerprintResult, *, max_cols: int = 24) -> str:
              f"(L={ref.num_layers}, H={ref.hidden_size})"]
     lines += [f"  note: {n}" for n in res.notes]
     L = ref.num_layers
-    header = ["slot"] + [short_label(ref.columns[c], L) for c in cols]
+    header = ["slot", "rows"] + [short_label(ref.columns[c], L) for c in cols]
     rows = []
     for m in res.matches:
-        row = [str(m.slot)]
+        row = [str(m.slot), str(res.rows_used[m.slot]) if res.rows_used else "?"]
         for c in cols:
             v = float(res.cos[m.slot, c])
             mark = "*" if c == m.best else ("d" if c == m.declared else " ")
-            row.append(f"{v:.3f}{mark}")
+            row.append("  -  " + mark if math.isnan(v) else f"{v:.3f}{mark}")
         rows.append(row)
-    lines.append(f"cosine similarity, mean over tokens (* best match, d declared; Emb = hidden_states[0], LOk = "
-                 f"LayerOutput(k) = hidden_states[k+1], LO{L - 1} taken before the final norm"
-                 + (f", hs{L}post = HF's last entry, after it" if POST_NORM in ref.columns else "") + "):")
+    lines.append(f"cosine similarity, mean over the rows compared (rows: how many of the {res.rows} the slot's best "
+                 "match rests on; rows with NaN/Inf or all zero are left out; * best match, d declared; "
+                 f"Emb = hidden_states[0], LOk = LayerOutput(k) = hidden_states[k+1], LO{L - 1} taken before the "
+                 "final norm" + (f", hs{L}post = HF's last entry, after it" if POST_NORM in ref.columns else "")
+                 + "):")
     lines.append(fmt_table(rows, header))
     vrows = []
     for m in res.matches:
@@ -455,13 +427,19 @@ def render(res: FingerprintResult, *, max_cols: int = 24) -> str:
         served = "-"
         if res.served is not None and m.slot < len(res.served):
             served = repr(res.served[m.slot])
-        vrows.append([m.slot, f"{ref.labels[m.best]} ({m.best_cos:.3f})",
-                      f"{ref.labels[m.second]} ({m.second_cos:.3f})", dec, served, verdict])
+        if math.isnan(m.best_cos):
+            verdict = "NO ROWS"
+        vrows.append([m.slot, f"{ref.labels[m.best]} ({_fmt_cos(m.best_cos)})",
+                      f"{ref.labels[m.second]} ({_fmt_cos(m.second_cos)})", dec, served, verdict])
     lines.append("")
     lines.append(fmt_table(vrows, ["slot", "matches", "next best", "declared", "server meant", "verdict"]))
     if res.declared is not None:
         lines.append(f"declared taps: {list(res.declared.taps)} ({res.declared_source or 'given'})")
     return "\n".join(lines)
+
+
+def _fmt_cos(v: float) -> str:
+    return "-" if math.isnan(v) else f"{v:.3f}"
 
 
 __all__ = ["REFERENCE_FORMAT", "CAPTURE_FORMAT", "Reference", "Captured", "load_reference", "load_captured",
