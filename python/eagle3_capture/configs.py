@@ -74,9 +74,26 @@ def _opt_int(cfg: Mapping[str, Any], key: str, label: str, prefix: str = "") -> 
 
 def _architectures(cfg: Mapping[str, Any], label: str) -> Tuple[str, ...]:
     a = cfg.get("architectures") or ()
-    if isinstance(a, str) or not all(isinstance(x, str) for x in a):
+    if not isinstance(a, (list, tuple)) or not all(isinstance(x, str) for x in a):
         raise ValueError(f"{label}: 'architectures' must be a list of strings, got {a!r}")
     return tuple(a)
+
+
+def _opt_bool(cfg: Mapping[str, Any], key: str, label: str, prefix: str = "") -> Optional[bool]:
+    """A JSON true/false (null or absent: None). A string such as "false" would be truthy in Python: refused."""
+    v = cfg.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, bool):
+        raise ValueError(f"{label}: '{prefix}{key}' must be true or false, got {v!r}")
+    return v
+
+
+def _opt_str(cfg: Mapping[str, Any], key: str, label: str, prefix: str = "") -> Optional[str]:
+    v = cfg.get(key)
+    if v is not None and not isinstance(v, str):
+        raise ValueError(f"{label}: '{prefix}{key}' must be a string, got {v!r}")
+    return v
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -130,8 +147,8 @@ def read_target_config(path_or_dict: PathOrDict) -> TargetConfig:
         raise ValueError(f"{label}: missing {where}")
 
     num_layers, hidden = get("num_hidden_layers"), get("hidden_size")
-    top_mt = cfg.get("model_type")
-    mt = (sub.get("model_type") if sub is not None else None) or top_mt
+    top_mt = _opt_str(cfg, "model_type", label)
+    mt = (_opt_str(sub, "model_type", label, f"{sub_key}.") if sub is not None else None) or top_mt
     return TargetConfig(num_layers, hidden, mt, _architectures(cfg, label), path, sub_key, top_mt)
 
 
@@ -225,7 +242,7 @@ def read_draft_config(path_or_dict: PathOrDict) -> DraftConfig:
         ids, source = None, SRC_DEFAULT
 
     convention = ec.get("eagle_aux_hidden_state_convention", DRAFT_IDS)
-    if convention not in CONVENTIONS:
+    if not isinstance(convention, str) or convention not in CONVENTIONS:
         raise ValueError(f"{label}: '{CONVENTION_KEY}' is {convention!r}; expected one of {sorted(CONVENTIONS)}")
     if ids is None and "eagle_aux_hidden_state_convention" in ec:
         warnings.append(f"{CONVENTION_KEY} is set but there are no ids to interpret")
@@ -239,7 +256,8 @@ def read_draft_config(path_or_dict: PathOrDict) -> DraftConfig:
     if num_aux is not None and ids is not None and num_aux != len(ids):
         warnings.append(f"num_aux_hidden_states={num_aux} but {source} lists {len(ids)} ids {ids}: "
                         "SGLang's llama_eagle3 sizes fc by num_aux_hidden_states, kimi_k25_eagle3 by the ids")
-    use_aux = ec.get("use_aux_hidden_state", True)
+    use_aux = _opt_bool(ec, "use_aux_hidden_state", label, "eagle_config.")
+    use_aux = True if use_aux is None else use_aux
     if use_aux is False:
         warnings.append("eagle_config.use_aux_hidden_state is false: SGLang 0.5.23 captures no aux hidden states")
 
@@ -248,13 +266,21 @@ def read_draft_config(path_or_dict: PathOrDict) -> DraftConfig:
     return DraftConfig(
         layer_ids=ids, layer_ids_source=source, convention=convention, hidden_size=hidden,
         target_hidden_size=target_hidden,
-        fc_norm=bool(cfg.get("fc_norm") or cfg.get("use_aux_norm", False)),
-        norm_before_fc=bool(ec.get("norm_before_fc", cfg.get("norm_before_fc", False))),
+        fc_norm=bool(_opt_bool(cfg, "fc_norm", label) or _opt_bool(cfg, "use_aux_norm", label)),
+        norm_before_fc=bool(_norm_before_fc(cfg, ec, label)),
         architectures=_architectures(cfg, label), num_hidden_layers=_opt_int(cfg, "num_hidden_layers", label),
         fc_in_features=K * width, num_aux_hidden_states=num_aux, use_aux_hidden_state=bool(use_aux),
-        sglang_0523_target_ids=ec_ids, model_type=cfg.get("model_type"), source_path=path,
+        sglang_0523_target_ids=ec_ids, model_type=_opt_str(cfg, "model_type", label), source_path=path,
         warnings=tuple(warnings),
     )
+
+
+def _norm_before_fc(cfg: Mapping[str, Any], ec: Mapping[str, Any], label: str) -> Optional[bool]:
+    """eagle_config first, then the top level, as SGLang reads it (a key present in eagle_config wins, even false)."""
+    top = _opt_bool(cfg, "norm_before_fc", label)
+    if "norm_before_fc" in ec:
+        return _opt_bool(ec, "norm_before_fc", label, "eagle_config.")
+    return top
 
 
 # ----------------------------------------------------------------------------------------------------------------
