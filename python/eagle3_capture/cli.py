@@ -27,9 +27,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_cmd_info)
     s = sub.add_parser("selfcheck", help="run every op once against the float64 reference (CPU, and CUDA if present)")
     s.set_defaults(func=_cmd_selfcheck)
-    from .doctor.cli import add_doctor_parser
+    from .doctor.cli import add_doctor_parser, one_line_errors
 
     add_doctor_parser(sub)
+    one_line_errors(p)  # unrecognised arguments are reported here, after the subcommand's parser
     return p
 
 

@@ -313,11 +313,21 @@ def run_accept(target_path: str, draft_path: str, prompts_path: str, server_args
                out_tensors: Optional[str] = None, progress: bool = True, seed: int = 0) -> AcceptReport:
     if new_tokens < 2:
         raise DoctorError(f"--new-tokens {new_tokens}: need at least 2 continuation tokens")
+    if batch_size < 1:
+        raise DoctorError(f"--batch-size {batch_size}: need at least 1")
+    if steps is not None and steps < 1:
+        raise DoctorError(f"--steps {steps}: need at least 1")
     flags = parse_server_args(server_args) if server_args else None
     target, draft, spec, declared, tcfg, notes = load_pair(target_path, draft_path, taps, device, seed, progress)
     arch = tcfg.architectures[0] if tcfg.architectures else None
     res = resolve_speculative(flags or parse_server_args(""), arch)
     n_chain = res.steps if (res.steps is not None and not res.error) else 3
+    if steps is not None and steps < n_chain:
+        raise DoctorError(f"--steps {steps}: fewer than the {n_chain} draft steps of the chain "
+                          + (f"the server flags give (--speculative-num-steps {n_chain})" if flags is not None and
+                             res.steps is not None and not res.error else "measured by default")
+                          + "; the served accept length needs every step of the chain: give --steps "
+                          f">= {n_chain}, or server flags with fewer --speculative-num-steps")
     S = max(1, n_chain, steps or 0)
     prompts = read_prompts(prompts_path, target.tokenizer, vocab_size=target.vocab_size)
     runs = evaluate(target, draft, prompts, spec, S, new_tokens, res, batch_size, device, progress)

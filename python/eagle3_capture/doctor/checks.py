@@ -90,6 +90,15 @@ def _raw_target(path) -> dict:
     return d
 
 
+def _first_k_dense(raw_target: dict, target: configs.TargetConfig) -> Optional[int]:
+    """The target config's first_k_dense_replace (which layers two-batch overlap skips), checked."""
+    v = raw_target.get("first_k_dense_replace")
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+        raise DoctorError(f"target config {target.source_path or '<dict>'}: 'first_k_dense_replace' must be a "
+                          f"non-negative integer, got {v!r}")
+    return v
+
+
 def config_findings(draft: configs.DraftConfig, target: configs.TargetConfig, raw_draft: dict
                     ) -> List[Finding]:
     """Inconsistencies inside and between the two configs (independent of any server)."""
@@ -240,7 +249,7 @@ def run_check(target_config: str, draft_config: str, server_args: Optional[str] 
         spec_res, sf = speculative_findings(flags, arch)
         findings += sf
         if declared is not None:
-            findings += parallel_findings(flags, declared, raw_target.get("first_k_dense_replace"),
+            findings += parallel_findings(flags, declared, _first_k_dense(raw_target, target),
                                           plugin=plugin_taps is not None)
 
     fp = None

@@ -6,7 +6,9 @@ Every command returns an exit code: 0 fine, 1 an error finding (check) or a fail
 from __future__ import annotations
 
 import sys
+import types
 
+from . import arg_types as at
 from .common import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_OK, DoctorError, write_json
 
 SERVER_ARGS_HELP = ("SGLang launch flags, quoted as one string (e.g. \"--speculative-algorithm EAGLE3 "
@@ -31,12 +33,16 @@ def _cmd_fingerprint(args) -> int:
     from ..spec import TapError
 
     declared, src = None, ""
-    if args.draft_config or args.taps:
-        if not args.target_config and args.taps is None:
-            raise DoctorError("--draft-config needs --target-config (the draft ids are read against the target's "
-                              "layer count)")
+    if args.taps is not None and (args.draft_config is not None or args.target_config is not None):
+        raise DoctorError("--taps and --draft-config/--target-config both declare the taps; give one of them")
+    if (args.draft_config is None) != (args.target_config is None):
+        raise DoctorError("--draft-config and --target-config go together (the draft ids are read against the "
+                          "target's layer count)")
+    if args.taps is not None and not args.taps.strip():
+        raise DoctorError("--taps '': expected CONV:IDS, e.g. draft_ids:-1,2,30")
+    if args.draft_config is not None or args.taps is not None:
         ref = fp.load_reference(args.reference)
-        if args.taps:
+        if args.taps is not None:
             from .accept import parse_taps
 
             declared, src = parse_taps(args.taps, ref.num_layers, ref.hidden_size), f"--taps {args.taps}"
@@ -120,6 +126,15 @@ def _cmd_demo(args) -> int:
     return EXIT_OK if res.ok else EXIT_FINDINGS
 
 
+def _one_line_error(self, message: str):
+    """argparse's error, as one line: ``<prog>: error: <message>`` (no usage block), exit 2."""
+    self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def one_line_errors(parser) -> None:
+    parser.error = types.MethodType(_one_line_error, parser)
+
+
 def add_doctor_parser(sub) -> None:
     """Register ``doctor`` and its subcommands on the top-level subparsers."""
     doc = sub.add_parser(
@@ -127,6 +142,7 @@ def add_doctor_parser(sub) -> None:
         description="Find why a served EAGLE-3 draft accepts less than it should: configs and server flags "
                     "(check), what a server really captured (fingerprint), the draft's offline accuracy and "
                     "predicted accept length (accept); `demo` runs all of it on a tiny built-in pair.")
+    one_line_errors(doc)
     ds = doc.add_subparsers(dest="doctor_command", required=True, metavar="{check,fingerprint,dump-reference,accept,online,demo}")
 
     s = ds.add_parser("check", help="trained taps vs what SGLang 0.5.23 / the plugin capture, config and flag traps",
@@ -142,7 +158,7 @@ def add_doctor_parser(sub) -> None:
                                                      "directory or file, or a safetensors capture")
     s.add_argument("--with-plugin", action="store_true",
                    help="the server runs this project's SGLang plugin: stock SGLang's capture problems become info")
-    s.add_argument("--json", metavar="OUT.json", help="also write the report as JSON")
+    s.add_argument("--json", metavar="OUT.json", type=at.output_file, help="also write the report as JSON")
     s.set_defaults(func=_cmd_check)
 
     s = ds.add_parser("fingerprint", help="cosine table: every captured slot vs every reference index",
@@ -157,8 +173,9 @@ def add_doctor_parser(sub) -> None:
     s.add_argument("--draft-config", metavar="PATH", help="declared taps from this draft config")
     s.add_argument("--target-config", metavar="PATH", help="target config (with --draft-config)")
     s.add_argument("--taps", metavar="CONV:IDS", help="declared taps, e.g. draft_ids:-1,2,30 or layer_inputs:0,3,31")
-    s.add_argument("--min-cos", type=float, default=0.95, help="below this a slot matches nothing (default 0.95)")
-    s.add_argument("--json", metavar="OUT.json", help="also write the table as JSON")
+    s.add_argument("--min-cos", type=at.finite_float(-1.0, 1.0), default=0.95,
+                   help="below this a slot matches nothing (default 0.95)")
+    s.add_argument("--json", metavar="OUT.json", type=at.output_file, help="also write the table as JSON")
     s.set_defaults(func=_cmd_fingerprint)
 
     s = ds.add_parser("dump-reference", help="the training side's hidden states for some prompts (transformers)",
@@ -168,13 +185,14 @@ def add_doctor_parser(sub) -> None:
     s.add_argument("--model", required=True, metavar="PATH|demo", help="transformers model directory, or 'demo'")
     s.add_argument("--prompts", required=True, metavar="FILE",
                    help="prompts: .json list (strings or token-id lists), .jsonl, or text with one prompt a line")
-    s.add_argument("--out", required=True, metavar="REF.safetensors")
-    s.add_argument("--new-tokens", type=int, default=0, help="also append the model's greedy continuation")
+    s.add_argument("--out", required=True, metavar="REF.safetensors", type=at.output_file)
+    s.add_argument("--new-tokens", type=at.NON_NEGATIVE, default=0,
+                   help="also append the model's greedy continuation of this many tokens (default 0)")
     s.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
                    help="storage dtype of the hidden states (computed in the model's dtype)")
     s.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda")
-    s.add_argument("--threads", type=int, default=None, help="CPU threads")
-    s.add_argument("--seed", type=int, default=0, help="seed of the demo model (with --model demo)")
+    s.add_argument("--threads", type=at.THREADS, default=None, help="CPU threads")
+    s.add_argument("--seed", type=at.seed, default=0, help="seed of the demo model (with --model demo)")
     s.set_defaults(func=_cmd_dump_reference)
 
     s = ds.add_parser("accept", help="offline draft accuracy per step and the predicted accept length",
@@ -190,15 +208,18 @@ def add_doctor_parser(sub) -> None:
     s.add_argument("--taps", metavar="CONV:IDS",
                    help="feed these taps instead of the declared ones (predict a miswired server), e.g. "
                         "layer_inputs:3,31,59")
-    s.add_argument("--new-tokens", type=int, default=64, help="continuation tokens per prompt (default 64)")
-    s.add_argument("--steps", type=int, default=None, help="draft steps to measure (default: the chain length, >= 3)")
-    s.add_argument("--batch-size", type=int, default=8)
+    s.add_argument("--new-tokens", type=at.int_at_least(2), default=64,
+                   help="continuation tokens per prompt (default 64)")
+    s.add_argument("--steps", type=at.POSITIVE, default=None,
+                   help="draft steps to measure (default: the chain length, >= 3; not fewer than the chain length)")
+    s.add_argument("--batch-size", type=at.POSITIVE, default=8)
     s.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda")
-    s.add_argument("--threads", type=int, default=None, help="CPU threads")
-    s.add_argument("--json", metavar="OUT.json", help="write the report as JSON")
-    s.add_argument("--tensors", metavar="OUT.safetensors", help="write per-position results (correct [N, steps])")
+    s.add_argument("--threads", type=at.THREADS, default=None, help="CPU threads")
+    s.add_argument("--json", metavar="OUT.json", type=at.output_file, help="write the report as JSON")
+    s.add_argument("--tensors", metavar="OUT.safetensors", type=at.output_file,
+                   help="write per-position results (correct [N, steps])")
     s.add_argument("--no-progress", action="store_true", help="no tqdm bar")
-    s.add_argument("--seed", type=int, default=0, help="seed of the demo target (with --target demo)")
+    s.add_argument("--seed", type=at.seed, default=0, help="seed of the demo target (with --target demo)")
     s.set_defaults(func=_cmd_accept)
 
     s = ds.add_parser("online", help="a running server's accept length and per-step acceptance vs the offline replay",
@@ -216,20 +237,21 @@ def add_doctor_parser(sub) -> None:
     s.add_argument("--draft", required=True, metavar="PATH", help="the EAGLE-3 draft directory the server runs")
     s.add_argument("--server-args", metavar="\"FLAGS\"",
                    help=SERVER_ARGS_HELP + "; optional with a URL (the server's /server_info says), needed with a file")
-    s.add_argument("--new-tokens", type=int, default=None,
+    s.add_argument("--new-tokens", type=at.int_at_least(2), default=None,
                    help="max_new_tokens per request (needed with a URL; a file's completion tokens otherwise)")
     s.add_argument("--taps", metavar="CONV:IDS", help="replay with these taps instead of the draft's declared ones")
-    s.add_argument("--tolerance", type=float, default=0.02,
+    s.add_argument("--tolerance", type=at.finite_float(0.0, 1.0, high_open=True), default=0.02,
                    help="largest per-step acceptance difference (and relative accept-length difference) still called "
                         "a match (default 0.02)")
-    s.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for each response (default 600)")
-    s.add_argument("--concurrency", type=int, default=8, help="requests in flight at once (default 8)")
-    s.add_argument("--batch-size", type=int, default=8, help="prompts per offline batch")
+    s.add_argument("--timeout", type=at.finite_float(0.0, low_open=True), default=600.0,
+                   help="seconds to wait for each response (default 600)")
+    s.add_argument("--concurrency", type=at.POSITIVE, default=8, help="requests in flight at once (default 8)")
+    s.add_argument("--batch-size", type=at.POSITIVE, default=8, help="prompts per offline batch")
     s.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda")
-    s.add_argument("--threads", type=int, default=None, help="CPU threads")
-    s.add_argument("--json", metavar="OUT.json", help="write the report as JSON")
+    s.add_argument("--threads", type=at.THREADS, default=None, help="CPU threads")
+    s.add_argument("--json", metavar="OUT.json", type=at.output_file, help="write the report as JSON")
     s.add_argument("--no-progress", action="store_true", help="no tqdm bars")
-    s.add_argument("--seed", type=int, default=0, help="seed of the demo target (with --target demo)")
+    s.add_argument("--seed", type=at.seed, default=0, help="seed of the demo target (with --target demo)")
     s.set_defaults(func=_cmd_online)
 
     s = ds.add_parser("demo", help="the whole story on a tiny built-in DeepseekV3 target and a draft it trains",
@@ -238,16 +260,19 @@ def add_doctor_parser(sub) -> None:
                                   "LayerOutput(a), LayerOutput(b)], measures offline accuracy with the correct capture "
                                   "and a miswired one (no embedding, shifted layers), runs check and fingerprint on "
                                   "the miswired one, prints a report and writes a PNG.")
-    s.add_argument("--out", default="eagle3-demo", metavar="DIR", help="output directory (default ./eagle3-demo)")
+    s.add_argument("--out", default="eagle3-demo", metavar="DIR", type=at.output_dir,
+                   help="output directory (default ./eagle3-demo)")
     s.add_argument("--fast", action="store_true", help="smaller data and training (the test's path, ~1/3 the time)")
     s.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda")
-    s.add_argument("--threads", type=int, default=1,
+    s.add_argument("--threads", type=at.THREADS, default=1,
                    help="CPU threads (default 1: these tiny models are fastest on one, and the result is then the "
                         "same on every machine count)")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--seed", type=at.seed, default=0)
     s.add_argument("--no-plot", action="store_true", help="skip the PNG")
     s.add_argument("--no-progress", action="store_true", help="no tqdm bars")
     s.set_defaults(func=_cmd_demo)
+    for p in ds.choices.values():
+        one_line_errors(p)
 
 
 def run(args) -> int:
@@ -265,4 +290,4 @@ def run(args) -> int:
         return 130
 
 
-__all__ = ["add_doctor_parser", "run"]
+__all__ = ["add_doctor_parser", "one_line_errors", "run"]

@@ -72,12 +72,16 @@ def parse_response(obj, what: str, input_ids: Optional[List[int]] = None) -> Res
             raise DoctorError(f"{what}: meta_info '{key}' must be a non-negative integer, got {v!r}")
         fields[key] = v
     hist = _int_list(meta.get("spec_correct_drafts_histogram", []), f"{what}: meta_info 'spec_correct_drafts_histogram'")
+    if any(v < 0 for v in hist):
+        raise DoctorError(f"{what}: meta_info spec_correct_drafts_histogram {hist} has a negative count")
     if sum(hist) != fields["spec_verify_ct"]:
         raise DoctorError(f"{what}: meta_info spec_correct_drafts_histogram {hist} sums to {sum(hist)}, but "
                           f"spec_verify_ct is {fields['spec_verify_ct']}")
     proposed = meta.get("spec_num_proposed_drafts")
-    return Response(ids, out, Served(fields["completion_tokens"], fields["spec_verify_ct"], hist),
-                    proposed if isinstance(proposed, int) and not isinstance(proposed, bool) else None)
+    if proposed is not None and (not isinstance(proposed, int) or isinstance(proposed, bool) or proposed < 0):
+        raise DoctorError(f"{what}: meta_info 'spec_num_proposed_drafts' must be a non-negative integer, got "
+                          f"{proposed!r}")
+    return Response(ids, out, Served(fields["completion_tokens"], fields["spec_verify_ct"], hist), proposed)
 
 
 def read_recorded(path: str) -> List[Response]:
@@ -288,6 +292,10 @@ def run_online(server: str, prompts_path: str, target_path: str, draft_path: str
         raise DoctorError(f"--timeout {timeout}: expected a positive number of seconds")
     if concurrency < 1:
         raise DoctorError(f"--concurrency {concurrency}: expected at least 1")
+    if batch_size < 1:
+        raise DoctorError(f"--batch-size {batch_size}: expected at least 1")
+    if new_tokens is not None and new_tokens < 2:
+        raise DoctorError(f"--new-tokens {new_tokens}: need at least 2")
     is_url = server.startswith(("http://", "https://"))
     if not is_url and not os.path.exists(server):
         raise DoctorError(f"--server {server!r}: neither an http(s):// URL nor an existing JSONL file of recorded "

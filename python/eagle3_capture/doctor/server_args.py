@@ -74,6 +74,14 @@ _FLAGS: Dict[str, Tuple[str, str]] = {
 }
 
 
+# the smallest value each integer flag can take (absent: 0). SGLang rejects or crashes on values below these;
+# --speculative-num-steps 0 and --speculative-eagle-topk 0 are in range here so that `check` can report what
+# they do as findings.
+_INT_MINIMUM: Dict[str, int] = {
+    "speculative_num_draft_tokens": 1, "page_size": 1, "attn_dp_size": 1, "dp_size": 1, "tp_size": 1, "pp_size": 1,
+}
+
+
 @dataclass
 class ServerFlags:
     """The SGLang 0.5.23 flags the doctor reads (None: not given). ``ignored``: other flags seen."""
@@ -151,6 +159,9 @@ def parse_server_args(text: Optional[str]) -> ServerFlags:
                 v = int(value)
             except ValueError:
                 raise DoctorError(f"--server-args: {name} expects an integer, got {value!r}") from None
+            low = _INT_MINIMUM.get(fname, 0)
+            if v < low:
+                raise DoctorError(f"--server-args: {name} must be >= {low}, got {v}")
             setattr(flags, fname, v)
         else:
             setattr(flags, fname, value)

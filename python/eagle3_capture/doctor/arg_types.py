@@ -1,0 +1,114 @@
+"""Value types of the doctor's flags: each turns the command-line string into the value or raises
+``argparse.ArgumentTypeError`` saying what it expected and what it got, so that argparse ends the command with one
+line naming the flag and exit code 2 -- before any model is loaded or any work is done.
+
+Output paths are checked the same way: an output file must not be a directory, an output directory must not be a
+file, and the nearest existing folder above either must be a writable directory (folders below it are created).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from typing import Callable, Optional
+
+SEED_MAX = 2 ** 63 - 1  # torch.manual_seed takes a signed 64-bit value
+
+
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            v = int(text, 10)
+        except (TypeError, ValueError):
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}") from None
+        if v < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {v}")
+        return v
+
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
+
+
+def seed(text: str) -> int:
+    try:
+        v = int(text, 10)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected an integer seed in 0..2**63-1, got {text!r}") from None
+    if not 0 <= v <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"expected an integer seed in 0..2**63-1, got {v}")
+    return v
+
+
+def finite_float(low: Optional[float] = None, high: Optional[float] = None, *, low_open: bool = False,
+                 high_open: bool = False) -> Callable[[str], float]:
+    """A finite float in the interval given (open at an end where that end's flag says so)."""
+    lo = "" if low is None else ("(" if low_open else "[") + f"{low:g}"
+    hi = "" if high is None else f"{high:g}" + (")" if high_open else "]")
+    want = f"a number in {lo}, {hi}" if lo and hi else (f"a number > {low:g}" if lo and low_open else
+                                                        f"a number >= {low:g}" if lo else "a finite number")
+
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except (TypeError, ValueError):
+            raise argparse.ArgumentTypeError(f"expected {want}, got {text!r}") from None
+        if not math.isfinite(v):
+            raise argparse.ArgumentTypeError(f"expected {want}, got {text!r}")
+        if low is not None and (v < low or (low_open and v == low)):
+            raise argparse.ArgumentTypeError(f"expected {want}, got {v:g}")
+        if high is not None and (v > high or (high_open and v == high)):
+            raise argparse.ArgumentTypeError(f"expected {want}, got {v:g}")
+        return v
+
+    parse.__name__ = want
+    return parse
+
+
+def _nearest_existing(path: str) -> str:
+    d = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(d):
+        parent = os.path.dirname(d)
+        if parent == d:
+            break
+        d = parent
+    return d
+
+
+def _writable_parent(path: str) -> None:
+    d = _nearest_existing(path)
+    if not os.path.isdir(d):
+        raise argparse.ArgumentTypeError(f"{path!r}: {d} is a file, not a directory to write into")
+    if not os.access(d, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{path!r}: directory {d} is not writable")
+
+
+def output_file(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("expected a file path, got ''")
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is a directory; expected a file path to write")
+    if os.path.exists(text) and not os.access(text, os.W_OK):
+        raise argparse.ArgumentTypeError(f"{text!r} exists and is not writable")
+    _writable_parent(text)
+    return text
+
+
+def output_dir(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("expected a directory path, got ''")
+    if os.path.exists(text) and not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is a file; expected a directory to write into")
+    if os.path.isdir(text):
+        if not os.access(text, os.W_OK | os.X_OK):
+            raise argparse.ArgumentTypeError(f"directory {text!r} is not writable")
+    else:
+        _writable_parent(os.path.join(text, "x"))
+    return text
+
+
+POSITIVE = int_at_least(1)
+NON_NEGATIVE = int_at_least(0)
+THREADS = int_at_least(1)
+
+__all__ = ["int_at_least", "seed", "finite_float", "output_file", "output_dir", "POSITIVE", "NON_NEGATIVE",
+           "THREADS", "SEED_MAX"]
