@@ -279,11 +279,10 @@ def run(args) -> int:
     """Run a parsed doctor command: DoctorError -> message on stderr, exit 2."""
     try:
         return args.func(args)
-    except DoctorError as e:
-        print(f"eagle3-capture doctor {args.doctor_command}: error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except OSError as e:  # an output that cannot be written, a file vanishing under us
-        print(f"eagle3-capture doctor {args.doctor_command}: error: {e}", file=sys.stderr)
+    except (DoctorError, OSError) as e:  # OSError: an output that cannot be written, a file vanishing under us
+        # one line, whatever the message holds (a value quoted from a file may have had line breaks)
+        message = " ".join(str(e).split())
+        print(f"eagle3-capture doctor {args.doctor_command}: error: {message}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

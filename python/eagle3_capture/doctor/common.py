@@ -20,6 +20,15 @@ class DoctorError(Exception):
     """A problem with the user's input: printed as ``eagle3-capture doctor: error: <message>``, exit code 2."""
 
 
+def shown(v: Any, limit: int = 80) -> str:
+    """A value from a user's file, for a one-line message: a tensor by its dtype and shape, anything else by its
+    repr on one line, cut at `limit` characters."""
+    if type(v).__module__.startswith("torch") and hasattr(v, "dtype") and hasattr(v, "shape"):
+        return f"a {str(v.dtype).replace('torch.', '')} tensor of shape {tuple(v.shape)}"
+    text = " ".join(repr(v).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def require_file(path: str, what: str, *, allow_dir: bool = False) -> str:
     """The path, or a DoctorError saying which input is missing."""
     if path is None:

@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from ..spec import EMBEDDING, LayerOutput
-from .common import DoctorError, load_safetensors, meta_json, require_file, save_safetensors
+from .common import DoctorError, load_safetensors, meta_json, require_file, save_safetensors, shown
 
 REFERENCE_FORMAT = "eagle3-capture-reference/1"
 CAPTURE_FORMAT = "eagle3-capture-captured/1"
@@ -53,7 +53,7 @@ def _int_value(v: Any, what: str, key: str) -> int:
     if isinstance(v, torch.Tensor) and v.numel() == 1 and v.dtype in _INT:
         v = int(v)
     if isinstance(v, bool) or not isinstance(v, int):
-        raise DoctorError(f"{what}: '{key}' must be an integer, got {v!r}")
+        raise DoctorError(f"{what}: '{key}' must be an integer, got {shown(v)}")
     if v < 1:
         raise DoctorError(f"{what}: '{key}' must be >= 1, got {v}")
     return v
@@ -234,7 +234,7 @@ def _captured_from_dict(d: dict, path: str) -> Captured:
                 raise DoctorError(f"{what}: '{key}' must be a list of integers, got a {v.dtype} tensor")
             v = v.reshape(-1).tolist()
         if not isinstance(v, (list, tuple)) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
-            raise DoctorError(f"{what}: '{key}' must be a list of integers, got {str(v)[:80]!r}")
+            raise DoctorError(f"{what}: '{key}' must be a list of integers, got {shown(v)}")
         return list(v)
 
     def tensor(key):
