@@ -196,3 +196,80 @@ def test_malformed_index(tmp_path, content):
     (tmp_path / "model.safetensors.index.json").write_text(content)
     with pytest.raises(ValueError, match="model.safetensors.index.json"):
         load_draft_fc(str(tmp_path))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# fuzz: whatever the checkpoint holds, a DraftFc that is right or a ValueError / FileNotFoundError
+# ----------------------------------------------------------------------------------------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from conftest import fuzz_examples  # noqa: E402
+
+_DTYPES = [torch.float32, torch.bfloat16, torch.float16, FP8, torch.float8_e5m2, torch.int8, torch.int64]
+
+
+def _rand(shape, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    t = torch.randn(shape, generator=g) * 4
+    return t.to(dtype) if dtype.is_floating_point else t.round().to(dtype)
+
+
+@settings(max_examples=fuzz_examples(120), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_fuzz_checkpoint_contents(tmp_path, data):
+    n, k, h = data.draw(st.sampled_from([(8, 2, 8), (12, 3, 4), (130, 1, 136)]))
+    names = data.draw(st.lists(st.sampled_from(["fc.bias", "fc.weight_scale", "fc.weight_scale_inv", "fc_norm",
+                                                "model.prefix"]), unique=True, max_size=4))
+    wdtype = data.draw(st.sampled_from(_DTYPES))
+    wshape = data.draw(st.sampled_from([(n, k * h), (n, k * h), (n,), (n, k * h, 1), (n + 1, k * h)]))
+    t = {"fc.weight": _rand(wshape, wdtype, 0)}
+    if "fc.bias" in names:
+        t["fc.bias"] = _rand(data.draw(st.sampled_from([(n,), (n + 1,), (n, 1)])), data.draw(st.sampled_from(_DTYPES)), 1)
+    if "fc.weight_scale" in names:
+        t["fc.weight_scale"] = _rand(data.draw(st.sampled_from([(), (1,), (n,), (n, 1), (2, 2)])),
+                                     data.draw(st.sampled_from([torch.float32, torch.bfloat16, torch.int32])), 2).abs()
+    if "fc.weight_scale_inv" in names:
+        t["fc.weight_scale_inv"] = _rand(data.draw(st.sampled_from([(-(-n // 128), -(-(k * h) // 128)), (1,), (3, 3)])),
+                                         torch.float32, 3).abs()
+    if "fc_norm" in names:
+        for i in range(data.draw(st.integers(1, k + 1))):
+            t[f"fc_norm.{i}.weight"] = _rand(data.draw(st.sampled_from([(h,), (h,), (h + 1,)])), torch.float32, 4 + i)
+    if "model.prefix" in names:
+        t = {"model." + key: v for key, v in t.items()}
+    d = tmp_path / "ckpt"
+    d.mkdir(exist_ok=True)
+    for f in d.iterdir():
+        f.unlink()
+    save_file({key: v.contiguous() for key, v in t.items()}, str(d / "model.safetensors"))
+    tp = data.draw(st.sampled_from([1, 2]))
+    try:
+        fc = load_draft_fc(str(d), tp_rank=tp - 1, tp_size=tp, dtype=torch.float32)
+    except (ValueError, FileNotFoundError) as e:
+        assert str(e) and "\n" not in str(e)
+        return
+    # it loaded: then everything it read must be what the checkpoint says, nothing sliced or ignored
+    t = {key[len("model."):] if key.startswith("model.") else key: v for key, v in t.items()}
+    w = t["fc.weight"]
+    assert w.dim() == 2 and w.shape[0] % tp == 0
+    rows = slice((tp - 1) * w.shape[0] // tp, tp * w.shape[0] // tp)
+    want = w.double()
+    if w.dtype in (FP8, torch.float8_e5m2):
+        if "fc.weight_scale" in t:
+            s = t["fc.weight_scale"].double()
+            want = want * (s.reshape(-1, 1) if s.numel() > 1 else s.reshape(()))
+        else:
+            want = want * _expand(t["fc.weight_scale_inv"], (128, 128), *w.shape)
+    else:
+        assert "fc.weight_scale" not in t and "fc.weight_scale_inv" not in t
+    torch.testing.assert_close(fc.weight.double(), want[rows].float().double(), rtol=2 ** -23, atol=0)
+    if "fc.bias" in t:
+        assert t["fc.bias"].shape == (w.shape[0],)
+        torch.testing.assert_close(fc.bias, t["fc.bias"][rows].float())
+    else:
+        assert fc.bias is None
+    norms = sorted(key for key in t if key.startswith("fc_norm."))
+    assert (fc.norm_weight is None) == (not norms)
+    if norms:
+        assert fc.norm_weight.shape[0] * fc.norm_weight.shape[1] == w.shape[1]
