@@ -32,6 +32,7 @@ SCENARIOS = {
     "float_rows_per_rank": ("rows", lambda r, w: (2, None, [2.0] + [2] * (w - 1) if r == 0 else [2] * w)),
     "rows_per_rank_on_one_rank_only": ("rows", lambda r, w: (2, None, [2] * w if r == 0 else None)),
     "columns_uneven_rows": ("columns", lambda r, w: (2 + r, None, None)),
+    "columns_with_other_rows_per_rank": ("columns", lambda r, w: (2, None, [2, 3] + [2] * (w - 2) if r == 0 else None)),
 }
 
 

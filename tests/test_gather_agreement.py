@@ -17,6 +17,7 @@ EXPECT = {  # scenario -> what every rank's message must contain (world 2; {w} =
     "float_rows_per_rank": ["rank 0: rows_per_rank must hold integers", "2.0"],
     "rows_per_rank_on_one_rank_only": ["different rows_per_rank", "rank 0: [2, 2]", "rank 1: None"],
     "columns_uneven_rows": ["layout 'columns' needs the same row count", "rank 0: 2", "rank 1: 3"],
+    "columns_with_other_rows_per_rank": ["rank 0: layout 'columns' gathers the same rows", "got [2, 3]"],
 }
 
 

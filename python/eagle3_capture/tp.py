@@ -195,6 +195,9 @@ class PackedGatherer:
     def _layout_rows(self, local: torch.Tensor, rows_per_rank: Optional[Sequence[int]]) -> tuple[list[int], int]:
         if self.layout == COLUMNS:
             rows = [local.shape[0]] * self.world
+            if rows_per_rank is not None and _int_list(rows_per_rank) != rows:
+                raise ValueError(f"layout 'columns' gathers the same rows from every rank: rows_per_rank must be "
+                                 f"None or {rows}, got {list(rows_per_rank)}")
         elif rows_per_rank is None:
             rows = [local.shape[0]] * self.world
         else:
