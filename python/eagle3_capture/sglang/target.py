@@ -283,9 +283,9 @@ _scope: contextvars.ContextVar[Optional[_FinalScope]] = contextvars.ContextVar("
 
 
 def model_forward_hook(original, self, input_ids, positions, forward_batch, *args, **kwargs):
-    """AROUND ``DeepseekV2Model.forward``: a final-boundary scope when this model declared that tap, and the
-    capture dump when it is switched on."""
-    from . import dump
+    """AROUND ``DeepseekV2Model.forward``: a final-boundary scope when this model declared that tap, the capture
+    self-test on the first capturing forward, and the capture dump when it is switched on."""
+    from . import dump, selftest
 
     spec = getattr(self, SPEC_ATTR, None)
     want_final = (spec is not None and spec.includes_final_boundary and self.pp_group.is_last_rank
@@ -303,6 +303,8 @@ def model_forward_hook(original, self, input_ids, positions, forward_batch, *arg
             raise RuntimeError(f"eagle3_capture: the final boundary {spec.final_boundary!r} was not captured in "
                                f"this forward (mode {getattr(forward_batch, 'forward_mode', None)}): "
                                "the final norm did not run through residual_batch.final_norm")
+    if selftest.pending() and self.pp_group.is_last_rank and switches.enabled(switches.SELFTEST):
+        selftest.check(self, spec, input_ids, forward_batch, out)
     if dump.active():
         dump.maybe_dump(self, spec, input_ids, positions, forward_batch, out)
     return out
