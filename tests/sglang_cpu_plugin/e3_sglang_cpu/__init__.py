@@ -13,7 +13,9 @@ SGLang's Triton kernels run in Triton's interpreter on CPU tensors). Each stand-
   tree (eagle-topk > 1) gets from ``assign_extend_cache_locs*``, whose fall-through returns None): their XPU
   branches call SGLang's own Triton kernels, which then run interpreted.
 
-Nothing here changes what SGLang computes on the paths the tests exercise; it only lets them run.
+Nothing here changes what SGLang computes on the paths the tests exercise; it only lets them run, except the one
+fault a test asks for: ``E3_SGLANG_CPU_SHIFT_CAPTURE=1`` moves every capture one layer later at the target's first
+forward (a capture wired wrong at run time, for the plugin's self-test to find).
 """
 from __future__ import annotations
 
@@ -52,6 +54,15 @@ def get_rope_cpu_hook(original, head_size, rotary_dim, max_position, base, is_ne
                     partial_rotary_factor, device)
 
 
+def shift_capture_hook(original, self, *args, **kwargs):
+    """AROUND ``DeepseekV2Model.forward`` (fault injection): layers_to_capture [i, ...] -> [i + 1, ...], once."""
+    if not getattr(self, "_e3_shifted", False) and getattr(self, "layers_to_capture", None):
+        self.layers_to_capture = [i + 1 for i in self.layers_to_capture]
+        self._e3_shifted = True
+        logger.warning("e3_sglang_cpu: capture shifted on purpose: layers_to_capture %s", self.layers_to_capture)
+    return original(self, *args, **kwargs)
+
+
 def register() -> None:
     if os.environ.get(ENV) != "1":
         return
@@ -65,4 +76,7 @@ def register() -> None:
 
     spec_tree._is_xpu = True
     cache_locs._is_xpu = True
+    if os.environ.get("E3_SGLANG_CPU_SHIFT_CAPTURE") == "1":
+        HookRegistry.register("sglang.srt.models.deepseek_v2.DeepseekV2Model.forward", shift_capture_hook,
+                              HookType.AROUND)
     logger.warning("e3_sglang_cpu: CPU test stand-ins active (pid %d)", os.getpid())
