@@ -20,7 +20,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -89,9 +88,9 @@ class Served:
 
 
 @pytest.fixture(scope="session")
-def pair() -> Pair:
+def pair(tmp_path_factory) -> Pair:
     res, out = demo_fast()
-    root = tempfile.mkdtemp(prefix="e3engine_")
+    root = str(tmp_path_factory.mktemp("engine"))  # pytest keeps the last few runs' logs, not every run's
     with open(os.path.join(out, "prompts.json")) as f:
         prompts = json.load(f)[:PROMPTS]
     p = os.path.join(root, "prompts.json")

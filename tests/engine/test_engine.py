@@ -38,6 +38,8 @@ def launched(pair):
                                  "--draft", pair.draft, "--new-tokens", NEW_TOKENS, "--json", out, "--no-progress",
                                  "--device", "cpu", "--threads", 1)
         log = srv.log()
+    with open(os.path.join(pair.root, "online_launched.txt"), "w") as f:
+        f.write(text)
     return {"code": code, "text": text, "err": err, "json": json.load(open(out)) if os.path.exists(out) else None,
             "log": log}
 
@@ -150,11 +152,10 @@ def test_stock_with_the_shipped_draft_fails_as_check_predicts(pair, stock_shippe
 # (c) a miswired capture: lower served accept length, `doctor online` exits 1 naming step 1, fingerprint names it
 # ----------------------------------------------------------------------------------------------------------------
 
-def test_miswired_capture_is_named_online_and_by_fingerprint(pair, launched, miswired, reference):
+def test_miswired_capture_is_named_online_and_by_fingerprint(pair, miswired, reference):
     srv, dump = miswired
     assert srv.error is None, srv.log[-3000:]
     assert "layers_to_capture [1, 4, 7]" in srv.log
-    assert srv.tokens_per_verify < launched["json"]["online"]["served_accept_length"] - 0.3
     out = os.path.join(pair.root, "online_miswired.json")
     code, text, err = doctor("online", "--server", srv.path, "--prompts", pair.prompts, "--target", pair.target,
                              "--draft", pair.draft, "--server-args", flags_text(CHAIN), "--json", out,
@@ -164,6 +165,8 @@ def test_miswired_capture_is_named_online_and_by_fingerprint(pair, launched, mis
     assert all(j["lossless"]) and not j["ok"]
     assert "online below offline" in j["verdict"] and "at step 1" in j["verdict"] and "EAGLE3_CAPTURE_DUMP" in j["verdict"]
     assert j["online"]["served_accept_length"] == pytest.approx(srv.tokens_per_verify)
+    # the prediction is for the trained taps, i.e. what a correct capture serves (the tests above): clearly more
+    assert srv.tokens_per_verify < j["predicted"]["served_accept_length"] - 0.1
     # the dump of that server, against the reference, with the taps the draft was trained on
     code, text, err = doctor("fingerprint", "--reference", reference, "--captured", dump, "--draft-config",
                              pair.draft, "--target-config", pair.target)
@@ -186,12 +189,14 @@ def test_a_stock_deployment_can_be_fingerprinted(pair, stock, reference):
 # ----------------------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("which", ["chain", "tree"])
-def test_accept_predicts_the_servers_accept_length(pair, launched, tree, which):
+def test_accept_predicts_the_servers_accept_length(pair, request, which):
     if which == "chain":
-        flags, served = CHAIN, launched["json"]["online"]
+        served = request.getfixturevalue("launched")["json"]["online"]
+        flags = CHAIN
         online = [(p["verify_ct"], p["correct_drafts_histogram"]) for p in served["per_prompt"]]
         length = served["served_accept_length"]
     else:
+        tree = request.getfixturevalue("tree")
         assert tree.error is None, tree.log[-3000:]
         flags, online, length = TREE, _meta(tree.responses), tree.tokens_per_verify
     out = os.path.join(pair.root, f"accept_{which}.json")
@@ -202,9 +207,6 @@ def test_accept_predicts_the_servers_accept_length(pair, launched, tree, which):
     sv = json.load(open(out))["served"]
     assert abs(sv["served_accept_length"] - length) <= 0.01
     assert [(p["verify_ct"], p["correct_drafts_histogram"]) for p in sv["per_prompt"]] == online
-    if which == "tree":  # the tree accepts more per verify than the chain of the same depth
-        chain = json.load(open(os.path.join(pair.root, "accept_chain.json")))["served"]
-        assert sv["served_accept_length"] > chain["served_accept_length"]
 
 
 # ----------------------------------------------------------------------------------------------------------------
