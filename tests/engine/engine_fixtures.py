@@ -111,14 +111,15 @@ def _env(extra: Optional[Dict[str, str]]) -> Dict[str, str]:
 
 
 def serve_engine(pair: Pair, name: str, draft: str, flags=CHAIN, env: Optional[Dict[str, str]] = None,
-                 prompts: Optional[str] = None, new_tokens: int = NEW_TOKENS) -> Served:
+                 prompts: Optional[str] = None, new_tokens: int = NEW_TOKENS, tp: int = 1) -> Served:
     """tests/engine/serve.py: one sglang.Engine, the prompts, its responses and log."""
     out = os.path.join(pair.root, f"{name}.jsonl")
     s, k, d = flags
     t0 = time.time()
     p = subprocess.run([sys.executable, os.path.join(HERE, "serve.py"), "--target", pair.target, "--draft", draft,
                         "--prompts", prompts or pair.prompts, "--out", out, "--steps", str(s), "--topk", str(k),
-                        "--draft-tokens", str(d), "--new-tokens", str(new_tokens), "--context-length", "56"],
+                        "--draft-tokens", str(d), "--new-tokens", str(new_tokens), "--context-length", "56",
+                        "--tp", str(tp)],
                        capture_output=True, text=True, timeout=ENGINE_TIMEOUT_S, env=_env(env), cwd=REPO)
     log = p.stdout + p.stderr
     with open(os.path.join(pair.root, f"{name}.log"), "w") as f:

@@ -217,3 +217,30 @@ def test_self_test_names_a_capture_broken_at_run_time(shifted):
     assert "capture shifted on purpose" in shifted.log
     assert ("capture self-test FAILED: slot 0 should hold Embedding" in shifted.log
             and "the slot holds layer input 1 (LayerOutput(0))" in shifted.log), shifted.log[-3000:]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# tensor parallelism: two scheduler processes over gloo
+# ----------------------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def tp2(pair):
+    two = os.path.join(pair.root, "two_prompts.json")
+    with open(pair.prompts) as f, open(two, "w") as g:
+        json.dump(json.load(f)[:2], g)
+    # one core per rank (SGLang's CPU path binds each TP rank's threads; one NUMA node here)
+    srv = serve_engine(pair, "plugin_tp2", pair.draft, env={"SGLANG_CPU_OMP_THREADS_BIND": "0|1"}, prompts=two,
+                       new_tokens=8, tp=2)
+    return srv, two
+
+
+def test_tp2_capture_after_attention_tp_matches_the_prediction(pair, tp2):
+    srv, prompts = tp2
+    assert srv.error is None, srv.log[-3000:]
+    for rank in ("TP0", "TP1"):
+        assert any(rank in ln and "capture self-test passed" in ln for ln in srv.log.splitlines()), rank
+        assert any(rank in ln and "layers_to_capture [0, 1, 4]" in ln for ln in srv.log.splitlines()), rank
+    code, text, err = doctor("online", "--server", srv.path, "--prompts", prompts, "--target", pair.target,
+                             "--draft", pair.draft, "--server-args", flags_text(CHAIN), "--no-progress", "--device",
+                             "cpu", "--threads", 1)
+    assert code == 0 and "verdict: matches" in text, text + err

@@ -13,6 +13,9 @@ SGLang's Triton kernels run in Triton's interpreter on CPU tensors). Each stand-
   tree (eagle-topk > 1) gets from ``assign_extend_cache_locs*``, whose fall-through returns None): their XPU
   branches call SGLang's own Triton kernels, which then run interpreted.
 
+* At ``tp_size`` > 1, SGLang's group coordinators default to PyNccl (and the custom all-reduce), which need a GPU;
+  ``init_model_parallel_group`` gets them switched off, leaving gloo's torch.distributed collectives.
+
 Nothing here changes what SGLang computes on the paths the tests exercise; it only lets them run, except the one
 fault a test asks for: ``E3_SGLANG_CPU_SHIFT_CAPTURE=1`` moves every capture one layer later at the target's first
 forward (a capture wired wrong at run time, for the plugin's self-test to find).
@@ -63,6 +66,12 @@ def shift_capture_hook(original, self, *args, **kwargs):
     return original(self, *args, **kwargs)
 
 
+def init_model_parallel_group_hook(original, *args, **kwargs):
+    kwargs.update(use_pynccl=False, use_custom_allreduce=False, use_mscclpp=False,
+                  use_torch_symm_mem_allreduce=False)
+    return original(*args, **kwargs)
+
+
 def register() -> None:
     if os.environ.get(ENV) != "1":
         return
@@ -71,6 +80,8 @@ def register() -> None:
     _stub_vllm()
     HookRegistry.register("sglang.srt.layers.rotary_embedding.factory.get_rope_cpu", get_rope_cpu_hook,
                           HookType.AROUND)
+    HookRegistry.register("sglang.srt.distributed.parallel_state.init_model_parallel_group",
+                          init_model_parallel_group_hook, HookType.AROUND)
     import sglang.kernels.ops.speculative.cache_locs as cache_locs
     import sglang.kernels.ops.speculative.spec_tree as spec_tree
 
