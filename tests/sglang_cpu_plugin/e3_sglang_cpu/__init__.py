@@ -31,7 +31,7 @@ ENV = "E3_SGLANG_CPU_STANDINS"
 logger = logging.getLogger("e3_sglang_cpu")
 
 
-def _stub_vllm() -> None:
+def stub_vllm() -> None:
     if "vllm" in sys.modules:
         return
     vllm = types.ModuleType("vllm")
@@ -77,7 +77,7 @@ def register() -> None:
         return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    _stub_vllm()
+    stub_vllm()
     HookRegistry.register("sglang.srt.layers.rotary_embedding.factory.get_rope_cpu", get_rope_cpu_hook,
                           HookType.AROUND)
     HookRegistry.register("sglang.srt.distributed.parallel_state.init_model_parallel_group",
