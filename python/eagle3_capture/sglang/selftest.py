@@ -21,6 +21,7 @@ import torch
 from .. import configs as _configs
 from ..spec import EMBEDDING, TapError, TapSpec
 from . import switches
+from .declaration import current_declaration
 
 _lock = threading.Lock()
 _done = False
@@ -61,8 +62,6 @@ def _declared(model, spec: Optional[TapSpec]) -> Tuple[Optional[TapSpec], str]:
     L, H = int(model.config.num_hidden_layers), int(model.config.hidden_size)
     if spec is not None:
         return spec, "the plugin's tap spec"
-    from .target import current_declaration
-
     decl = current_declaration()
     if decl is None or decl.draft is None:
         return None, "no draft config declaration was read"
