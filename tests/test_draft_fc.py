@@ -190,9 +190,10 @@ def test_opcheck(device, m):
 def test_decode_threshold_knob_is_clamped_and_restorable():
     prev = ops._set_draft_fc_decode_max_rows(100)
     try:
-        assert prev == 8  # the default: one MMA token group
+        assert prev == -1  # the default: each device's tuned threshold
         assert ops._set_draft_fc_decode_max_rows(-3) == 16  # 100 was clamped to 16 (two token groups)
-        assert ops._set_draft_fc_decode_max_rows(prev) == 0  # -3 was clamped to 0
+        assert ops._set_draft_fc_decode_max_rows(0) == -1  # -3 means the device's threshold again
+        assert ops._set_draft_fc_decode_max_rows(prev) == 0
     finally:
         ops._set_draft_fc_decode_max_rows(prev)
 
