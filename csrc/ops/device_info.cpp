@@ -12,6 +12,7 @@
 #include "../kernels/draft_fc.h"
 #include "../kernels/draft_fc_bulk.h"
 #include "../kernels/draft_fc_cluster.h"
+#include "../kernels/gather.h"
 #endif
 
 namespace e3ops {
@@ -146,6 +147,8 @@ std::string launch_smem_json(long long hidden) {
   j.num("draft_fc_bulk_kernel", e3::draft_fc_bulk_dynamic_smem_bytes(stages));
   return j.done();
 }
+
+int gather_flag_words() { return e3::kGatherFlagWords; }
 
 #else
 

@@ -19,5 +19,7 @@ std::string device_report_json(int device);
 // Dynamic shared memory each launcher requests, for the CI resource gate: the fused add + RMSNorm kernel at
 // `hidden` columns (fp32 and 16-bit rows ask the same) and the largest any draft fc cluster or bulk launch asks.
 std::string launch_smem_json(long long hidden);
+// e3::kGatherFlagWords (CUDA builds).
+int gather_flag_words();
 
 }  // namespace e3ops

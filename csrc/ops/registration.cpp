@@ -33,11 +33,12 @@ TORCH_LIBRARY(eagle3_capture, m) {
   m.def(
       "draft_fc_out(Tensor[] x, Tensor weight, Tensor? norm_weight, float eps, Tensor? bias, Tensor(a!) out) -> ()");
   // One rank's part of a TP gather into every rank's registered packed buffer over peer-mapped memory
-  // (eagle3_capture.tp.PackedGatherer drives it; CUDA only).
+  // (eagle3_capture.tp.PackedGatherer drives it; CUDA only). signal: 0 atomic (needs native peer atomics on every
+  // link), 1 flags (plain stores only); the same on every rank.
   m.def(
       "gather_p2p_(Tensor(a!) out, Tensor local, int[] out_ptrs, int[] flag_ptrs, Tensor(b!) flags, "
       "Tensor(c!) error, int rank, int dst_row_offset, int[] src_cols, int[] dst_cols, int seg_len, int blocks, "
-      "float timeout_s) -> ()");
+      "float timeout_s, int signal=0) -> ()");
 }
 
 namespace {
@@ -134,6 +135,17 @@ PyObject* py_launch_smem(PyObject*, PyObject* arg) {
   return cuda_only(e3ops::launch_smem_json(hidden), "launch_smem");
 }
 
+// Words of the p2p gather's flag area (e3::kGatherFlagWords): what each rank's registered buffer must hold beyond
+// its data. CUDA builds.
+PyObject* py_gather_flag_words(PyObject*, PyObject*) {
+#ifdef EAGLE3_WITH_CUDA
+  return PyLong_FromLong(e3ops::gather_flag_words());
+#else
+  PyErr_SetString(PyExc_RuntimeError, "eagle3_capture._C.gather_flag_words needs a CUDA build of the extension");
+  return nullptr;
+#endif
+}
+
 // (sms, taps, hidden, out_features, rows, norm) -> the draft fc split grid's pieces per tap. CUDA builds.
 PyObject* py_draft_fc_split_pieces(PyObject*, PyObject* args) {
   int sms = 0, taps = 0, norm = 0;
@@ -185,6 +197,8 @@ PyMethodDef kMethods[] = {
      "JSON: dynamic shared memory each launcher requests at hidden size H (the CI resource gate). CUDA builds."},
     {"draft_fc_split_pieces", py_draft_fc_split_pieces, METH_VARARGS,
      "The draft fc split grid's pieces per tap for (sms, taps, hidden, out_features, rows, norm). CUDA builds."},
+    {"gather_flag_words", py_gather_flag_words, METH_NOARGS,
+     "Words (int64) of the p2p gather's flag area each rank registers beyond its data. CUDA builds."},
     {"set_draft_fc_cluster_fault", py_set_draft_fc_cluster_fault, METH_O,
      "Test knob: a cudaError_t value the cluster decode launch pretends to return (0: none), re-arming the "
      "fallback's stderr line; returns the previous value."},
