@@ -36,7 +36,7 @@ void usage() {
       "usage: bench_draft_fc [--M 8] [--N 896] [--H 7168] [--K 3] [--norm 1] [--blocks-per-sm 4] [--iters 50]\n"
       "                      [--samples 15] [--kernel cluster] [--stages 2] [--splits 0] [--probe 0]\n"
       "                      [--cluster-min-splits 0]\n"
-      "  bf16, decode kernels. Weight copies rotate so one rotation spans >= 256 MB.\n"
+      "  bf16, decode kernels. Weight copies rotate so one rotation spans 4 x L2 (at least 256 MB).\n"
       "  --kernel auto (default: cluster for small N, else split), cluster (sm_90+, K <= 8: K-splits reduced in a\n"
       "  thread-block cluster), split (partials in an L2 workspace; --splits K-splits per tap) or bulk (TMA,\n"
       "  sm_90+, M <= 8; --stages, 0 = as many as fit; --bulk 1 is the same). --blocks-per-sm: the register\n"
@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
   const int samples = static_cast<int>(bench::arg_long(argc, argv, "--samples", 15));
   if (M < 1 || M > e3::kDraftFcDecodeMaxRows || N < 1 || H < 8 || H % 8 || K < 1) { usage(); return 2; }
   const size_t w_elems = size_t(N) * K * H, w_bytes = w_elems * 2;
-  const int ncopies = static_cast<int>(std::min<size_t>(64, std::max<size_t>(2, (256u << 20) / w_bytes + 1)));
+  const int ncopies = bench::rotation_copies(w_bytes);
   std::vector<void*> weights(ncopies);
   for (int i = 0; i < ncopies; ++i) {
     E3_CHECK(cudaMalloc(&weights[i], w_bytes));
