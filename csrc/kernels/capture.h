@@ -92,5 +92,10 @@ int64_t fused_add_rmsnorm_capture_cuda_max_cols();
 E3_HOST_DEVICE int64_t fused_add_rmsnorm_capture_smem_bytes(int64_t cols) {
   return (32 + cols) * static_cast<int64_t>(sizeof(float));
 }
+// The largest H whose request fits `optin_smem_bytes` (a device's opt-in shared memory per block): the launcher's
+// limit, fused_add_rmsnorm_capture_cuda_max_cols, for the current device.
+E3_HOST_DEVICE int64_t fused_add_rmsnorm_capture_max_cols_for(int64_t optin_smem_bytes) {
+  return optin_smem_bytes / static_cast<int64_t>(sizeof(float)) - 32;
+}
 
 }  // namespace e3

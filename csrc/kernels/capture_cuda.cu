@@ -224,7 +224,7 @@ int fused_add_rmsnorm_capture_cuda(const FusedAddRmsnormCaptureParams& p, DType 
 }
 
 int64_t fused_add_rmsnorm_capture_cuda_max_cols() {
-  return static_cast<int64_t>(cuda::max_dynamic_smem_bytes()) / static_cast<int64_t>(sizeof(float)) - 32;
+  return fused_add_rmsnorm_capture_max_cols_for(cuda::max_dynamic_smem_bytes());
 }
 
 }  // namespace e3

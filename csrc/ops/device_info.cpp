@@ -137,14 +137,17 @@ std::string device_report_json(int device) {
   return j.done();
 }
 
-std::string launch_smem_json(long long hidden) {
+std::string launch_smem_json(long long hidden, long long optin) {
   Json j;
-  j.num("fused_add_rmsnorm_capture_kernel", e3::fused_add_rmsnorm_capture_smem_bytes(hidden));
+  j.num("fused_add_rmsnorm_capture_max_cols", e3::fused_add_rmsnorm_capture_max_cols_for(optin));
+  Json d;
+  d.num("fused_add_rmsnorm_capture_kernel", e3::fused_add_rmsnorm_capture_smem_bytes(hidden));
   // The largest cluster: 8 blocks of 4 row groups, two token groups, with the norm's sums of squares.
-  j.num("draft_fc_decode_cluster_kernel", e3::draft_fc_cluster_dynamic_smem_bytes(8, 4, 2, true));
-  // The bulk kernel's default stages (DraftFcDecodeConfig), at most what fits sm_120's 99 KB opt-in per block.
-  const int stages = e3::draft_fc_bulk_stages(e3::DraftFcDecodeConfig{}.bulk_stages, 99 * 1024);
-  j.num("draft_fc_bulk_kernel", e3::draft_fc_bulk_dynamic_smem_bytes(stages));
+  d.num("draft_fc_decode_cluster_kernel", e3::draft_fc_cluster_dynamic_smem_bytes(8, 4, 2, true));
+  // The bulk kernel's default stages (DraftFcDecodeConfig), at most what fits the opt-in size.
+  const int stages = e3::draft_fc_bulk_stages(e3::DraftFcDecodeConfig{}.bulk_stages, static_cast<int>(optin));
+  d.num("draft_fc_bulk_kernel", e3::draft_fc_bulk_dynamic_smem_bytes(stages));
+  j.raw("dynamic", d.done());
   return j.done();
 }
 
@@ -154,7 +157,7 @@ int gather_flag_words() { return e3::kGatherFlagWords; }
 
 std::string device_tuning_json(int) { return ""; }
 std::string device_report_json(int) { return ""; }
-std::string launch_smem_json(long long) { return ""; }
+std::string launch_smem_json(long long, long long) { return ""; }
 
 #endif
 

@@ -16,9 +16,11 @@ std::string tuning_json(const e3::DeviceFacts& f);
 std::string device_tuning_json(int device);
 // `device`'s PCI bus id and facts, and what the runtime says about its link to every other visible device.
 std::string device_report_json(int device);
-// Dynamic shared memory each launcher requests, for the CI resource gate: the fused add + RMSNorm kernel at
-// `hidden` columns (fp32 and 16-bit rows ask the same) and the largest any draft fc cluster or bulk launch asks.
-std::string launch_smem_json(long long hidden);
+// For the CI resource gate, on a device whose opt-in shared memory per block is `optin` bytes: the largest H the
+// fused add + RMSNorm launcher accepts there, and the dynamic shared memory each launcher requests (the fused kernel
+// at `hidden` columns, fp32 and 16-bit rows alike; the largest any draft fc cluster launch asks; the bulk kernel at
+// its default stages).
+std::string launch_smem_json(long long hidden, long long optin);
 // e3::kGatherFlagWords (CUDA builds).
 int gather_flag_words();
 

@@ -129,10 +129,10 @@ PyObject* py_device_report(PyObject*, PyObject* arg) {
   return cuda_only(e3ops::device_report_json(static_cast<int>(dev)), "device_report");
 }
 
-PyObject* py_launch_smem(PyObject*, PyObject* arg) {
-  const long long hidden = PyLong_AsLongLong(arg);
-  if (hidden == -1 && PyErr_Occurred()) return nullptr;
-  return cuda_only(e3ops::launch_smem_json(hidden), "launch_smem");
+PyObject* py_launch_smem(PyObject*, PyObject* args) {
+  long long hidden = 0, optin = 0;
+  if (!PyArg_ParseTuple(args, "LL", &hidden, &optin)) return nullptr;
+  return cuda_only(e3ops::launch_smem_json(hidden, optin), "launch_smem");
 }
 
 // Words of the p2p gather's flag area (e3::kGatherFlagWords): what each rank's registered buffer must hold beyond
@@ -193,8 +193,9 @@ PyMethodDef kMethods[] = {
      "JSON: a CUDA device's facts and the tuning its launchers use (cached at first use). CUDA builds."},
     {"device_report", py_device_report, METH_O,
      "JSON: a CUDA device's PCI bus id and its P2P link attributes to every other visible device. CUDA builds."},
-    {"launch_smem", py_launch_smem, METH_O,
-     "JSON: dynamic shared memory each launcher requests at hidden size H (the CI resource gate). CUDA builds."},
+    {"launch_smem", py_launch_smem, METH_VARARGS,
+     "JSON for (H, opt-in shared memory per block): the fused kernel's largest H there and the dynamic shared "
+     "memory each launcher requests (the CI resource gate). CUDA builds."},
     {"draft_fc_split_pieces", py_draft_fc_split_pieces, METH_VARARGS,
      "The draft fc split grid's pieces per tap for (sms, taps, hidden, out_features, rows, norm). CUDA builds."},
     {"gather_flag_words", py_gather_flag_words, METH_NOARGS,
