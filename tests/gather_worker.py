@@ -107,3 +107,29 @@ def graph_and_timeout(rank: int, world: int, port: int, signal: str, queue) -> N
         dist.destroy_process_group()
     except BaseException:
         queue.put((rank, "error", traceback.format_exc()))
+
+
+def probe_failure(rank: int, world: int, port: int, queue) -> None:
+    """The p2p probe failing on one rank only (a stand-in for peer writes that never land there): every rank must
+    switch to NCCL together and gather correctly."""
+    try:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NCCL_NVLS_ENABLE="0",
+                          TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
+        torch.cuda.set_device(rank)
+        dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
+        from eagle3_capture.tp import PackedGatherer, reference_gather
+
+        if rank == 1:
+            PackedGatherer._probe_p2p = lambda self: "rank 1: simulated probe failure"
+        dev = f"cuda:{rank}"
+        gat = PackedGatherer(None, num_taps=2, hidden_size=64, dtype=torch.bfloat16, max_rows_per_rank=4,
+                             device=dev, timeout_s=5.0)
+        local = local_data(rank, 4, 128, torch.bfloat16, dev, 9)
+        out = gat.gather(local)
+        want = reference_gather([local_data(r, 4, 128, torch.bfloat16, "cpu", 9) for r in range(world)], "rows", 2, 64)
+        assert torch.equal(out.cpu(), want), f"rank {rank}: gathered rows differ after the fallback"
+        queue.put((rank, "ok", (gat.backend, gat.plan.reason)))
+        dist.barrier()
+        dist.destroy_process_group()
+    except BaseException:
+        queue.put((rank, "error", traceback.format_exc()))

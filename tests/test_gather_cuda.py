@@ -38,3 +38,12 @@ def test_graph_replay_and_peer_timeout(signal, world):
     assert not errors, "\n".join(f"rank {r}:\n{p}" for r, p in errors.items())
     msg = res[0][1]
     assert "rank 1" in msg and "enter" in msg and "timed out" in msg, msg
+
+
+def test_a_failed_p2p_probe_on_one_rank_moves_every_rank_to_nccl(world):
+    res = spawn(world, gather_worker.probe_failure)
+    errors = {r: p for r, (s, p) in res.items() if s != "ok"}
+    assert not errors, "\n".join(f"rank {r}:\n{p}" for r, p in errors.items())
+    for r, (_, (backend, reason)) in res.items():
+        assert backend == "nccl", (r, backend, reason)
+        assert reason == "p2p probe failed: rank 1: simulated probe failure", reason

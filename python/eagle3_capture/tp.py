@@ -11,7 +11,9 @@ every rank's packed [rows, K*H] buffer:
   `timeout_s` makes the kernel give up and `check()` raise, naming the rank and the step.
 - backend "nccl" (CUDA otherwise) and "gloo" (CPU tensors): the same API and results through all_gather.
 Which CUDA backend and signal a machine gets is `gather_backend.plan`'s decision (logged once), from what every
-rank's devices report; EAGLE3_CAPTURE_GATHER_BACKEND / EAGLE3_CAPTURE_GATHER_SIGNAL override it.
+rank's devices report; EAGLE3_CAPTURE_GATHER_BACKEND / EAGLE3_CAPTURE_GATHER_SIGNAL override it. A p2p gatherer
+runs one probe gather of known rows before its first use and moves every rank to NCCL (same results, one warning)
+if any rank's rows did not arrive.
 
 Layouts: "rows" — each rank holds [T_r, K*H] (uneven T_r allowed, given as rows_per_rank), rank r's rows land at
 row offset sum(T_q, q < r). "columns" — each rank holds H/tp columns of every tap, [T, K*H/tp], and the gather
@@ -99,6 +101,7 @@ class PackedGatherer:
         self._broken: Optional[str] = None
         if self.backend == "p2p":
             self._setup_p2p()
+            self._fall_back_unless_probe_passes()
 
     # ------------------------------------------------------------------ setup
 
@@ -171,6 +174,43 @@ class PackedGatherer:
         self._error = torch.zeros(4, dtype=torch.int32).pin_memory()
         dist.barrier(group=self.group)  # every rank's flags are zero before anyone signals
 
+    _PROBE_TIMEOUT_S = 5.0
+
+    def _probe_p2p(self) -> Optional[str]:
+        """One gather of known rows before first use, with a short timeout: peer writes that never land (a PCIe
+        switch routing them elsewhere, an IOMMU) or a protocol that cannot complete on this machine show here, as a
+        reason, instead of as a GatherTimeout in the first served batch. None when every row arrived."""
+        rows = min(self.max_rows_per_rank, 2)
+        cols = self.width if self.layout == ROWS else self.width // self.world
+        local = torch.full((rows, cols), float(self.rank + 1), dtype=self.dtype, device=self.device)  # never 0
+        counts = [rows] * self.world
+        total = rows if self.layout == COLUMNS else rows * self.world
+        self._out[:total].fill_(float("nan"))
+        got = self._gather_p2p(local, None, counts, total, timeout_s=min(self.timeout_s, self._PROBE_TIMEOUT_S))
+        torch.cuda.current_stream(self.device).synchronize()
+        code, peer, step, n = (int(v) for v in self._error.tolist())
+        if code:
+            return f"rank {self.rank}: the probe gather timed out {_STEPS.get(step, f'at step {step}')} (rank {peer})"
+        want = reference_gather([torch.full((rows, cols), float(r + 1), dtype=self.dtype) for r in range(self.world)],
+                                self.layout, self.num_taps, self.hidden_size)
+        if not torch.equal(got.cpu(), want):
+            return f"rank {self.rank}: the probe gather completed but its rows differ from what the peers sent"
+        return None
+
+    def _fall_back_unless_probe_passes(self) -> None:
+        why = self._probe_p2p()
+        votes: list = [None] * self.world
+        dist.all_gather_object(votes, why, group=self.group)
+        failed = [v for v in votes if v]
+        if not failed:
+            return
+        # NCCL gives the same results. The p2p buffers stay referenced: a late peer write must not land in freed
+        # memory.
+        self._abandoned = (self._buf, self._handle, self._flags, self._error)
+        self.backend, self.signal = "nccl", None
+        self.plan = gather_backend.GatherPlan("nccl", None, None, "p2p probe failed: " + "; ".join(failed))
+        gather_backend.logger.warning("%s", self.plan.describe(self.world))
+
     # ------------------------------------------------------------------ use
 
     def output(self, total_rows: Optional[int] = None) -> torch.Tensor:
@@ -233,7 +273,7 @@ class PackedGatherer:
         return ([k * hs for k in range(self.num_taps)],
                 [k * self.hidden_size + self.rank * hs for k in range(self.num_taps)], hs)
 
-    def _gather_p2p(self, local, out, rows, total) -> torch.Tensor:
+    def _gather_p2p(self, local, out, rows, total, timeout_s: Optional[float] = None) -> torch.Tensor:
         view = self._out[:total]
         if out is not None and (out.data_ptr() != view.data_ptr() or out.shape != view.shape):
             raise ValueError("with the p2p backend, out must be gatherer.output(total_rows): peers write into the "
@@ -246,7 +286,8 @@ class PackedGatherer:
         local = local if local.stride(-1) == 1 else local.contiguous()
         torch.ops.eagle3_capture.gather_p2p_(self._out, local, self._out_ptrs, self._flag_ptrs, self._flags,
                                              self._error, self.rank, offset, src, dst, seg_len, self.blocks,
-                                             self.timeout_s, gather_backend.SIGNAL_CODES[self.signal])
+                                             self.timeout_s if timeout_s is None else timeout_s,
+                                             gather_backend.SIGNAL_CODES[self.signal])
         return view
 
     def _gather_collective(self, local, out, rows) -> torch.Tensor:
