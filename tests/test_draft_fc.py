@@ -277,6 +277,39 @@ def test_cuda_cluster_kernel_first_launch_inside_capture():
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("kernel", ["auto", "cluster"])
+@pytest.mark.parametrize("m", [1, 12])
+def test_cuda_cluster_refusal_falls_back_to_split(kernel, m, capfd):
+    """A cluster launch the device refuses (pretended here: cudaErrorInvalidClusterSize, 912) runs the split kernel:
+    the result matches the reference, and stderr says so once per process, not per call."""
+    gen = torch.Generator().manual_seed(9120 + m)
+    dt = torch.bfloat16
+    x = randn((m, 3 * 7168), dt, "cuda", gen)
+    w = randn((896, 3 * 7168), dt, "cuda", gen, 0.01)  # N = 896: auto's cluster shape
+    g = randn((3, 7168), dt, "cuda", gen) + 1
+    want = reference.draft_fc(x.double().cpu(), w.double().cpu(), g.double().cpu(), 1e-6)
+    prev = ops._set_draft_fc_cluster_fault(912)
+    try:
+        with decode_settings(kernel, 16):
+            capfd.readouterr()
+            outs = [ops.draft_fc(x, w, g, 1e-6) for _ in range(3)]
+            torch.cuda.synchronize()
+            err = capfd.readouterr().err
+    finally:
+        ops._set_draft_fc_cluster_fault(prev)
+    for y in outs:
+        assert rel_err(y, want) <= 1e-2
+    assert err.count("the draft fc cluster kernel cannot launch") == 1, err
+    assert "cudaErrorInvalidClusterSize" in err and "the split-K kernel runs instead" in err
+
+
+def test_cluster_fault_knob_checks_its_value():
+    with pytest.raises(ValueError, match="cudaError_t value >= 0"):
+        ops._set_draft_fc_cluster_fault(-1)
+    assert ops._set_draft_fc_cluster_fault(0) == 0
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("m", [1, 7, 8, 9, 16, 33])
 def test_cuda_decode_repeated_calls_and_shapes(m, decode_kernel):
     """The decode workspace re-zeroes itself: repeated calls and calls with other K/N give the same answer."""

@@ -116,3 +116,20 @@ def test_malformed_overrides_name_the_variable(monkeypatch, name, value, words):
 def test_the_facts_round_trip():
     doc = json.loads(native.load().tuning_for(*RTX_PRO_6000.__dict__.values()))
     assert DeviceFacts(**doc["facts"]) == RTX_PRO_6000
+
+
+@pytest.mark.cuda
+def test_cuda_device_tuning_is_the_table_for_its_facts():
+    """What the launchers use on the GPU present (queried once) is the table's row for the facts it reports."""
+    import torch
+
+    doc = tuning.for_device(torch.cuda.current_device())
+    assert doc["facts_error"] == 0
+    facts = DeviceFacts(**doc["facts"])
+    p = torch.cuda.get_device_properties(torch.cuda.current_device())
+    assert (facts.cc_major, facts.cc_minor, facts.sms, facts.l2_bytes) == (p.major, p.minor, p.multi_processor_count,
+                                                                            p.L2_cache_size)
+    assert doc["tuning"] == tuning.tuning_for(facts)
+    if facts.cc_major == 9:  # the H200 the table was measured on: its entries must not have moved
+        t = doc["tuning"]
+        assert (t["decode_max_rows"], t["cluster_min_splits"], t["gather_blocks_nvlink"]) == (8, 4, 2 * facts.sms)
