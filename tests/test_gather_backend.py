@@ -162,6 +162,12 @@ def test_local_report_carries_a_malformed_environment_instead_of_raising():
     assert "EAGLE3_CAPTURE_GATHER_BACKEND must be one of" in rep.request_error
 
 
+def test_local_report_carries_a_tuning_error():
+    rep = gb.local_report(0, tuning_error="EAGLE3_CAPTURE_GATHER_BLOCKS must be an integer in 1..1024, got '0'")
+    with pytest.raises(ValueError, match="rank 0: EAGLE3_CAPTURE_GATHER_BLOCKS must be"):
+        gb.plan([rep, rep])
+
+
 def test_local_report_reads_requests_and_nccl_p2p_disable():
     rep = gb.local_report(0, signal="flags", env={gb.BACKEND_ENV: "p2p", "NCCL_P2P_DISABLE": "1"})
     assert (rep.backend, rep.signal, rep.nccl_p2p_disable) == (P2P, FLAGS, "1")

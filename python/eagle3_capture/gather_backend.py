@@ -189,10 +189,10 @@ def _nvlink_between(bus_a: str, bus_b: str) -> Optional[bool]:
 
 
 def local_report(device_index: int, backend: str = "auto", signal: str = "auto",
-                 env: Optional[Mapping[str, str]] = None) -> RankReport:
+                 env: Optional[Mapping[str, str]] = None, tuning_error: str = "") -> RankReport:
     """This rank's report: its requests (argument, else environment), its GPU's PCI bus id, the runtime's link
     attributes to every other visible GPU (eagle3_capture._C.device_report), torch symmetric memory,
-    NCCL_P2P_DISABLE."""
+    NCCL_P2P_DISABLE. `tuning_error`: a malformed tuning override on this rank, raised by plan() on every rank."""
     import importlib
     import json
 
@@ -206,6 +206,8 @@ def local_report(device_index: int, backend: str = "auto", signal: str = "auto",
         asks = dict(backend=b, signal=sg, backend_from=b_from, signal_from=s_from)
     except ValueError as e:
         asks = dict(request_error=str(e))
+    if tuning_error:
+        asks = dict(request_error=tuning_error)
     host = socket.gethostname()
     disable = env.get("NCCL_P2P_DISABLE", "")
     if "cuda" not in build_info()["backends"]:

@@ -122,9 +122,14 @@ class PackedGatherer:
             return "gloo"
         if backend not in ("auto", "p2p", "nccl"):
             raise ValueError(f"backend must be 'auto', 'p2p', 'nccl' or 'gloo', got {backend!r}")
+        from . import tuning
+
         index = torch.cuda.current_device() if self.device.index is None else self.device.index
+        self._tuning = tuning.for_device(index)["tuning"]
+        # A malformed tuning override travels in the report, so every rank raises, not this one alone.
+        mine = gather_backend.local_report(index, backend, signal, tuning_error=self._tuning["error"])
         reports: list = [None] * self.world
-        dist.all_gather_object(reports, gather_backend.local_report(index, backend, signal), group=self.group)
+        dist.all_gather_object(reports, mine, group=self.group)
         try:
             self.plan = gather_backend.plan(reports)
         except ValueError as e:
@@ -135,11 +140,7 @@ class PackedGatherer:
     def _tuned_blocks(self) -> int:
         if self.device.type != "cuda" or self.backend != "p2p":
             return 1
-        from . import tuning
-
-        t = tuning.for_device(self.device.index if self.device.index is not None else None)["tuning"]
-        if t["error"]:
-            raise RuntimeError(f"eagle3_capture: {t['error']}")
+        t = self._tuning
         return int(t["gather_blocks_nvlink"] if self.plan.link_class == gather_backend.NVLINK
                    else t["gather_blocks_pcie"])
 
