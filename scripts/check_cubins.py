@@ -66,10 +66,15 @@ def ptx_kernels_by_arch(cuobjdump: str, lib: str) -> dict[str, set[str]]:
 
 
 def kernels_by_arch(sass: str) -> dict[str, set[str]]:
-    arch, found = None, {}
+    """{sm_XY: kernels with SASS}; the fatbin's PTX entries (headed "Fatbin ptx code") hold no SASS and are left out."""
+    arch, found, elf = None, {}, True
     for line in sass.splitlines():
+        if line.startswith("Fatbin "):
+            elf = line.startswith("Fatbin elf")
+            arch = None
+            continue
         m = re.match(r"\s*arch = (sm_\w+)", line)
-        if m:
+        if m and elf:
             arch = m.group(1)
             found.setdefault(arch, set())
             continue
