@@ -1,6 +1,6 @@
 # The two commands (see README):
 #   make demo   set up .venv, build the extension, run the main job (selfcheck, then `eagle3-capture doctor demo`)
-#   make test   set up .venv, build (CUDA for sm_90a/100a/120a when nvcc is present), gate the cubins, run the tests
+#   make test   set up .venv, build (CUDA for sm_90a/100a/120a + PTX when nvcc is present), gate the cubins, run the tests
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_VERSION ?= 2.14.1
@@ -53,11 +53,13 @@ $(VENV)/.build-stamp: $(VENV)/.deps-stamp $(NATIVE_SOURCES)
 	$(PY) -m eagle3_capture info
 	touch $@
 
-# The sm_120a compile gate: in a CUDA build, every kernel must have code for every arch built.
+# The cubin gate: in a CUDA build, every kernel must have code for every arch built, PTX for the archs built with
+# +PTX, and fit its launcher's shared memory, register and spill limits on sm_120 (scripts/check_cubins.py).
 gate: build
 	@if $(PY) -c "import sys, eagle3_capture as e; sys.exit(0 if 'cuda' in e.build_info()['backends'] else 1)"; then \
 	  archs=$$($(PY) -c "import eagle3_capture as e; print(','.join(a.replace('+PTX','') for a in e.build_info()['cuda_archs']))"); \
-	  $(PY) scripts/check_cubins.py --archs $$archs; \
+	  ptx=$$($(PY) -c "import eagle3_capture as e; print(','.join(a[:-4].rstrip('af') for a in e.build_info()['cuda_archs'] if a.endswith('+PTX')))"); \
+	  $(PY) scripts/check_cubins.py --archs $$archs --ptx "$$ptx"; \
 	elif [ "$$EAGLE3_CAPTURE_REQUIRE_CUDA" = "1" ]; then \
 	  echo "gate: EAGLE3_CAPTURE_REQUIRE_CUDA=1 but the extension is CPU-only"; exit 1; \
 	else echo "gate: CPU-only build, no cubins to check"; fi
