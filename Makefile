@@ -1,6 +1,6 @@
 # The two commands (see README):
 #   make demo   set up .venv, build the extension, run the main job (selfcheck, then `eagle3-capture doctor demo`)
-#   make test   set up .venv, build (CUDA for sm_90a/100a/120a when nvcc is present), gate the cubins, run the tests
+#   make test   set up .venv, build (CUDA for sm_90a/100a/120a + PTX when nvcc is present), gate the cubins, run the tests
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_VERSION ?= 2.14.1
@@ -20,8 +20,10 @@ demo: build
 	$(PY) -m eagle3_capture selfcheck
 	$(PY) -m eagle3_capture doctor demo --out build/demo
 
+# The engine tests (SGLang's real serving loop, about 15 minutes on two cores) run after the rest.
 test: build gate $(VENV)/.sglang-stamp
-	$(PY) -m pytest -m "not cuda and not multigpu" -q $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not cuda and not multigpu and not engine" -q $(PYTEST_ARGS)
+	$(PY) -m pytest -m "engine" -q --durations=0 $(PYTEST_ARGS) tests/engine
 
 setup: $(VENV)/.deps-stamp
 
@@ -33,12 +35,15 @@ $(VENV)/.deps-stamp: requirements-dev.txt | $(PY)
 	$(PIP) install -q torch==$(TORCH_VERSION) -r requirements-dev.txt
 	touch $@
 
-# SGLang 0.5.23 for the `sglang` tests: --no-deps plus the light deps that let its model code run on CPU.
+# SGLang 0.5.23 for the `sglang` and `engine` tests: --no-deps plus the light deps that let its model code and its
+# serving loop run on CPU, and the test-only plugin with the CPU stand-ins that loop needs (tests/sglang_cpu_plugin;
+# inert unless E3_SGLANG_CPU_STANDINS=1, never part of the package).
 SGLANG_VERSION ?= 0.5.23
-$(VENV)/.sglang-stamp: requirements-sglang.txt $(VENV)/.deps-stamp
+$(VENV)/.sglang-stamp: requirements-sglang.txt $(VENV)/.deps-stamp $(wildcard tests/sglang_cpu_plugin/*.toml tests/sglang_cpu_plugin/*/*.py)
 	$(PIP) install -q -r requirements-sglang.txt
 	$(PIP) install -q --no-deps sglang==$(SGLANG_VERSION)
-	$(PY) -c "import sglang.srt.models.deepseek_v2, sglang.srt.plugins; print('sglang', '$(SGLANG_VERSION)', 'imports')"
+	$(PIP) install -q --no-deps --no-build-isolation -e tests/sglang_cpu_plugin
+	$(PY) -c "import sglang.srt.models.deepseek_v2, sglang.srt.plugins, sglang.srt.entrypoints.http_server; print('sglang', '$(SGLANG_VERSION)', 'imports')"
 	touch $@
 
 build: $(VENV)/.build-stamp
@@ -48,11 +53,13 @@ $(VENV)/.build-stamp: $(VENV)/.deps-stamp $(NATIVE_SOURCES)
 	$(PY) -m eagle3_capture info
 	touch $@
 
-# The sm_120a compile gate: in a CUDA build, every kernel must have code for every arch built.
+# The cubin gate: in a CUDA build, every kernel must have code for every arch built, PTX for the archs built with
+# +PTX, and fit its launcher's shared memory, register and spill limits on sm_120 (scripts/check_cubins.py).
 gate: build
 	@if $(PY) -c "import sys, eagle3_capture as e; sys.exit(0 if 'cuda' in e.build_info()['backends'] else 1)"; then \
 	  archs=$$($(PY) -c "import eagle3_capture as e; print(','.join(a.replace('+PTX','') for a in e.build_info()['cuda_archs']))"); \
-	  $(PY) scripts/check_cubins.py --archs $$archs; \
+	  ptx=$$($(PY) -c "import eagle3_capture as e; print(','.join(a[:-4].rstrip('af') for a in e.build_info()['cuda_archs'] if a.endswith('+PTX')))"); \
+	  $(PY) scripts/check_cubins.py --archs $$archs --ptx "$$ptx"; \
 	elif [ "$$EAGLE3_CAPTURE_REQUIRE_CUDA" = "1" ]; then \
 	  echo "gate: EAGLE3_CAPTURE_REQUIRE_CUDA=1 but the extension is CPU-only"; exit 1; \
 	else echo "gate: CPU-only build, no cubins to check"; fi

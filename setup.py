@@ -2,8 +2,12 @@
 
 CUDA sources (csrc/kernels/*.cu, csrc/ops/*_cuda.cpp) are compiled when nvcc and a CUDA build of torch are present;
 otherwise the build is CPU-only. Arch list from TORCH_CUDA_ARCH_LIST (";" or " " separated, e.g. "9.0a;12.0a"),
-default "9.0a;10.0a;12.0a". EAGLE3_CAPTURE_FORCE_CPU=1 forces a CPU-only build; EAGLE3_CAPTURE_REQUIRE_CUDA=1 makes
-a build that cannot compile CUDA fail instead of silently producing a CPU-only library.
+default "9.0a;10.0a+PTX;12.0a+PTX". "X.Y+PTX" also embeds PTX: for an arch-specific target ("12.0a+PTX") the PTX of
+its portable base arch (compute_120), which the driver compiles for later parts of the family (12.1, ...) where the
+sm_120a cubin does not load; for a plain target ("12.0+PTX") its own PTX, as torch does. Nothing in the kernels
+needs the arch-specific ("a") features, so the portable PTX is the same code. EAGLE3_CAPTURE_FORCE_CPU=1 forces a
+CPU-only build; EAGLE3_CAPTURE_REQUIRE_CUDA=1 makes a build that cannot compile CUDA fail instead of silently
+producing a CPU-only library.
 """
 import glob
 import os
@@ -14,7 +18,7 @@ from setuptools import setup
 from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-DEFAULT_ARCHS = "9.0a;10.0a;12.0a"
+DEFAULT_ARCHS = "9.0a;10.0a+PTX;12.0a+PTX"
 
 
 def _rel(paths):
@@ -36,7 +40,7 @@ def cuda_available_for_build():
 
 
 def parse_archs(spec):
-    """'9.0a;10.0a;12.0a' -> ['90a', '100a', '120a'] (a '+PTX' suffix keeps PTX for that arch)."""
+    """'9.0a;10.0a+PTX;12.0a' -> [('90a', False), ('100a', True), ('120a', False)]: (arch, embed PTX)."""
     out = []
     for item in spec.replace(" ", ";").split(";"):
         item = item.strip()
@@ -54,11 +58,12 @@ def parse_archs(spec):
 
 
 def gencode_flags(archs):
+    """One cubin per arch; with +PTX also the PTX of the arch's portable base (compute_120 for 120a), once each."""
     flags = []
-    for arch, ptx in archs:
+    for arch, _ in archs:
         flags.append(f"-gencode=arch=compute_{arch},code=sm_{arch}")
-        if ptx:
-            flags.append(f"-gencode=arch=compute_{arch},code=compute_{arch}")
+    for base in dict.fromkeys(arch.rstrip("af") for arch, ptx in archs if ptx):
+        flags.append(f"-gencode=arch=compute_{base},code=compute_{base}")
     return flags
 
 

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
-from eagle3_capture import ops  # noqa: E402
+from eagle3_capture import ops, tuning  # noqa: E402
 
 
 def bench_row(m, n, h, k, dtype, bw, rate, samples, decode_rows, compare_paths=False, compare_kernels=False):
@@ -126,8 +126,7 @@ def main() -> int:
     bw = common.streaming_read_bandwidth()
     rate = common.matmul_rate()
     print(f"streaming read bandwidth {bw / 1e12:.3f} TB/s, bf16 matmul {rate / 1e12:.0f} TFLOP/s")
-    decode_rows = ops._set_draft_fc_decode_max_rows(0)  # the threshold in force (the setter returns it) ...
-    ops._set_draft_fc_decode_max_rows(decode_rows)      # ... put back at once
+    decode_rows = tuning.decode_max_rows()  # the threshold in force: --decode-max-rows, else the device's
     rows = []
     for n in common.int_list(args.N):
         for m in common.int_list(args.M):

@@ -7,6 +7,7 @@ parts, so its inputs are padded to ceil(T / world) rows. Times are CUDA-graph re
 own events; the row reports the slower rank. bytes_per_rank = bytes the largest part sends to each peer.
 
   python benchmarks/bench_gather.py --out benchmarks/results/gather-h200x2.json
+  python benchmarks/bench_gather.py --signal flags --out ...   # the protocol for links without native peer atomics
 """
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ def timed_graph(fn, reps: int, samples: int) -> float:
     return statistics.median(times)
 
 
-def worker(rank, world, port, ts, k, h, samples, queue, sweep_blocks=()):
+def worker(rank, world, port, ts, k, h, samples, queue, sweep_blocks=(), signal="auto"):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NCCL_NVLS_ENABLE="0",
                       TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
     torch.cuda.set_device(rank)
@@ -61,7 +62,7 @@ def worker(rank, world, port, ts, k, h, samples, queue, sweep_blocks=()):
         parts = [t // world + (1 if r < t % world else 0) for r in range(world)]
         m = max(parts)  # NCCL's equal part per rank
         gat = PackedGatherer(None, num_taps=k, hidden_size=h, dtype=dt, max_rows_per_rank=m, backend="p2p",
-                             device=f"cuda:{rank}", timeout_s=30.0)
+                             device=f"cuda:{rank}", timeout_s=30.0, signal=signal)
         padded = torch.zeros(m, k * h, device="cuda", dtype=dt)
         padded[: parts[rank]] = torch.randn(parts[rank], k * h, device="cuda", dtype=torch.float32).to(dt)
         local = padded[: parts[rank]]
@@ -88,9 +89,9 @@ def worker(rank, world, port, ts, k, h, samples, queue, sweep_blocks=()):
         t_ours2 = timed_graph(ours, reps, samples)
         gat.check()
         by_blocks = {}
-        for b in sweep_blocks:  # the same gather with other grid sizes (the default is 2 x SMs)
+        for b in sweep_blocks:  # the same gather with other grid sizes (the default: the link class's tuned grid)
             other = PackedGatherer(None, num_taps=k, hidden_size=h, dtype=dt, max_rows_per_rank=m, backend="p2p",
-                                   device=f"cuda:{rank}", timeout_s=30.0, blocks=b)
+                                   device=f"cuda:{rank}", timeout_s=30.0, blocks=b, signal=signal)
             by_blocks[b] = timed_graph(lambda: other.gather(local, rows_per_rank=parts), reps, samples)
             other.check()
             other.close()
@@ -102,7 +103,7 @@ def worker(rank, world, port, ts, k, h, samples, queue, sweep_blocks=()):
         same = bool(torch.equal(gat.output(t), want))
         rows.append(dict(T=t, H=h, K=k, dtype="bfloat16", world=world, rows_per_rank=parts, ours_us=t_ours,
                          ours_repeat_us=t_ours2, baseline_us=t_nccl, per_tap_us=t_tap, bytes_per_rank=m * k * h * 2,
-                         matches_nccl=same,
+                         matches_nccl=same, signal=gat.signal, link_class=gat.plan.link_class,
                          blocks=gat.blocks, ours_us_by_blocks=by_blocks))
         gat.close()
         del gat
@@ -123,6 +124,9 @@ def main() -> int:
     ap.add_argument("--samples", type=int, default=30)
     ap.add_argument("--out", default="benchmarks/results/gather-h200x2.json")
     ap.add_argument("--sweep-blocks", default="", help="comma list of other p2p grid sizes to time as well")
+    ap.add_argument("--signal", default="auto", choices=["auto", "atomic", "flags"],
+                    help="the p2p kernel's arrival signal (auto: atomic where every pair has native peer atomics; "
+                         "flags: the protocol for links without them, e.g. PCIe)")
     args = ap.parse_args()
     world = torch.cuda.device_count()
     if world < 2:
@@ -134,7 +138,7 @@ def main() -> int:
     q = ctx.Queue()
     ts = [int(v) for v in args.T.split(",")]
     sweep = [int(v) for v in args.sweep_blocks.split(",") if v]
-    procs = [ctx.Process(target=worker, args=(r, world, port, ts, args.K, args.H, args.samples, q, sweep))
+    procs = [ctx.Process(target=worker, args=(r, world, port, ts, args.K, args.H, args.samples, q, sweep, args.signal))
              for r in range(world)]
     for p in procs:
         p.start()

@@ -16,20 +16,28 @@ from typing import Callable, Sequence
 
 import torch
 
-L2_BYTES = 60 << 20  # H200; overridden from the device where torch exposes it
-
-
 def l2_bytes() -> int:
-    try:
-        return int(torch.cuda.get_device_properties(0).L2_cache_size)
-    except Exception:
-        return L2_BYTES
+    """The current device's L2 (torch's device properties)."""
+    return int(torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size)
 
 
-def copies_for(bytes_per_copy: int, min_total: int | None = None, cap: int = 64) -> int:
-    """How many input copies make one rotation at least 4x L2 (or min_total)."""
-    target = min_total if min_total is not None else 4 * l2_bytes()
-    return max(2, min(cap, -(-target // max(bytes_per_copy, 1))))
+def rotation_bytes() -> int:
+    """Bytes one rotation of input copies spans at least: 4 x the current device's L2 and no less than 256 MB, from
+    the library's device tuning (the same figure the CMake bench binaries use)."""
+    from eagle3_capture import tuning
+
+    return tuning.bench_rotation_bytes()
+
+
+def copies_for(bytes_per_copy: int, min_total: int | None = None, cap: int = 4096) -> int:
+    """How many input copies make one rotation span at least rotation_bytes() (or min_total). Raises rather than
+    return fewer: a rotation that fits in L2 would time the cache."""
+    target = min_total if min_total is not None else rotation_bytes()
+    n = max(2, -(-target // max(bytes_per_copy, 1)))
+    if n > cap:
+        raise ValueError(f"a rotation of {target} bytes needs {n} copies of {bytes_per_copy} bytes, more than the "
+                         f"cap of {cap}")
+    return n
 
 
 def streaming_read_bandwidth(gib: float = 4.0, samples: int = 15) -> float:

@@ -22,7 +22,7 @@ CASES = [
 ]
 
 
-def run_cases(rank: int, world: int, device: str, backend: str, results) -> None:
+def run_cases(rank: int, world: int, device: str, backend: str, results, signal: str = "auto") -> None:
     from eagle3_capture.tp import PackedGatherer, reference_gather
 
     dtype = torch.bfloat16
@@ -30,7 +30,7 @@ def run_cases(rank: int, world: int, device: str, backend: str, results) -> None
         rows = rows_fn(world)
         cols = k * h if layout == "rows" else k * h // world
         gat = PackedGatherer(None, num_taps=k, hidden_size=h, dtype=dtype, max_rows_per_rank=max(max(rows), 1),
-                             layout=layout, backend=backend, device=device, timeout_s=20.0)
+                             layout=layout, backend=backend, device=device, timeout_s=20.0, signal=signal)
         local = local_data(rank, rows[rank], cols, dtype, device, case)
         out = gat.gather(local, rows_per_rank=rows if layout == "rows" else None)
         gat.check()
@@ -38,10 +38,10 @@ def run_cases(rank: int, world: int, device: str, backend: str, results) -> None
         got = out.cpu()
         assert got.shape == want.shape, (case, got.shape, want.shape)
         assert torch.equal(got, want), f"case {case} ({layout}, rows {rows}) differs on rank {rank}"
-        results.append((rank, case, gat.backend))
+        results.append((rank, case, gat.backend, gat.signal))
 
 
-def entry(rank: int, world: int, port: int, device: str, backend: str, queue) -> None:
+def entry(rank: int, world: int, port: int, device: str, backend: str, signal: str, queue) -> None:
     try:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NCCL_NVLS_ENABLE="0",
                           TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
@@ -52,7 +52,7 @@ def entry(rank: int, world: int, port: int, device: str, backend: str, queue) ->
         else:
             dist.init_process_group("gloo", rank=rank, world_size=world)
         results: list = []
-        run_cases(rank, world, device, backend, results)
+        run_cases(rank, world, device, backend, results, signal)
         dist.barrier()
         dist.destroy_process_group()
         queue.put((rank, "ok", results))
@@ -60,7 +60,7 @@ def entry(rank: int, world: int, port: int, device: str, backend: str, queue) ->
         queue.put((rank, "error", traceback.format_exc()))
 
 
-def graph_and_timeout(rank: int, world: int, port: int, queue) -> None:
+def graph_and_timeout(rank: int, world: int, port: int, signal: str, queue) -> None:
     """CUDA graph capture and replay of a p2p gather, then a peer that never arrives (rank 1 skips a gather)."""
     try:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NCCL_NVLS_ENABLE="0",
@@ -72,7 +72,8 @@ def graph_and_timeout(rank: int, world: int, port: int, queue) -> None:
         dev = f"cuda:{rank}"
         k, h, t = 3, 7168, 64
         gat = PackedGatherer(None, num_taps=k, hidden_size=h, dtype=torch.bfloat16, max_rows_per_rank=t,
-                             backend="p2p", device=dev, timeout_s=2.0)
+                             backend="p2p", device=dev, timeout_s=2.0, signal=signal)
+        assert gat.signal == signal, (gat.signal, signal)
         static = local_data(rank, t, k * h, torch.bfloat16, dev, 0)
         gat.gather(static)  # eager warm-up
         gat.check()
@@ -105,6 +106,32 @@ def graph_and_timeout(rank: int, world: int, port: int, queue) -> None:
                 message = str(e)
         dist.barrier()
         queue.put((rank, "ok", message))
+        dist.destroy_process_group()
+    except BaseException:
+        queue.put((rank, "error", traceback.format_exc()))
+
+
+def probe_failure(rank: int, world: int, port: int, queue) -> None:
+    """The p2p probe failing on one rank only (a stand-in for peer writes that never land there): every rank must
+    switch to NCCL together and gather correctly."""
+    try:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NCCL_NVLS_ENABLE="0",
+                          TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
+        torch.cuda.set_device(rank)
+        dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
+        from eagle3_capture.tp import PackedGatherer, reference_gather
+
+        if rank == 1:
+            PackedGatherer._probe_p2p = lambda self: "rank 1: simulated probe failure"
+        dev = f"cuda:{rank}"
+        gat = PackedGatherer(None, num_taps=2, hidden_size=64, dtype=torch.bfloat16, max_rows_per_rank=4,
+                             device=dev, timeout_s=5.0)
+        local = local_data(rank, 4, 128, torch.bfloat16, dev, 9)
+        out = gat.gather(local)
+        want = reference_gather([local_data(r, 4, 128, torch.bfloat16, "cpu", 9) for r in range(world)], "rows", 2, 64)
+        assert torch.equal(out.cpu(), want), f"rank {rank}: gathered rows differ after the fallback"
+        queue.put((rank, "ok", (gat.backend, gat.plan.reason)))
+        dist.barrier()
         dist.destroy_process_group()
     except BaseException:
         queue.put((rank, "error", traceback.format_exc()))

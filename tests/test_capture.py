@@ -283,6 +283,44 @@ def test_cuda_many_rows_walks_grid():
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("dt", [torch.bfloat16, torch.float32])
+def test_cuda_fused_many_rows_at_h7168(dt):
+    """More rows than SMs at the first user's H: the launcher's occupancy rule picks the block size (tuning.h; 896 on
+    the H200, 448 on sm_120, several vectors a thread there)."""
+    gen = torch.Generator().manual_seed(7168)
+    t, h = 600, 7168
+    hid, res = (randn((t, h), dt, "cuda", gen) for _ in range(2))
+    w = randn((h,), dt, "cuda", gen)
+    packed = torch.full((t, 2 * h), float("nan"), dtype=dt, device="cuda")
+    exact_residual = hid + res
+    want_h, want_r, _ = reference.fused_add_rmsnorm_capture(hid.double(), res.double(), w.double(), 1e-6,
+                                                            packed.double(), 1)
+    ops.fused_add_rmsnorm_capture_(hid, res, w, 1e-6, packed, 1)
+    assert torch.equal(bits(res.contiguous()), bits(exact_residual.contiguous()))
+    assert torch.equal(bits(packed[:, h:].contiguous()), bits(res.contiguous()))
+    assert_close_rel(hid, want_h, dt, "hidden", rtol=2.0 / 128 if dt == torch.bfloat16 else 1e-5)
+
+
+@pytest.mark.cuda
+def test_cuda_malformed_tuning_override_is_an_error_naming_it():
+    """The device's tuning is read once per process, so a fresh one: the CUDA op raises, naming the variable."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import torch; from eagle3_capture import ops\n"
+            "x = torch.ones(2, 64, dtype=torch.bfloat16, device='cuda')\n"
+            "try:\n"
+            "    ops.fused_add_rmsnorm_capture_(x, x.clone(), x[0].clone(), 1e-6, x.clone(), 0)\n"
+            "except RuntimeError as e:\n"
+            "    print('raised:', e)\n")
+    env = dict(os.environ, EAGLE3_CAPTURE_FUSED_NORM_THREADS="100")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert "raised:" in out.stdout and "EAGLE3_CAPTURE_FUSED_NORM_THREADS must be an integer in 0..1024" in out.stdout, (
+        out.stdout + out.stderr)
+
+
+@pytest.mark.cuda
 def test_cuda_fused_large_hidden_uses_big_shared_memory():
     gen = torch.Generator().manual_seed(4)
     t, h = 3, 20000  # fp32 row of 80 KB: above the default 48 KB dynamic shared memory

@@ -190,9 +190,10 @@ def test_opcheck(device, m):
 def test_decode_threshold_knob_is_clamped_and_restorable():
     prev = ops._set_draft_fc_decode_max_rows(100)
     try:
-        assert prev == 8  # the default: one MMA token group
+        assert prev == -1  # the default: each device's tuned threshold
         assert ops._set_draft_fc_decode_max_rows(-3) == 16  # 100 was clamped to 16 (two token groups)
-        assert ops._set_draft_fc_decode_max_rows(prev) == 0  # -3 was clamped to 0
+        assert ops._set_draft_fc_decode_max_rows(0) == -1  # -3 means the device's threshold again
+        assert ops._set_draft_fc_decode_max_rows(prev) == 0
     finally:
         ops._set_draft_fc_decode_max_rows(prev)
 
@@ -273,6 +274,39 @@ def test_cuda_cluster_kernel_first_launch_inside_capture():
             want = replay_and_check(graph, x, w, None, out, gen, 2e-3, trial)
         eager = ops.draft_fc(x, w, None, 1e-6)
     assert rel_err(eager, want) <= 2e-3
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kernel", ["auto", "cluster"])
+@pytest.mark.parametrize("m", [1, 12])
+def test_cuda_cluster_refusal_falls_back_to_split(kernel, m, capfd):
+    """A cluster launch the device refuses (pretended here: cudaErrorInvalidClusterSize, 912) runs the split kernel:
+    the result matches the reference, and stderr says so once per process, not per call."""
+    gen = torch.Generator().manual_seed(9120 + m)
+    dt = torch.bfloat16
+    x = randn((m, 3 * 7168), dt, "cuda", gen)
+    w = randn((896, 3 * 7168), dt, "cuda", gen, 0.01)  # N = 896: auto's cluster shape
+    g = randn((3, 7168), dt, "cuda", gen) + 1
+    want = reference.draft_fc(x.double().cpu(), w.double().cpu(), g.double().cpu(), 1e-6)
+    prev = ops._set_draft_fc_cluster_fault(912)
+    try:
+        with decode_settings(kernel, 16):
+            capfd.readouterr()
+            outs = [ops.draft_fc(x, w, g, 1e-6) for _ in range(3)]
+            torch.cuda.synchronize()
+            err = capfd.readouterr().err
+    finally:
+        ops._set_draft_fc_cluster_fault(prev)
+    for y in outs:
+        assert rel_err(y, want) <= 1e-2
+    assert err.count("the draft fc cluster kernel cannot launch") == 1, err
+    assert "cudaErrorInvalidClusterSize" in err and "the split-K kernel runs instead" in err
+
+
+def test_cluster_fault_knob_checks_its_value():
+    with pytest.raises(ValueError, match="cudaError_t value >= 0"):
+        ops._set_draft_fc_cluster_fault(-1)
+    assert ops._set_draft_fc_cluster_fault(0) == 0
 
 
 @pytest.mark.cuda

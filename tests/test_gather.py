@@ -42,11 +42,11 @@ def spawn(world: int, target, *args, timeout: float = 240.0):
 
 @pytest.mark.parametrize("world", [2, 3, 8])
 def test_gloo_gather_matches_reference(world):
-    res = spawn(world, gather_worker.entry, "cpu", "auto")
+    res = spawn(world, gather_worker.entry, "cpu", "auto", "auto")
     errors = {r: p for r, (s, p) in res.items() if s != "ok"}
     assert not errors, "\n".join(f"rank {r}:\n{p}" for r, p in errors.items())
     for r, (_, results) in res.items():
-        assert len(results) == len(gather_worker.CASES) and all(b == "gloo" for _, _, b in results)
+        assert len(results) == len(gather_worker.CASES) and all(b == "gloo" for _, _, b, _ in results)
 
 
 def _mismatch_entry(rank, world, port, queue):

@@ -29,9 +29,10 @@ int main(int argc, char** argv) {
   const e3::DType dt = dts == "bf16" ? e3::DType::BF16 : e3::DType::F32;
   const int es = e3::dtype_size(dt);
   const size_t tap_bytes = size_t(T) * H * es;
-  // Enough sets of K (hidden, residual) pairs that one rotation spans >= 256 MB: timings never sit in L2.
+  // Enough sets of K (hidden, residual) pairs that one rotation spans 4 x L2 (at least 256 MB): timings never sit
+  // in L2.
   const size_t set_bytes = 2 * K * tap_bytes;
-  const int nsets = static_cast<int>(std::min<size_t>(64, std::max<size_t>(2, (256u << 20) / set_bytes + 1)));
+  const int nsets = bench::rotation_copies(set_bytes);
   std::vector<std::vector<Set>> sets(nsets, std::vector<Set>(K));
   unsigned seed = 1;
   for (auto& s : sets)

@@ -35,12 +35,14 @@ void usage() {
   std::printf(
       "usage: bench_draft_fc [--M 8] [--N 896] [--H 7168] [--K 3] [--norm 1] [--blocks-per-sm 4] [--iters 50]\n"
       "                      [--samples 15] [--kernel cluster] [--stages 2] [--splits 0] [--probe 0]\n"
-      "  bf16, decode kernels. Weight copies rotate so one rotation spans >= 256 MB.\n"
+      "                      [--cluster-min-splits 0]\n"
+      "  bf16, decode kernels. Weight copies rotate so one rotation spans 4 x L2 (at least 256 MB).\n"
       "  --kernel auto (default: cluster for small N, else split), cluster (sm_90+, K <= 8: K-splits reduced in a\n"
       "  thread-block cluster), split (partials in an L2 workspace; --splits K-splits per tap) or bulk (TMA,\n"
       "  sm_90+, M <= 8; --stages, 0 = as many as fit; --bulk 1 is the same). --blocks-per-sm: the register\n"
       "  kernels' one-wave grid size (0: as built). M up to 16 (two token groups above 8).\n"
       "  --probe 1: also time a plain streaming read of the same weight bytes (the floor of one launch this size).\n"
+      "  --cluster-min-splits S: auto's switch to the cluster kernel (0: the device's tuning, tuning.h).\n"
 );
 }
 
@@ -57,7 +59,7 @@ int main(int argc, char** argv) {
   const int samples = static_cast<int>(bench::arg_long(argc, argv, "--samples", 15));
   if (M < 1 || M > e3::kDraftFcDecodeMaxRows || N < 1 || H < 8 || H % 8 || K < 1) { usage(); return 2; }
   const size_t w_elems = size_t(N) * K * H, w_bytes = w_elems * 2;
-  const int ncopies = static_cast<int>(std::min<size_t>(64, std::max<size_t>(2, (256u << 20) / w_bytes + 1)));
+  const int ncopies = bench::rotation_copies(w_bytes);
   std::vector<void*> weights(ncopies);
   for (int i = 0; i < ncopies; ++i) {
     E3_CHECK(cudaMalloc(&weights[i], w_bytes));
@@ -84,6 +86,7 @@ int main(int argc, char** argv) {
   if (bench::arg_long(argc, argv, "--bulk", 0) != 0) cfg.kernel = e3::DraftFcDecodeKernel::Bulk;
   cfg.bulk_stages = static_cast<int>(bench::arg_long(argc, argv, "--stages", cfg.bulk_stages));
   cfg.splits_per_tap = static_cast<int>(bench::arg_long(argc, argv, "--splits", cfg.splits_per_tap));
+  cfg.cluster_min_splits = bench::arg_long(argc, argv, "--cluster-min-splits", cfg.cluster_min_splits);
 
   e3::DraftFcParams p{};
   p.x_base = x; p.x_tap_stride = H; p.x_row_stride[0] = K * H; p.taps = static_cast<int>(K); p.hidden = H;

@@ -23,7 +23,23 @@
     }                                                                                           \
   } while (0)
 
+#include "../kernels/device.h"
+
 namespace bench {
+
+// Copies of `bytes_per_copy` whose rotation spans the device's bench_rotation_bytes (tuning.h: 4 x L2, at least
+// 256 MB), so no timing sits in L2; exits if that takes more than `cap` copies.
+inline int rotation_copies(size_t bytes_per_copy, int cap = 4096) {
+  const size_t target = static_cast<size_t>(e3::device_tuning().bench_rotation_bytes);
+  const size_t per = bytes_per_copy > 0 ? bytes_per_copy : 1;
+  size_t n = (target + per - 1) / per;
+  if (n < 2) n = 2;
+  if (n > static_cast<size_t>(cap)) {
+    std::fprintf(stderr, "a rotation of %zu bytes needs %zu copies of %zu bytes, more than %d\n", target, n, per, cap);
+    std::exit(2);
+  }
+  return static_cast<int>(n);
+}
 
 // "--name value" lookup with a default; "--help" anywhere prints usage and exits.
 inline long arg_long(int argc, char** argv, const char* name, long def) {

@@ -86,4 +86,16 @@ int fused_add_rmsnorm_capture_cuda(const FusedAddRmsnormCaptureParams& p, DType 
 // Largest H the CUDA fused kernel accepts on the current device (its fp32 row cache lives in shared memory).
 int64_t fused_add_rmsnorm_capture_cuda_max_cols();
 
+// Dynamic shared memory the fused kernel's launch requests for rows of `cols` elements: a 32-float reduction
+// scratch, then the fp32 row. The CI resource gate checks it (with the kernel's static shared memory) against
+// sm_120's 99 KB per block at H = 7168 and at the largest H accepted there.
+E3_HOST_DEVICE int64_t fused_add_rmsnorm_capture_smem_bytes(int64_t cols) {
+  return (32 + cols) * static_cast<int64_t>(sizeof(float));
+}
+// The largest H whose request fits `optin_smem_bytes` (a device's opt-in shared memory per block): the launcher's
+// limit, fused_add_rmsnorm_capture_cuda_max_cols, for the current device.
+E3_HOST_DEVICE int64_t fused_add_rmsnorm_capture_max_cols_for(int64_t optin_smem_bytes) {
+  return optin_smem_bytes / static_cast<int64_t>(sizeof(float)) - 32;
+}
+
 }  // namespace e3

@@ -2,6 +2,9 @@
 // binaries. Both kernels are pure streaming: each input element is read once and each output written once.
 #include "capture.h"
 #include "cuda_common.cuh"
+#include "device.h"
+
+#include <mutex>
 
 namespace e3 {
 namespace cuda {
@@ -148,22 +151,35 @@ int max_dynamic_smem_bytes() {
   return current_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, 48 * 1024);
 }
 
+// The device facts the block size depends on, queried once per device (a launch must not pay 9 attribute queries).
+DeviceFacts fused_facts(int dev) {
+  constexpr int kDevices = 64;
+  static std::once_flag once[kDevices];
+  static DeviceFacts facts[kDevices];
+  if (dev < 0 || dev >= kDevices) return DeviceFacts{};
+  std::call_once(once[dev], [dev] { facts[dev] = query_device_facts(dev); });
+  return facts[dev];
+}
+
 template <typename T, int N>
 cudaError_t launch_fused(const FusedAddRmsnormCaptureParams& p, cudaStream_t stream) {
-  const size_t smem = (32 + static_cast<size_t>(p.cols)) * sizeof(float);
+  const size_t smem = static_cast<size_t>(fused_add_rmsnorm_capture_smem_bytes(p.cols));
   auto kernel = fused_add_rmsnorm_capture_kernel<T, N>;
   if (smem > 48 * 1024) {
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));
     if (e != cudaSuccess) return e;
   }
-  // One chunk per thread where the row allows (latency-bound decode rows), rounded to whole warps.
-  int64_t work = p.cols / N + (p.cols % N);
-  int64_t threads = ((work + 31) / 32) * 32;
-  if (threads < 64) threads = 64;
-  if (threads > 1024) threads = 1024;
+  // One chunk per thread where the row allows (latency-bound decode rows), rounded to whole warps; with more rows
+  // than SMs, as few chunks per thread as keep 3/4 of the SM's threads resident (tuning.h, fused_norm_threads).
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return cudaGetLastError();
+  const Tuning& tuning = device_tuning(dev);
+  const int64_t work = p.cols / N + (p.cols % N);
+  const DeviceFacts facts = fused_facts(dev);
+  const int64_t threads = fused_norm_threads(facts, work, p.rows, static_cast<int64_t>(smem), tuning.fused_norm_threads);
   // Enough blocks to fill the machine many times over; more rows than that are walked grid-stride.
-  const int64_t max_blocks = static_cast<int64_t>(sm_count()) * 64;
+  const int64_t max_blocks = static_cast<int64_t>(facts.sms) * 64;
   const int64_t blocks = p.rows < max_blocks ? p.rows : max_blocks;
   kernel<<<static_cast<unsigned>(blocks), static_cast<unsigned>(threads), smem, stream>>>(p);
   return cudaGetLastError();
@@ -208,7 +224,7 @@ int fused_add_rmsnorm_capture_cuda(const FusedAddRmsnormCaptureParams& p, DType 
 }
 
 int64_t fused_add_rmsnorm_capture_cuda_max_cols() {
-  return static_cast<int64_t>(cuda::max_dynamic_smem_bytes()) / static_cast<int64_t>(sizeof(float)) - 32;
+  return fused_add_rmsnorm_capture_max_cols_for(cuda::max_dynamic_smem_bytes());
 }
 
 }  // namespace e3

@@ -79,11 +79,10 @@ void draft_fc_normalize_rows_cpu(const DraftFcParams& p, T* xn, int64_t row_begi
 
 // ---- CUDA (draft_fc_cuda.cu). Each returns a cudaError_t value (0 = success); `stream` is a cudaStream_t. ----
 
-// Rows the decode kernels take at most (two MMA token groups of 8), and the default rows at or below which the ops
-// use them (one group; above, normalise + cuBLAS). Two groups measured slower than normalise + cuBLAS on the H200
-// except at N = 896, M <= 12 (benchmarks/NOTES.md), so they are opt-in through the ops' threshold knob.
+// Rows the decode kernels take at most (two MMA token groups of 8). The rows at or below which the ops use them
+// come from the device (Tuning::decode_max_rows, tuning.h): 8 on the H200, where two groups measured slower than
+// normalise + cuBLAS except at N = 896, M <= 12 (benchmarks/NOTES.md); 16 on sm_12x (reasoned).
 constexpr int64_t kDraftFcDecodeMaxRows = 16;
-constexpr int64_t kDraftFcDecodeDefaultRows = 8;
 
 // Decode workspace, zero at rest: zero-filled once at allocation and re-zeroed by the kernel after every call
 // (self-cleaning, so CUDA-graph replays need no memset; any (K, N) can reuse a large enough buffer since all of it
@@ -99,14 +98,17 @@ DraftFcWorkspace draft_fc_decode_workspace_view(void* zeroed, int taps, int64_t 
 // The decode kernels. Each streams the weights once through registers or shared memory; they differ in where the
 // K-splits of a column tile meet.
 enum class DraftFcDecodeKernel : int {
-  // The default: Cluster where it applies, the split-K grid would cut each tap into at least
-  // kDraftFcClusterMinSplits pieces (small N: many partials per tile, whose L2 round trips the cluster saves) and
-  // the cluster grid fits one wave of co-resident clusters (draft_fc_cluster.h), else Split. On the H200
-  // (H = 7168, K = 3) that is N <= 1792, where the cluster kernel is 1.0-2.1 us faster; the two are within
-  // noise of each other at N = 3584 and 7168 (benchmarks/NOTES.md, results/draft_fc-decode-sweep).
+  // The default: Cluster where it applies, the split-K grid would cut each tap into at least the device's
+  // Tuning::cluster_min_splits pieces (small N: many partials per tile, whose L2 round trips the cluster saves;
+  // 4 at the H200's 132 SMs, scaled with the SM count) and the cluster grid fits one wave of co-resident clusters
+  // (draft_fc_cluster.h), else Split. On the H200 (H = 7168, K = 3) that is N <= 1792, where the cluster kernel is
+  // 1.0-2.1 us faster; the two are within noise of each other at N = 3584 and 7168 (benchmarks/NOTES.md,
+  // results/draft_fc-decode-sweep).
   Auto = 0,
   // sm_90+, K <= 8: one thread-block cluster per column tile, partials reduced in distributed shared memory
-  // (draft_fc_cluster.h); no workspace, deterministic. Where it does not apply, Split.
+  // (draft_fc_cluster.h); no workspace, deterministic. Where it does not apply, Split. A cluster launch the device
+  // refuses (cluster size unsupported, no cluster fits: occupancy 0) runs the split kernel instead and says so once
+  // on stderr.
   Cluster = 1,
   // Any GPU: partials added into the fp32 workspace with L2 atomics, the tile's last block finishes it.
   Split = 2,
@@ -114,8 +116,6 @@ enum class DraftFcDecodeKernel : int {
   // on the H200 (benchmarks/NOTES.md); kept, tested and selectable. Where it does not apply, Auto's choice.
   Bulk = 3,
 };
-constexpr int64_t kDraftFcClusterMinSplits = 4;
-
 // Launch tuning; the defaults are what the library uses. Exposed for the bench binary's sweeps.
 struct DraftFcDecodeConfig {
   DraftFcDecodeKernel kernel = DraftFcDecodeKernel::Auto;
@@ -123,10 +123,20 @@ struct DraftFcDecodeConfig {
   int blocks_per_sm = 0;  // register kernels: K-split so that about this many blocks per SM stream weights (0: as
                           // many as the kernel is built to keep resident)
   int splits_per_tap = 0;  // register-streaming kernel: K-splits per tap (0: from blocks_per_sm)
+  int64_t cluster_min_splits = 0;  // Auto's switch (0: the device's Tuning::cluster_min_splits)
+  // Test knob: a cudaError_t value the cluster launch pretends to return (0: none), to exercise the fallback to
+  // the split kernel on a GPU where clusters launch.
+  int cluster_fault = 0;
 };
 
 int draft_fc_decode_cuda(const DraftFcParams& p, DType dtype, const DraftFcWorkspace& ws, void* stream,
                          const DraftFcDecodeConfig& cfg = DraftFcDecodeConfig());
+// The cluster-to-split fallback's stderr line is printed once per process; this re-arms it (tests).
+void draft_fc_rearm_fallback_note();
+// The split-K grid's pieces per tap on a GPU of `sms` SMs, what Auto compares with Tuning::cluster_min_splits
+// (the CPU tests check the switch's N on the H200's and the RTX PRO 6000's SM counts).
+int64_t draft_fc_split_pieces_per_tap(int sms, int taps, int64_t hidden, int64_t out_features, int64_t rows,
+                                      bool norm);
 
 // Writes the normalised (or packed) taps into xn [M, K*H] contiguous; the GEMM follows in the ops layer.
 int draft_fc_normalize_cuda(const DraftFcParams& p, DType dtype, void* xn, void* stream);

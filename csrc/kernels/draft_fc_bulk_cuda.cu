@@ -198,7 +198,7 @@ bool encode_map(CUtensorMap* m, CUtensorMapDataType type, const void* base, uint
 template <typename T, bool kNorm>
 cudaError_t launch_bulk_kernel(const BulkMaps& maps, const DraftFcParams& p, const BulkTiling& t, int64_t grid,
                                const DraftFcWorkspace& ws, cudaStream_t s) {
-  const size_t smem = kBulkBarrierBytes + static_cast<size_t>(t.stages) * kBulkStageBytes;
+  const size_t smem = static_cast<size_t>(draft_fc_bulk_dynamic_smem_bytes(t.stages));
   // The opt-in shared-memory size is a per-device function attribute: set it once per device and size.
   static size_t set_for[64] = {};
   int dev = 0;
@@ -217,6 +217,19 @@ cudaError_t launch_bulk_kernel(const BulkMaps& maps, const DraftFcParams& p, con
 }  // namespace kernels
 }  // namespace cuda
 
+int draft_fc_bulk_stages(int requested, int optin_smem_bytes) {
+  using namespace cuda::kernels;
+  // What the opt-in size leaves after the barriers and up to 1 KB of the kernel's static shared memory.
+  int fit = (optin_smem_bytes - kBulkBarrierBytes - 1024) / kBulkStageBytes;
+  fit = fit > kBulkMaxStages ? kBulkMaxStages : fit;
+  return requested > 0 && requested < fit ? requested : fit;
+}
+
+int64_t draft_fc_bulk_dynamic_smem_bytes(int stages) {
+  using namespace cuda::kernels;
+  return kBulkBarrierBytes + static_cast<int64_t>(stages) * kBulkStageBytes;
+}
+
 bool draft_fc_bulk_supported() {
   return cuda::current_device_attribute(cudaDevAttrComputeCapabilityMajor, 0) >= 9 &&
          cuda::kernels::encode_fn() != nullptr;
@@ -234,12 +247,9 @@ int draft_fc_decode_bulk_cuda(const DraftFcParams& p, DType dtype, const DraftFc
   if (p.rows == 0 || p.out_features == 0) return 0;
   if (!draft_fc_bulk_applies(p) || (dtype != DType::BF16 && dtype != DType::F16))
     return static_cast<int>(cudaErrorInvalidValue);
-  // `stages`, or as many as the opt-in shared memory allows when 0 (6 on sm_90/sm_100, 2 on sm_120's 99 KB).
   const int optin = cuda::current_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, 48 * 1024);
-  int fit = (optin - kBulkBarrierBytes - 1024) / kBulkStageBytes;
-  fit = fit > kBulkMaxStages ? kBulkMaxStages : fit;
   BulkTiling t;
-  t.stages = stages > 0 && stages < fit ? stages : fit;
+  t.stages = draft_fc_bulk_stages(stages, optin);
   if (t.stages < 2) return static_cast<int>(cudaErrorInvalidConfiguration);
   const int64_t n_tiles = decode_n_tiles(p.out_features);
   t.slices_per_tap = (p.hidden + kBulkSlice - 1) / kBulkSlice;

@@ -213,18 +213,19 @@ using namespace kernels;
 // Clusters of `size` blocks of this kernel that the current device holds at once. A cluster's blocks share one GPC,
 // so this is the GPCs' count, not SMs / size: on the H200, K = 1 with 7 splits (clusters of 7, 392 blocks against
 // 396 block slots) took two waves and ran 27% slower than the split kernel (benchmarks/NOTES.md). Cached per device
-// and size; 0 when the runtime cannot say (then the block slots alone bound the shape).
+// and size (0 included: no cluster of that size fits, e.g. its blocks exceed a GPC); -1 when the runtime cannot say
+// (then the block slots alone bound the shape, and a launch the device refuses falls back to the split kernel).
 template <typename T, bool kNorm, int kGroups>
 int max_active_clusters(int size) {
   constexpr int kDevices = 64;
-  static std::atomic<int> cache[kDevices][kMaxCluster + 1];  // zero: not asked yet
+  static std::atomic<int> cache[kDevices][kMaxCluster + 1];  // the answer + 1; zero: not asked yet
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kDevices || size < 1 || size > kMaxCluster) {
     (void)cudaGetLastError();
-    return 0;
+    return -1;
   }
   const int known = cache[dev][size].load(std::memory_order_relaxed);
-  if (known > 0) return known;
+  if (known > 0) return known - 1;
   cudaLaunchConfig_t lc = {};
   lc.gridDim = dim3(1, static_cast<unsigned>(size));
   lc.blockDim = dim3(kFcWarps * 32);
@@ -241,18 +242,19 @@ int max_active_clusters(int size) {
   int n = 0;
   if (cudaOccupancyMaxActiveClusters(&n, draft_fc_decode_cluster_kernel<T, kNorm, kGroups>, &lc) != cudaSuccess) {
     (void)cudaGetLastError();
-    return 0;
+    return -1;
   }
-  if (n > 0) cache[dev][size].store(n, std::memory_order_relaxed);
+  cache[dev][size].store(n + 1, std::memory_order_relaxed);
   return n;
 }
 
 // The cluster shape: as many blocks as one wave holds (at most `slots` blocks and `clusters(size)` clusters of each
 // size), each cluster <= 8 blocks; on a tie, more rows per block (fewer activation re-reads). When no shape fits one
-// wave, the fewest blocks. `fits` says which it was.
+// wave, the fewest blocks. `fits` says which it was. Sizes of which the device holds no cluster at all are never
+// chosen; *runnable is false when that leaves none.
 template <typename Clusters>
 ClusterTiling cluster_tiling(int taps, int64_t hidden, int64_t out_features, int64_t slots, int unroll,
-                             Clusters clusters, bool* fits_one_wave) {
+                             Clusters clusters, bool* fits_one_wave, bool* runnable) {
   ClusterTiling best{};
   int64_t best_blocks = -1;
   bool best_fits = false;
@@ -260,8 +262,9 @@ ClusterTiling cluster_tiling(int taps, int64_t hidden, int64_t out_features, int
     for (int spt = 1; spt * taps <= kMaxCluster; ++spt) {
       const int64_t n_tiles = (out_features + 16 * R - 1) / (16 * R);
       const int64_t blocks = n_tiles * taps * spt;
-      const int held = clusters(taps * spt);
-      const bool fits = blocks <= slots && (held <= 0 || n_tiles <= held);
+      const int held = clusters(taps * spt);  // -1: the runtime cannot say
+      if (held == 0) continue;
+      const bool fits = blocks <= slots && (held < 0 || n_tiles <= held);
       const bool better = best_blocks < 0 || (fits && !best_fits) || (fits && blocks >= best_blocks) ||
                           (!fits && !best_fits && blocks < best_blocks);
       if (!better) continue;
@@ -270,6 +273,8 @@ ClusterTiling cluster_tiling(int taps, int64_t hidden, int64_t out_features, int
       best_fits = fits;
     }
   }
+  *runnable = best_blocks >= 0;
+  if (!*runnable) return best;
   // k per warp: the tap's k range over splits * (4 / R) warps, in whole warp steps (a nearly empty last step costs
   // a DRAM round trip for a few bytes); the last warps of a tap may get less.
   const int64_t step = static_cast<int64_t>(kFcChunk) * unroll;
@@ -281,14 +286,17 @@ ClusterTiling cluster_tiling(int taps, int64_t hidden, int64_t out_features, int
 }
 
 // Tiles the call once; with only_one_wave, launches only if the grid fits one wave. *launched says whether it did.
+// cudaErrorLaunchOutOfResources without launching when the device holds no cluster of any usable size (occupancy
+// 0), so the dispatch falls back to the split kernel.
 template <typename T, bool kNorm, int kGroups>
 cudaError_t launch_cluster(const DraftFcParams& p, cudaStream_t s, const DraftFcDecodeConfig& cfg, bool only_one_wave,
                            bool* launched) {
   const int blocks_per_sm = cfg.blocks_per_sm > 0 ? cfg.blocks_per_sm : cluster_blocks_per_sm(kGroups);
   const int64_t slots = static_cast<int64_t>(blocks_per_sm) * sm_count();
-  bool fits = false;
+  bool fits = false, runnable = false;
   const ClusterTiling t = cluster_tiling(p.taps, p.hidden, p.out_features, slots, cluster_unroll(kNorm, kGroups),
-                                         max_active_clusters<T, kNorm, kGroups>, &fits);
+                                         max_active_clusters<T, kNorm, kGroups>, &fits, &runnable);
+  if (!runnable) return cudaErrorLaunchOutOfResources;
   *launched = !only_one_wave || fits;
   if (!*launched) return cudaSuccess;
   const unsigned cluster = static_cast<unsigned>(p.taps * t.splits_per_tap);
@@ -305,7 +313,9 @@ cudaError_t launch_cluster(const DraftFcParams& p, cudaStream_t s, const DraftFc
   attr[0].val.clusterDim.z = 1;
   lc.attrs = attr;
   lc.numAttrs = 1;
-  return cudaLaunchKernelEx(&lc, draft_fc_decode_cluster_kernel<T, kNorm, kGroups>, p, t);
+  const cudaError_t e = cudaLaunchKernelEx(&lc, draft_fc_decode_cluster_kernel<T, kNorm, kGroups>, p, t);
+  if (e != cudaSuccess) *launched = false;
+  return e;
 }
 
 template <typename T>
@@ -318,6 +328,11 @@ cudaError_t launch_cluster_typed(const DraftFcParams& p, cudaStream_t s, const D
 
 }  // namespace
 }  // namespace cuda
+
+int64_t draft_fc_cluster_dynamic_smem_bytes(int cluster_blocks, int row_groups, int groups, bool norm) {
+  return cuda::kernels::cluster_inbox_floats(cluster_blocks, row_groups, groups * cuda::kernels::kMmaTokens, norm) *
+         static_cast<int64_t>(sizeof(float));
+}
 
 bool draft_fc_cluster_supported() {
   return cuda::current_device_attribute(cudaDevAttrComputeCapabilityMajor, 0) >= 9 &&

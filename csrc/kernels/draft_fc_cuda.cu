@@ -2,6 +2,10 @@
 // prefill normalise kernel, the decode workspace and the decode dispatch: DraftFcDecodeKernel picks this kernel, the
 // cluster kernel of draft_fc_cluster_cuda.cu (sm_90+, small N by default) or the opt-in TMA kernel of
 // draft_fc_bulk_cuda.cu.
+#include <atomic>
+#include <cstdio>
+
+#include "device.h"
 #include "draft_fc_bulk.h"
 #include "draft_fc_cluster.h"
 #include "draft_fc_device.cuh"
@@ -123,13 +127,13 @@ using namespace kernels;
 constexpr int64_t align256(int64_t b) { return (b + 255) / 256 * 256; }
 
 DecodeTiling decode_tiling(int taps, int64_t hidden, int64_t out_features, const DraftFcDecodeConfig& cfg, int groups,
-                           int unroll) {
+                           int unroll, int sms) {
   DecodeTiling t;
   t.n_tiles = decode_n_tiles(out_features);
   // As many K-splits as fit in one wave of resident blocks (a second, partial wave would idle most SMs while it
   // runs); every warp then streams its k range, loads for a whole step issued before its MMAs.
   const int blocks_per_sm = cfg.blocks_per_sm > 0 ? cfg.blocks_per_sm : decode_blocks_per_sm(groups);
-  const int64_t target_blocks = static_cast<int64_t>(blocks_per_sm) * sm_count();
+  const int64_t target_blocks = static_cast<int64_t>(blocks_per_sm) * sms;
   const int64_t max_splits = (hidden + kFcChunk - 1) / kFcChunk;
   int64_t spt = target_blocks / (t.n_tiles * taps);
   if (cfg.splits_per_tap > 0) spt = cfg.splits_per_tap;
@@ -145,9 +149,9 @@ DecodeTiling decode_tiling(int taps, int64_t hidden, int64_t out_features, const
 
 // The split-K grid of this call: what the split kernel launches, and what Auto consults (its K-splits per tap) to
 // choose between the split and cluster kernels; computed once per call.
-DecodeTiling split_tiling(const DraftFcParams& p, const DraftFcDecodeConfig& cfg) {
+DecodeTiling split_tiling(const DraftFcParams& p, const DraftFcDecodeConfig& cfg, int sms) {
   return with_norm_and_groups(p, [&](auto norm, auto groups) {
-    return decode_tiling(p.taps, p.hidden, p.out_features, cfg, groups(), decode_unroll(norm(), groups()));
+    return decode_tiling(p.taps, p.hidden, p.out_features, cfg, groups(), decode_unroll(norm(), groups()), sms);
   });
 }
 
@@ -209,6 +213,52 @@ DraftFcWorkspace draft_fc_decode_workspace_view(void* zeroed, int taps, int64_t 
   return ws;
 }
 
+namespace {
+
+// Errors with which a cluster launch is refused before anything runs (its configuration, not the context): the
+// split kernel can still run. Anything else (a sticky error from earlier work, an invalid stream) is returned.
+bool cluster_refused(int err) {
+  switch (static_cast<cudaError_t>(err)) {
+    case cudaErrorInvalidValue:
+    case cudaErrorInvalidConfiguration:
+    case cudaErrorLaunchOutOfResources:
+    case cudaErrorCooperativeLaunchTooLarge:
+    case cudaErrorNotSupported:
+    case cudaErrorInvalidClusterSize:
+      return true;
+    default:
+      return false;
+  }
+}
+
+std::atomic<bool> g_fallback_noted{false};
+
+void note_cluster_fallback(int err) {
+  if (g_fallback_noted.exchange(true)) return;
+  int dev = -1;
+  if (cudaGetDevice(&dev) != cudaSuccess) (void)cudaGetLastError();
+  const auto e = static_cast<cudaError_t>(err);
+  std::fprintf(stderr,
+               "eagle3_capture: the draft fc cluster kernel cannot launch on device %d (%s: %s); the split-K kernel "
+               "runs instead (the same products, summed in another order); said once per process\n",
+               dev, cudaGetErrorName(e), cudaGetErrorString(e));
+}
+
+}  // namespace
+
+void draft_fc_rearm_fallback_note() { g_fallback_noted.store(false); }
+
+int64_t draft_fc_split_pieces_per_tap(int sms, int taps, int64_t hidden, int64_t out_features, int64_t rows,
+                                      bool norm) {
+  DraftFcParams p{};
+  p.taps = taps;
+  p.hidden = hidden;
+  p.out_features = out_features;
+  p.rows = rows;
+  p.norm_weight = norm ? &p : nullptr;  // only its presence matters here
+  return cuda::split_tiling(p, DraftFcDecodeConfig{}, sms).splits_per_tap;
+}
+
 int draft_fc_decode_cuda(const DraftFcParams& p, DType dtype, const DraftFcWorkspace& ws, void* stream,
                          const DraftFcDecodeConfig& cfg) {
   if (p.rows == 0 || p.out_features == 0) return 0;
@@ -216,16 +266,27 @@ int draft_fc_decode_cuda(const DraftFcParams& p, DType dtype, const DraftFcWorks
   if (cfg.kernel == DraftFcDecodeKernel::Bulk && draft_fc_bulk_applies(p) && draft_fc_bulk_supported())
     return draft_fc_decode_bulk_cuda(p, dtype, ws, stream, cfg.bulk_stages);
   const bool cluster = draft_fc_cluster_applies(p) && draft_fc_cluster_supported();
-  if (cluster && cfg.kernel == DraftFcDecodeKernel::Cluster)
-    return draft_fc_decode_cluster_cuda(p, dtype, stream, cfg);
   // Auto (and Bulk where the TMA kernel does not apply): the cluster kernel where the split grid would cut each tap
   // into many pieces and the cluster grid fits one wave of co-resident clusters (the cluster launcher declines
-  // otherwise), else the split kernel on the grid already computed.
-  const cuda::kernels::DecodeTiling split = cuda::split_tiling(p, cfg);
-  if (cluster && cfg.kernel != DraftFcDecodeKernel::Split && split.splits_per_tap >= kDraftFcClusterMinSplits) {
+  // otherwise), else the split kernel on the grid already computed. Cluster: the cluster kernel whatever its grid.
+  const cuda::kernels::DecodeTiling split = cuda::split_tiling(p, cfg, cuda::sm_count());
+  const int64_t min_splits = cfg.cluster_min_splits > 0 ? cfg.cluster_min_splits : device_tuning().cluster_min_splits;
+  const bool want_cluster =
+      cfg.kernel == DraftFcDecodeKernel::Cluster ||
+      (cfg.kernel != DraftFcDecodeKernel::Split && split.splits_per_tap >= min_splits);
+  if (cluster && want_cluster) {
     bool launched = false;
-    const int err = draft_fc_decode_cluster_cuda(p, dtype, stream, cfg, /*only_one_wave=*/true, &launched);
-    if (err != 0 || launched) return err;
+    int err = cfg.cluster_fault;
+    if (err == 0) {
+      err = draft_fc_decode_cluster_cuda(p, dtype, stream, cfg,
+                                         /*only_one_wave=*/cfg.kernel != DraftFcDecodeKernel::Cluster, &launched);
+    }
+    if (err == 0 && launched) return 0;
+    if (err != 0) {
+      if (!cluster_refused(err)) return err;
+      (void)cudaGetLastError();  // the refused launch's error is not the split kernel's
+      note_cluster_fallback(err);
+    }
   }
   auto s = static_cast<cudaStream_t>(stream);
   switch (dtype) {

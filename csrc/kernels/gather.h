@@ -1,21 +1,34 @@
 // TP shard gathering straight into every rank's packed [rows, K*H] buffer, over peer-mapped GPU memory. Torch-free.
 //
 // Each rank pushes its own rows (or its column shards) into every rank's registered output buffer, then tells each
-// peer through a counter in the peer's flag area; no host sync, so the call is CUDA-graph capturable. Per rank
-// flag area (u64, written by peers with system-scope reductions, read with acquire loads):
+// peer through words in the peer's flag area; no host sync, so the call is CUDA-graph capturable. Nothing is ever
+// read from a peer: data and signals are stores into the peer, and every wait polls this rank's own memory (one-shot
+// pull kernels have been reported never to complete over PCIe peer-to-peer). Per rank flag area (u64 words, read
+// with acquire loads):
 //   entered[r]  how many gathers rank r has entered (so this rank's previous output is no longer being read)
-//   arrived[r]  kGatherArriveUnit times the gathers of rank r that finished writing into this rank's output
+//   arrived[r]  (signal kGatherSignalAtomic) kGatherArriveUnit times the gathers of rank r that finished writing
+//               into this rank's output, added to by every block of rank r with system-scope reductions
+//   slot[r][b]  (signal kGatherSignalFlags) (n << 16) | B: block b of rank r's grid of B blocks finished writing
+//               gather n into this rank's output; one writer per word, plain stores
 // and a local word (completed gathers). Counters only grow, so nothing is reset between calls and replays of a
 // captured graph keep counting.
 //
 // Protocol of gather n on rank me (grid of B blocks; B may differ across ranks and calls):
-//   1. block 0 adds 1 to entered[me] at every peer; every block with rows to copy issues its first loads, then
-//      waits until entered[p] >= n for all peers p, i.e. every peer has started gather n and so finished with its
-//      output of gather n-1.
+//   1. block 0 tells every peer it entered gather n (atomic signal: adds 1 to entered[me]; flags signal: stores n,
+//      the same value, since rank me is that word's only writer); every block with rows to copy issues its first
+//      loads, then waits until entered[p] >= n for all peers p, i.e. every peer has started gather n and so finished
+//      with its output of gather n-1.
 //   2. every block copies its share of this rank's rows into every rank's output, fences (release, system scope)
-//      and adds its share of kGatherArriveUnit to arrived[me] at every peer: the B shares sum to exactly one unit,
-//      so a peer sees arrived[me] >= n * kGatherArriveUnit only once every block of gather n has written.
-//   3. block 0 waits until arrived[p] >= n * kGatherArriveUnit for all peers, then records n.
+//      and signals every peer: atomic: adds its share of kGatherArriveUnit to arrived[me] (the B shares sum to
+//      exactly one unit, so a peer sees arrived[me] >= n * kGatherArriveUnit only once every block of gather n has
+//      written); flags: stores (n << 16) | B into slot[me][b].
+//   3. block 0 waits for every peer's blocks: atomic: arrived[p] >= n * kGatherArriveUnit; flags: its threads read
+//      B_p from slot[p][0] and poll slot[p][0..B_p) in parallel until each holds n (a slot already past n means
+//      rank p has finished gather n and started a later one). Then it records n.
+// The atomic signal needs native peer atomics on every link (system-scope reductions over PCIe are not guaranteed:
+// cudaDevP2PAttrNativeAtomicSupported can be 0, and arrivals would be lost); the flags signal needs only ordered
+// stores, at the price of B words per peer for the receiver to poll. eagle3_capture.gather_backend picks one from
+// what the devices report.
 // No block waits for another block of its own rank: the last store to land is followed by one fence round trip and
 // one one-way signal (an earlier version funnelled every block through a local counter and a second fence).
 // A wait longer than the timeout stops the kernel and writes {code, peer, step, n} to a host-mapped error word.
@@ -28,17 +41,28 @@ namespace e3 {
 constexpr int kGatherMaxRanks = 16;
 constexpr int kGatherMaxSegments = 16;
 
+constexpr int kGatherMaxBlocks = 1024;  // the largest grid (the flags signal keeps one slot per block)
+
 // Flag area layout (u64 words) inside each rank's registered buffer.
 constexpr int kGatherFlagEntered = 0;                     // [kGatherMaxRanks]
 constexpr int kGatherFlagArrived = kGatherMaxRanks;       // [kGatherMaxRanks]
 constexpr int kGatherFlagCompleted = 2 * kGatherMaxRanks; // local: gathers completed
-constexpr int kGatherFlagWords = 2 * kGatherMaxRanks + 1;
+constexpr int kGatherFlagSlots = 64;                      // [kGatherMaxRanks][kGatherMaxBlocks], 512-byte aligned
+constexpr int kGatherFlagWords = kGatherFlagSlots + kGatherMaxRanks * kGatherMaxBlocks;
 // One gather's worth of arrival: the blocks of a grid split it among themselves (any grid of up to 2^20 blocks).
 constexpr unsigned long long kGatherArriveUnit = 1ull << 20;
+// A flags-signal slot: the gather number above kGatherSlotShift bits, the sender's grid size below.
+constexpr int kGatherSlotShift = 16;
+static_assert(kGatherMaxBlocks < (1 << kGatherSlotShift), "a slot holds the grid size in its low bits");
+
+// How ranks signal arrival (GatherParams::signal).
+constexpr int kGatherSignalAtomic = 0;  // system-scope reductions into one counter per peer: needs native atomics
+constexpr int kGatherSignalFlags = 1;   // one plain-store flag per block and peer: needs only ordered stores
 
 // Error word codes written to GatherParams::error[0].
 constexpr int kGatherErrEnterTimeout = 1;   // a peer did not enter the gather
 constexpr int kGatherErrArriveTimeout = 2;  // a peer entered but its rows did not arrive
+constexpr int kGatherErrBadSlot = 3;        // a flags-signal slot names a grid outside 1..kGatherMaxBlocks
 
 struct GatherParams {
   int world;
@@ -57,6 +81,7 @@ struct GatherParams {
   int64_t dst_col[kGatherMaxSegments];
   int elem_size;                              // bytes
   int blocks;                                 // at most this many blocks (fewer when there are fewer work units)
+  int signal;                                 // kGatherSignalAtomic or kGatherSignalFlags, the same on every rank
   unsigned long long timeout_ns;
   int* error;                                 // host-mapped int[4]: code, peer, step, gather number
 };

@@ -22,31 +22,91 @@ __device__ __forceinline__ unsigned long long global_timer_ns() {
 __device__ __forceinline__ void red_add_sys(unsigned long long* p, unsigned long long v) {
   asm volatile("red.relaxed.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
+// A plain (non-atomic) store seen at system scope: the flags signal's only write to a peer's flag area.
+__device__ __forceinline__ void store_relaxed_sys(unsigned long long* p, unsigned long long v) {
+  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
 // Release fence at system scope: this thread's stores (peer memory included) are acknowledged before anything it
 // writes next. acq_rel rather than __threadfence_system()'s sc: same guarantee for a release pattern, lighter barrier.
 __device__ __forceinline__ void fence_release_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
 
-// Spins until *p >= target; false on timeout (after writing the error word). The short sleep keeps the poll from
-// hammering L2 while adding at most a fraction of a microsecond to the wake-up.
-__device__ bool wait_at_least(const unsigned long long* p, unsigned long long target, const GatherParams& g,
-                              int code, int peer, unsigned long long n) {
-  if (load_acquire_sys(p) >= target) return true;
-  const unsigned long long start = global_timer_ns();
-  while (load_acquire_sys(p) < target) {
-    if (global_timer_ns() - start > g.timeout_ns) {
-      volatile int* e = g.error;
-      if (e[0] == 0) {
-        e[1] = peer;
-        e[2] = code;
-        e[3] = static_cast<int>(n);
-        __threadfence_system();
-        e[0] = code;
-      }
-      return false;
-    }
-    __nanosleep(32);
+// Writes the error word once (the first failure wins; the fields before the code, so a host that sees the code
+// sees them). Threads that fail together may each get here: every write is a value a failure could report.
+__device__ void report_timeout(const GatherParams& g, int code, int peer, unsigned long long n) {
+  volatile int* e = g.error;
+  if (e[0] == 0) {
+    e[1] = peer;
+    e[2] = code;
+    e[3] = static_cast<int>(n);
+    __threadfence_system();
+    e[0] = code;
   }
+}
+
+// Spins until *p >= target; false on timeout. The short sleep keeps the poll from hammering L2 while adding at most
+// a fraction of a microsecond to the wake-up. *seen: the last value read.
+__device__ bool wait_at_least(const unsigned long long* p, unsigned long long target, unsigned long long timeout_ns,
+                              unsigned long long* seen = nullptr) {
+  unsigned long long v = load_acquire_sys(p);
+  if (v < target) {
+    const unsigned long long start = global_timer_ns();
+    while ((v = load_acquire_sys(p)) < target) {
+      if (global_timer_ns() - start > timeout_ns) {
+        if (seen != nullptr) *seen = v;
+        return false;
+      }
+      __nanosleep(32);
+    }
+  }
+  if (seen != nullptr) *seen = v;
   return true;
+}
+
+// The waits of one thread, error reported on failure.
+__device__ bool wait_or_report(const unsigned long long* p, unsigned long long target, const GatherParams& g,
+                               int code, int peer, unsigned long long n) {
+  if (wait_at_least(p, target, g.timeout_ns)) return true;
+  report_timeout(g, code, peer, n);
+  return false;
+}
+
+// Flags signal, step 3 (block 0, every thread): waits until every block of every peer's gather n has written into
+// this rank's output. First one thread per peer reads the peer's grid size from its slot 0 (or finds the peer
+// already past gather n: then all its gather-n blocks have signalled), then the block's threads share the
+// (peer, block) slots. Returns the same value on every thread.
+__device__ bool wait_flag_slots(const GatherParams& g, unsigned long long n) {
+  __shared__ int peer_blocks[kGatherMaxRanks];
+  const unsigned long long* slots = g.flags[g.rank] + kGatherFlagSlots;
+  const unsigned long long want = n << kGatherSlotShift;
+  bool ok = true;
+  if (threadIdx.x < g.world) {
+    const int p = threadIdx.x;
+    int blocks = 0;
+    if (p != g.rank) {
+      unsigned long long v = 0;
+      ok = wait_at_least(slots + p * kGatherMaxBlocks, want, g.timeout_ns, &v);
+      if (!ok) {
+        report_timeout(g, kGatherErrArriveTimeout, p, n);
+      } else if ((v >> kGatherSlotShift) == n) {
+        blocks = static_cast<int>(v & ((1ull << kGatherSlotShift) - 1));
+        if (blocks < 1 || blocks > kGatherMaxBlocks) {
+          report_timeout(g, kGatherErrBadSlot, p, n);
+          ok = false;
+        }
+      }
+    }
+    // Slots 1.. of this peer still to poll (slot 0 is read; none if the peer is already past gather n).
+    peer_blocks[p] = ok && blocks > 1 ? blocks - 1 : 0;
+  }
+  if (!__syncthreads_and(ok)) return false;
+  int total = 0;
+  for (int p = 0; p < g.world; ++p) total += peer_blocks[p];
+  for (int i = threadIdx.x; i < total && ok; i += blockDim.x) {
+    int p = 0, rest = i;  // item i -> (peer p, slot 1 + rest)
+    while (rest >= peer_blocks[p]) rest -= peer_blocks[p++];
+    ok = wait_or_report(slots + p * kGatherMaxBlocks + 1 + rest, want, g, kGatherErrArriveTimeout, p, n);
+  }
+  return __syncthreads_and(ok) != 0;
 }
 
 // Loads in flight per thread: each thread loads kGatherUnroll vectors of a row piece, then stores each of them to
@@ -69,7 +129,7 @@ __host__ __device__ inline GatherUnits gather_units(const GatherParams& g, int64
   return u;
 }
 
-template <typename Vec>
+template <typename Vec, bool kFlags>
 __global__ void __launch_bounds__(kGatherThreads) gather_p2p_kernel(GatherParams g, int64_t vec_elems) {
   __shared__ unsigned long long n_shared;
   unsigned long long* my_flags = g.flags[g.rank];
@@ -77,8 +137,11 @@ __global__ void __launch_bounds__(kGatherThreads) gather_p2p_kernel(GatherParams
   const unsigned long long n =
       *reinterpret_cast<volatile unsigned long long*>(my_flags + kGatherFlagCompleted) + 1;
   if (blockIdx.x == 0 && threadIdx.x == 0) {
-    for (int p = 0; p < g.world; ++p)
-      if (p != g.rank) red_add_sys(g.flags[p] + kGatherFlagEntered + g.rank, 1ull);
+    for (int p = 0; p < g.world; ++p) {
+      if (p == g.rank) continue;
+      if (kFlags) store_relaxed_sys(g.flags[p] + kGatherFlagEntered + g.rank, n);
+      else red_add_sys(g.flags[p] + kGatherFlagEntered + g.rank, 1ull);
+    }
   }
 
   const GatherUnits units = gather_units(g, vec_elems, blockDim.x);
@@ -106,7 +169,7 @@ __global__ void __launch_bounds__(kGatherThreads) gather_p2p_kernel(GatherParams
       if (threadIdx.x == 0) {
         bool ok = true;
         for (int p = 0; p < g.world && ok; ++p)
-          if (p != g.rank) ok = wait_at_least(my_flags + kGatherFlagEntered + p, n, g, kGatherErrEnterTimeout, p, n);
+          if (p != g.rank) ok = wait_or_report(my_flags + kGatherFlagEntered + p, n, g, kGatherErrEnterTimeout, p, n);
         n_shared = ok ? 1ull : 0ull;
       }
       __syncthreads();
@@ -125,25 +188,33 @@ __global__ void __launch_bounds__(kGatherThreads) gather_p2p_kernel(GatherParams
     }
   }
 
-  // Every thread fences its own stores (each warp waits for its acknowledgements in parallel); then the block adds
-  // its share of one arrival unit at every peer. Shares: unit / B, plus one for the first unit % B blocks.
+  // Every thread fences its own stores (each warp waits for its acknowledgements in parallel); then the block
+  // signals every peer. Atomic: its share of one arrival unit, unit / B plus one for the first unit % B blocks.
+  // Flags: its own slot, (n << 16) | B.
   fence_release_sys();
   __syncthreads();
   if (threadIdx.x == 0) {
     const unsigned long long share = kGatherArriveUnit / gridDim.x + (blockIdx.x < kGatherArriveUnit % gridDim.x);
-    for (int p = 0; p < g.world; ++p)
-      if (p != g.rank) red_add_sys(g.flags[p] + kGatherFlagArrived + g.rank, share);
-    if (blockIdx.x == 0) {
-      // Block 0 ends the gather on this rank: every peer's blocks have all written into this rank's output. The
-      // next kernel on this stream reads `completed` after this one ends, so no fence is needed after it.
-      bool ok = true;
-      for (int p = 0; p < g.world && ok; ++p)
-        if (p != g.rank)
-          ok = wait_at_least(my_flags + kGatherFlagArrived + p, n * kGatherArriveUnit, g, kGatherErrArriveTimeout,
-                             p, n);
-      if (ok) *reinterpret_cast<volatile unsigned long long*>(my_flags + kGatherFlagCompleted) = n;
+    const unsigned long long slot = (n << kGatherSlotShift) | gridDim.x;
+    for (int p = 0; p < g.world; ++p) {
+      if (p == g.rank) continue;
+      if (kFlags) store_relaxed_sys(g.flags[p] + kGatherFlagSlots + g.rank * kGatherMaxBlocks + blockIdx.x, slot);
+      else red_add_sys(g.flags[p] + kGatherFlagArrived + g.rank, share);
     }
   }
+  if (blockIdx.x != 0) return;
+  // Block 0 ends the gather on this rank: every peer's blocks have all written into this rank's output. The next
+  // kernel on this stream reads `completed` after this one ends, so no fence is needed after it.
+  bool ok = true;
+  if (kFlags) {
+    ok = wait_flag_slots(g, n);
+  } else if (threadIdx.x == 0) {
+    for (int p = 0; p < g.world && ok; ++p)
+      if (p != g.rank)
+        ok = wait_or_report(my_flags + kGatherFlagArrived + p, n * kGatherArriveUnit, g, kGatherErrArriveTimeout,
+                            p, n);
+  }
+  if (threadIdx.x == 0 && ok) *reinterpret_cast<volatile unsigned long long*>(my_flags + kGatherFlagCompleted) = n;
 }
 
 }  // namespace kernels
@@ -174,11 +245,25 @@ int gather_p2p_cuda(const GatherParams& p, void* stream) {
   const int64_t units = gather_units(p, vec_elems, kGatherThreads).count;
   const int64_t blocks = units < p.blocks ? (units > 0 ? units : 1) : p.blocks;
   const dim3 grid(static_cast<unsigned>(blocks));
+  const bool flags = p.signal == kGatherSignalFlags;
+  if (!flags && p.signal != kGatherSignalAtomic) return static_cast<int>(cudaErrorInvalidValue);
   switch (bytes) {
-    case 16: gather_p2p_kernel<uint4><<<grid, kGatherThreads, 0, s>>>(p, vec_elems); break;
-    case 8: gather_p2p_kernel<uint2><<<grid, kGatherThreads, 0, s>>>(p, vec_elems); break;
-    case 4: gather_p2p_kernel<uint32_t><<<grid, kGatherThreads, 0, s>>>(p, vec_elems); break;
-    default: gather_p2p_kernel<uint16_t><<<grid, kGatherThreads, 0, s>>>(p, vec_elems); break;
+    case 16:
+      if (flags) gather_p2p_kernel<uint4, true><<<grid, kGatherThreads, 0, s>>>(p, vec_elems);
+      else gather_p2p_kernel<uint4, false><<<grid, kGatherThreads, 0, s>>>(p, vec_elems);
+      break;
+    case 8:
+      if (flags) gather_p2p_kernel<uint2, true><<<grid, kGatherThreads, 0, s>>>(p, vec_elems);
+      else gather_p2p_kernel<uint2, false><<<grid, kGatherThreads, 0, s>>>(p, vec_elems);
+      break;
+    case 4:
+      if (flags) gather_p2p_kernel<uint32_t, true><<<grid, kGatherThreads, 0, s>>>(p, vec_elems);
+      else gather_p2p_kernel<uint32_t, false><<<grid, kGatherThreads, 0, s>>>(p, vec_elems);
+      break;
+    default:
+      if (flags) gather_p2p_kernel<uint16_t, true><<<grid, kGatherThreads, 0, s>>>(p, vec_elems);
+      else gather_p2p_kernel<uint16_t, false><<<grid, kGatherThreads, 0, s>>>(p, vec_elems);
+      break;
   }
   return static_cast<int>(cudaGetLastError());
 }

@@ -7,6 +7,7 @@
 
 #include "capture_ops.h"
 #include "checks.h"
+#include "tuning_check.h"
 
 namespace e3ops {
 namespace {
@@ -32,6 +33,7 @@ void fused_add_rmsnorm_capture_cuda(at::Tensor& hidden, at::Tensor& residual, co
       fused_add_rmsnorm_capture_params(hidden, residual, weight, eps, packed, slot, &dtype);
   if (p.rows == 0) return;
   const c10::cuda::CUDAGuard guard(hidden.device());
+  checked_device_tuning(hidden.get_device());  // the block size comes from it; a malformed override raises here
   const int64_t max_cols = e3::fused_add_rmsnorm_capture_cuda_max_cols();
   E3_CHECK(p.cols <= max_cols, "eagle3_capture.fused_add_rmsnorm_capture_: H=", p.cols,
               " exceeds the CUDA kernel's limit of ", max_cols,

@@ -13,15 +13,23 @@
 namespace e3ops {
 
 namespace {
-std::atomic<int64_t> g_decode_max_rows{e3::kDraftFcDecodeDefaultRows};
+std::atomic<int64_t> g_decode_max_rows{kDecodeRowsFromDevice};
 std::atomic<int> g_decode_kernel{static_cast<int>(e3::DraftFcDecodeConfig{}.kernel)};
+std::atomic<int> g_cluster_fault{0};
 }  // namespace
 
-int64_t draft_fc_decode_max_rows() { return g_decode_max_rows.load(std::memory_order_relaxed); }
+int64_t draft_fc_decode_max_rows_setting() { return g_decode_max_rows.load(std::memory_order_relaxed); }
 
 int64_t set_draft_fc_decode_max_rows(int64_t rows) {
-  rows = rows < 0 ? 0 : (rows > e3::kDraftFcDecodeMaxRows ? e3::kDraftFcDecodeMaxRows : rows);
+  rows = rows < 0 ? kDecodeRowsFromDevice : (rows > e3::kDraftFcDecodeMaxRows ? e3::kDraftFcDecodeMaxRows : rows);
   return g_decode_max_rows.exchange(rows);
+}
+
+int draft_fc_cluster_fault() { return g_cluster_fault.load(std::memory_order_relaxed); }
+int64_t set_draft_fc_cluster_fault(int64_t err) {
+  E3_CHECK(err >= 0 && err < 100000, "eagle3_capture: the cluster fault knob takes a cudaError_t value >= 0 (0: ",
+           "none), got ", err);
+  return g_cluster_fault.exchange(static_cast<int>(err));
 }
 
 e3::DraftFcDecodeKernel draft_fc_decode_kernel() {

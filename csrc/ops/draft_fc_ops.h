@@ -13,11 +13,18 @@
 
 namespace e3ops {
 
-// Rows at or below which CUDA bf16/fp16 calls take the decode kernel rather than normalise + cuBLAS. A process-wide
-// tuning knob for the benchmarks (eagle3_capture.ops._set_draft_fc_decode_max_rows); results differ only by the
-// rounding of the two paths. Default e3::kDraftFcDecodeDefaultRows, clamped to 0..e3::kDraftFcDecodeMaxRows.
-int64_t draft_fc_decode_max_rows();
-int64_t set_draft_fc_decode_max_rows(int64_t rows);  // returns the previous value
+// Rows at or below which CUDA bf16/fp16 calls take the decode kernel rather than normalise + cuBLAS: by default the
+// device's Tuning::decode_max_rows (tuning.h; EAGLE3_CAPTURE_DECODE_MAX_ROWS overrides it), or a process-wide
+// setting for the benchmarks and tests (eagle3_capture.ops._set_draft_fc_decode_max_rows); results differ only by
+// the rounding of the two paths. The setting is clamped to 0..e3::kDraftFcDecodeMaxRows; a negative value (the
+// initial one, kDecodeRowsFromDevice) means the device's tuning.
+constexpr int64_t kDecodeRowsFromDevice = -1;
+int64_t draft_fc_decode_max_rows_setting();
+int64_t set_draft_fc_decode_max_rows(int64_t rows);  // returns the previous setting
+// Test knob: the cudaError_t value the cluster decode launch pretends to return (e3::DraftFcDecodeConfig::
+// cluster_fault; 0: none). Returns the previous value.
+int draft_fc_cluster_fault();
+int64_t set_draft_fc_cluster_fault(int64_t err);
 // Which decode kernel CUDA calls prefer (e3::DraftFcDecodeKernel as an int: 0 auto, the default; 1 cluster; 2
 // split; 3 bulk); each applies where it can, else auto's choice. Tuning and test knob; the setter checks the value
 // and returns the previous one.

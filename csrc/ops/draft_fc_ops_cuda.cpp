@@ -13,6 +13,7 @@
 
 #include "checks.h"
 #include "draft_fc_ops.h"
+#include "tuning_check.h"
 
 namespace e3ops {
 namespace {
@@ -82,7 +83,9 @@ void draft_fc_out_cuda(const std::vector<at::Tensor>& x, const at::Tensor& weigh
     check_vector_aligned(p.tap(k), p.tap_row_stride(k), what.c_str());
   }
   if (p.norm_weight != nullptr) check_vector_aligned(p.norm_weight, 8, "norm_weight");
-  const bool decode = p.rows <= draft_fc_decode_max_rows() && dtype != e3::DType::F32;
+  const int64_t setting = draft_fc_decode_max_rows_setting();
+  const int64_t max_rows = setting >= 0 ? setting : checked_device_tuning(x[0].get_device()).decode_max_rows;
+  const bool decode = p.rows <= max_rows && dtype != e3::DType::F32;
   if (decode) check_vector_aligned(p.weight, p.weight_row_stride, "weight");
   if (p.rows == 0) return;
   const c10::cuda::CUDAGuard guard(x[0].device());
@@ -91,6 +94,7 @@ void draft_fc_out_cuda(const std::vector<at::Tensor>& x, const at::Tensor& weigh
     const e3::DraftFcWorkspace ws = decode_workspace(x[0].device(), p, stream);
     e3::DraftFcDecodeConfig cfg;
     cfg.kernel = draft_fc_decode_kernel();
+    cfg.cluster_fault = draft_fc_cluster_fault();
     C10_CUDA_CHECK(static_cast<cudaError_t>(e3::draft_fc_decode_cuda(p, dtype, ws, stream, cfg)));
     return;
   }

@@ -19,7 +19,7 @@ const char* kOp = "gather_p2p_";
 void gather_p2p_cuda(at::Tensor& out, const at::Tensor& local, c10::IntArrayRef out_ptrs,
                      c10::IntArrayRef flag_ptrs, at::Tensor& flags, at::Tensor& error, int64_t rank,
                      int64_t dst_row_offset, c10::IntArrayRef src_cols, c10::IntArrayRef dst_cols, int64_t seg_len,
-                     int64_t blocks, double timeout_s) {
+                     int64_t blocks, double timeout_s, int64_t signal) {
   check_dim(out, 2, kOp, "out", "[rows, K*H]");
   check_dim(local, 2, kOp, "local", "[rows, cols]");
   E3_CHECK(out.is_cuda(), "eagle3_capture.gather_p2p_: expected out on a CUDA device, got ", out.device());
@@ -57,7 +57,11 @@ void gather_p2p_cuda(at::Tensor& out, const at::Tensor& local, c10::IntArrayRef 
   E3_CHECK(dst_row_offset >= 0 && dst_row_offset + local.size(0) <= out.size(0),
               "eagle3_capture.gather_p2p_: this rank's ", local.size(0), " rows at offset ", dst_row_offset,
               " do not fit the output's ", out.size(0), " rows");
-  E3_CHECK(blocks >= 1 && blocks <= 1024, "eagle3_capture.gather_p2p_: blocks must be in 1..1024, got ", blocks);
+  E3_CHECK(blocks >= 1 && blocks <= e3::kGatherMaxBlocks, "eagle3_capture.gather_p2p_: blocks must be in 1..",
+           e3::kGatherMaxBlocks, ", got ", blocks);
+  E3_CHECK(signal == e3::kGatherSignalAtomic || signal == e3::kGatherSignalFlags,
+           "eagle3_capture.gather_p2p_: signal must be ", e3::kGatherSignalAtomic, " (atomic) or ",
+           e3::kGatherSignalFlags, " (flags), got ", signal);
   E3_CHECK(std::isfinite(timeout_s) && timeout_s > 0, "eagle3_capture.gather_p2p_: timeout must be > 0 s, got ",
               timeout_s);
 
@@ -81,6 +85,7 @@ void gather_p2p_cuda(at::Tensor& out, const at::Tensor& local, c10::IntArrayRef 
   }
   p.elem_size = static_cast<int>(out.element_size());
   p.blocks = static_cast<int>(blocks);
+  p.signal = static_cast<int>(signal);
   p.timeout_ns = static_cast<unsigned long long>(timeout_s * 1e9);
   p.error = static_cast<int*>(error.data_ptr());
   const c10::cuda::CUDAGuard guard(out.device());

@@ -102,8 +102,8 @@ def draft_fc(x, weight: torch.Tensor, norm_weights=None, eps: float = 1e-6, bias
        or a list of K [M, H] tensors. weight: [N, K*H] (N = H, or H/tp for a column-parallel shard).
     norm_weights: None (EAGLE-3), or the per-tap RMSNorm weights of EAGLE-3.1 drafts (`fc_norm`) as [K, H] or a
        list of K [H]. bias: [N] or None. out: optional [M, N] contiguous output.
-    bf16/fp16 (CUDA decode kernel for M <= 8: weights streamed once, norms applied on the fly; above that the
-    normalised taps go through cuBLAS) and float32 (CPU, and the cuBLAS path on CUDA). H must be a multiple of 8.
+    bf16/fp16 (CUDA decode kernel for M <= the device's threshold, 8 on sm_90 and 16 on sm_12x: weights streamed
+    once, norms applied on the fly; above that the normalised taps go through cuBLAS) and float32 (CPU, and the cuBLAS path on CUDA). H must be a multiple of 8.
     """
     taps = _tap_list(x)
     g = _norm_tensor(norm_weights)
@@ -117,11 +117,19 @@ def draft_fc(x, weight: torch.Tensor, norm_weights=None, eps: float = 1e-6, bias
 
 
 def _set_draft_fc_decode_max_rows(rows: int) -> int:
-    """Benchmark knob: CUDA bf16/fp16 draft_fc takes the decode kernel for M <= rows (default 8, clamped to 0..16:
-    the kernels hold two token groups of 8), the normalise + cuBLAS path above. Process-wide; returns the previous
-    value so callers can restore it."""
+    """Benchmark/test knob: CUDA bf16/fp16 draft_fc takes the decode kernel for M <= rows (clamped to 0..16: the
+    kernels hold two token groups of 8), the normalise + cuBLAS path above. Process-wide; a negative value (the
+    initial setting, -1) means each device's tuned threshold (`eagle3_capture.tuning`: 8 on sm_90, 16 on sm_12x;
+    EAGLE3_CAPTURE_DECODE_MAX_ROWS overrides it). Returns the previous setting so callers can restore it."""
 
     return int(load().set_draft_fc_decode_max_rows(int(rows)))
+
+
+def _set_draft_fc_cluster_fault(cuda_error: int) -> int:
+    """Test knob: the cudaError_t value (e.g. 912, cudaErrorInvalidClusterSize) that the cluster decode kernel's
+    launch pretends to return, so the fallback to the split kernel (one line on stderr) runs on a GPU where clusters
+    launch; 0 turns it off. Process-wide; returns the previous value."""
+    return int(load().set_draft_fc_cluster_fault(int(cuda_error)))
 
 
 _DECODE_KERNELS = ("auto", "cluster", "split", "bulk")  # e3::DraftFcDecodeKernel, in its order
@@ -132,8 +140,10 @@ def _set_draft_fc_decode_kernel(kernel: str) -> str:
 
     "cluster" (sm_90+, K <= 8): the K-splits of a column tile reduced in a thread-block cluster's shared memory.
     "split": partials added in an L2 workspace by atomics (any GPU). "bulk" (sm_90+, packed input, M <= 8): TMA
-    copies. "auto" (default): cluster for small N (many K-splits per tap) where its grid fits one wave of co-resident
-    clusters, else split. Where the preferred kernel does not apply, auto's choice runs."""
+    copies. "auto" (default): cluster for small N (the split grid cuts each tap into at least the device's
+    `cluster_min_splits` pieces, `eagle3_capture.tuning`) where its grid fits one wave of co-resident clusters, else
+    split. Where the preferred kernel does not apply, auto's choice runs; a cluster launch the device refuses runs
+    the split kernel (one line on stderr)."""
     if kernel not in _DECODE_KERNELS:
         raise ValueError(f"decode kernel must be one of {_DECODE_KERNELS}, got {kernel!r}")
     return _DECODE_KERNELS[int(load().set_draft_fc_decode_kernel(_DECODE_KERNELS.index(kernel)))]

@@ -6,9 +6,14 @@ every rank's packed [rows, K*H] buffer:
 
 - backend "p2p" (CUDA, every pair of GPUs peer-accessible): one kernel per rank pushes its rows into every rank's
   registered output over peer-mapped memory (torch symmetric memory, multicast never used) and orders ranks with
-  counters in peer memory, not host syncs; CUDA-graph capturable; a peer that does not arrive within `timeout_s`
-  makes the kernel give up and `check()` raise, naming the rank and the step.
+  signals in peer memory, not host syncs: atomic counters where every link has native peer atomics (NVLink), one
+  plain-store flag per block otherwise (PCIe); CUDA-graph capturable; a peer that does not arrive within
+  `timeout_s` makes the kernel give up and `check()` raise, naming the rank and the step.
 - backend "nccl" (CUDA otherwise) and "gloo" (CPU tensors): the same API and results through all_gather.
+Which CUDA backend and signal a machine gets is `gather_backend.plan`'s decision (logged once), from what every
+rank's devices report; EAGLE3_CAPTURE_GATHER_BACKEND / EAGLE3_CAPTURE_GATHER_SIGNAL override it. A p2p gatherer
+runs one probe gather of known rows before its first use and moves every rank to NCCL (same results, one warning)
+if any rank's rows did not arrive.
 
 Layouts: "rows" — each rank holds [T_r, K*H] (uneven T_r allowed, given as rows_per_rank), rank r's rows land at
 row offset sum(T_q, q < r). "columns" — each rank holds H/tp columns of every tap, [T, K*H/tp], and the gather
@@ -31,12 +36,12 @@ from typing import Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from . import gather_agreement
+from . import gather_agreement, gather_backend
 
 ROWS = "rows"
 COLUMNS = "columns"
-_FLAG_WORDS = 64  # >= e3::kGatherFlagWords (33), padded
-_STEPS = {1: "waiting for the peer to enter the gather", 2: "waiting for the peer's rows to arrive"}
+_STEPS = {1: "waiting for the peer to enter the gather", 2: "waiting for the peer's rows to arrive",
+          3: "reading a malformed arrival flag of the peer"}
 
 
 class GatherTimeout(RuntimeError):
@@ -66,7 +71,8 @@ class PackedGatherer:
 
     def __init__(self, group: Optional[dist.ProcessGroup], *, num_taps: int, hidden_size: int, dtype: torch.dtype,
                  max_rows_per_rank: int, device: Optional[torch.device] = None, layout: str = ROWS,
-                 timeout_s: float = 10.0, backend: str = "auto", blocks: Optional[int] = None):
+                 timeout_s: float = 10.0, backend: str = "auto", blocks: Optional[int] = None,
+                 signal: str = "auto"):
         if layout not in (ROWS, COLUMNS):
             raise ValueError(f"layout must be {ROWS!r} or {COLUMNS!r}, got {layout!r}")
         if num_taps < 1 or hidden_size < 1 or max_rows_per_rank < 0:
@@ -74,6 +80,8 @@ class PackedGatherer:
                              f"{num_taps}, {hidden_size}, {max_rows_per_rank}")
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        if signal not in gather_backend.SIGNALS:
+            raise ValueError(f"signal must be one of {list(gather_backend.SIGNALS)}, got {signal!r}")
         self.group = group
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
@@ -88,18 +96,20 @@ class PackedGatherer:
         self.max_rows_per_rank = max_rows_per_rank
         self.width = num_taps * hidden_size
         if blocks is not None and not 1 <= int(blocks) <= 1024:
-            raise ValueError(f"blocks must be in 1..1024 (or None for twice the SM count), got {blocks}")
+            raise ValueError(f"blocks must be in 1..1024 (or None for the device's tuned grid), got {blocks}")
         self.timeout_s = float(timeout_s)
-        # p2p grid: twice the SM count keeps enough 16-byte stores in flight to fill NVLink (benchmarks/NOTES.md).
-        self.blocks = int(blocks) if blocks is not None else (
-            2 * torch.cuda.get_device_properties(self.device).multi_processor_count
-            if self.device.type == "cuda" else 1)
         self._check_same_config()
         self._agreement = self._setup_agreement()
-        self.backend = self._choose_backend(backend)
+        self.plan: Optional[gather_backend.GatherPlan] = None
+        self.backend = self._choose_backend(backend, signal)
+        self.signal = self.plan.signal if self.plan is not None else None
+        # p2p grid: the device's tuned grid for the link class (eagle3_capture.tuning: twice the SM count over
+        # NVLink, measured on the H200; 64 blocks over PCIe, reasoned), unless `blocks` says otherwise.
+        self.blocks = int(blocks) if blocks is not None else self._tuned_blocks()
         self._broken: Optional[str] = None
         if self.backend == "p2p":
             self._setup_p2p()
+            self._fall_back_unless_probe_passes()
 
     # ------------------------------------------------------------------ setup
 
@@ -118,40 +128,34 @@ class PackedGatherer:
         prefix = gather_agreement.shared_prefix(self.group, self.rank, self.world)
         return gather_agreement.CallAgreement(store, prefix, self.rank, self.world, self.timeout_s)
 
-    def _choose_backend(self, backend: str) -> str:
+    def _choose_backend(self, backend: str, signal: str) -> str:
         if self.device.type == "cpu":
             if backend not in ("auto", "gloo"):
                 raise ValueError(f"backend {backend!r} needs CUDA tensors; this gatherer is on CPU (gloo)")
             return "gloo"
         if backend not in ("auto", "p2p", "nccl"):
             raise ValueError(f"backend must be 'auto', 'p2p', 'nccl' or 'gloo', got {backend!r}")
-        p2p_ok, why = self._p2p_possible()
-        if backend == "p2p" and not p2p_ok:
-            raise RuntimeError(f"backend 'p2p' requested but not possible: {why}")
-        if backend == "nccl" or not p2p_ok:
-            return "nccl"
-        return "p2p"
+        from . import tuning
 
-    def _p2p_possible(self) -> tuple[bool, str]:
-        from .native import build_info
-
-        if "cuda" not in build_info()["backends"]:
-            return False, "the extension was built without CUDA"
-        devices: list = [None] * self.world
-        dist.all_gather_object(devices, torch.cuda.current_device() if self.device.index is None else self.device.index,
-                               group=self.group)
-        # Every rank checks its own access to every peer, then all agree.
-        mine = all(p == devices[self.rank] or torch.cuda.can_device_access_peer(devices[self.rank], p)
-                   for p in devices)
-        votes: list = [None] * self.world
-        dist.all_gather_object(votes, mine, group=self.group)
-        if not all(votes):
-            return False, f"peer access is missing on ranks {[r for r, v in enumerate(votes) if not v]}"
+        index = torch.cuda.current_device() if self.device.index is None else self.device.index
+        self._tuning = tuning.for_device(index)["tuning"]
+        # A malformed tuning override travels in the report, so every rank raises, not this one alone.
+        mine = gather_backend.local_report(index, backend, signal, tuning_error=self._tuning["error"])
+        reports: list = [None] * self.world
+        dist.all_gather_object(reports, mine, group=self.group)
         try:
-            importlib.import_module("torch.distributed._symmetric_memory")
-        except ImportError as e:
-            return False, f"torch symmetric memory unavailable ({e})"
-        return True, ""
+            self.plan = gather_backend.plan(reports)
+        except ValueError as e:
+            raise RuntimeError(str(e)) from None
+        gather_backend.log_once(self.plan, self.world)
+        return self.plan.backend
+
+    def _tuned_blocks(self) -> int:
+        if self.device.type != "cuda" or self.backend != "p2p":
+            return 1
+        t = self._tuning
+        return int(t["gather_blocks_nvlink"] if self.plan.link_class == gather_backend.NVLINK
+                   else t["gather_blocks_pcie"])
 
     def _setup_p2p(self) -> None:
         _no_multicast_env()
@@ -168,7 +172,8 @@ class PackedGatherer:
         es = torch.tensor([], dtype=self.dtype).element_size()
         data_bytes = max(out_rows, 1) * self.width * es
         data_bytes = (data_bytes + 255) // 256 * 256
-        buf = symm_mem.empty(data_bytes + _FLAG_WORDS * 8, dtype=torch.uint8, device=self.device)
+        flag_words = int(native.load().gather_flag_words())  # e3::kGatherFlagWords
+        buf = symm_mem.empty(data_bytes + flag_words * 8, dtype=torch.uint8, device=self.device)
         self._flags = buf[data_bytes:].view(torch.int64)
         self._flags.zero_()
         torch.cuda.synchronize(self.device)
@@ -182,6 +187,43 @@ class PackedGatherer:
             raise RuntimeError("symmetric memory returned a local pointer that differs from the buffer")
         self._error = torch.zeros(4, dtype=torch.int32).pin_memory()
         dist.barrier(group=self.group)  # every rank's flags are zero before anyone signals
+
+    _PROBE_TIMEOUT_S = 5.0
+
+    def _probe_p2p(self) -> Optional[str]:
+        """One gather of known rows before first use, with a short timeout: peer writes that never land (a PCIe
+        switch routing them elsewhere, an IOMMU) or a protocol that cannot complete on this machine show here, as a
+        reason, instead of as a GatherTimeout in the first served batch. None when every row arrived."""
+        rows = min(self.max_rows_per_rank, 2)
+        cols = self.width if self.layout == ROWS else self.width // self.world
+        local = torch.full((rows, cols), float(self.rank + 1), dtype=self.dtype, device=self.device)  # never 0
+        counts = [rows] * self.world
+        total = rows if self.layout == COLUMNS else rows * self.world
+        self._out[:total].fill_(float("nan"))
+        got = self._gather_p2p(local, None, counts, total, timeout_s=min(self.timeout_s, self._PROBE_TIMEOUT_S))
+        torch.cuda.current_stream(self.device).synchronize()
+        code, peer, step, n = (int(v) for v in self._error.tolist())
+        if code:
+            return f"rank {self.rank}: the probe gather timed out {_STEPS.get(step, f'at step {step}')} (rank {peer})"
+        want = reference_gather([torch.full((rows, cols), float(r + 1), dtype=self.dtype) for r in range(self.world)],
+                                self.layout, self.num_taps, self.hidden_size)
+        if not torch.equal(got.cpu(), want):
+            return f"rank {self.rank}: the probe gather completed but its rows differ from what the peers sent"
+        return None
+
+    def _fall_back_unless_probe_passes(self) -> None:
+        why = self._probe_p2p()
+        votes: list = [None] * self.world
+        dist.all_gather_object(votes, why, group=self.group)
+        failed = [v for v in votes if v]
+        if not failed:
+            return
+        # NCCL gives the same results. The p2p buffers stay referenced: a late peer write must not land in freed
+        # memory.
+        self._abandoned = (self._buf, self._handle, self._flags, self._error)
+        self.backend, self.signal = "nccl", None
+        self.plan = gather_backend.GatherPlan("nccl", None, None, "p2p probe failed: " + "; ".join(failed))
+        gather_backend.logger.warning("%s", self.plan.describe(self.world))
 
     # ------------------------------------------------------------------ use
 
@@ -300,7 +342,7 @@ class PackedGatherer:
         return ([k * hs for k in range(self.num_taps)],
                 [k * self.hidden_size + self.rank * hs for k in range(self.num_taps)], hs)
 
-    def _gather_p2p(self, local, out, rows, total) -> torch.Tensor:
+    def _gather_p2p(self, local, out, rows, total, timeout_s: Optional[float] = None) -> torch.Tensor:
         view = self._out[:total]
         if out is not None and (out.data_ptr() != view.data_ptr() or out.shape != view.shape):
             raise ValueError("with the p2p backend, out must be gatherer.output(total_rows): peers write into the "
@@ -313,7 +355,8 @@ class PackedGatherer:
         local = local if local.stride(-1) == 1 else local.contiguous()
         torch.ops.eagle3_capture.gather_p2p_(self._out, local, self._out_ptrs, self._flag_ptrs, self._flags,
                                              self._error, self.rank, offset, src, dst, seg_len, self.blocks,
-                                             self.timeout_s)
+                                             self.timeout_s if timeout_s is None else timeout_s,
+                                             gather_backend.SIGNAL_CODES[self.signal])
         return view
 
     def _gather_collective(self, local, out, rows) -> torch.Tensor:

@@ -72,6 +72,15 @@ def test_report_files_and_png(demo):
     j = json.load(open(os.path.join(out, "report.json")))
     assert j["failures"] == [] and j["trained_taps"] == ["Embedding", "LayerOutput(0)", "LayerOutput(3)"]
     assert "result: OK" in res.report_text and "MISMATCH" in res.report_text
+    # the served accept length (SGLang's walk) beside tau, for both captures: lower than tau, and the miswired
+    # capture serves less
+    sv, tau = j["served"], j["tau"]
+    for name in ("correct", "miswired"):
+        s = sv[name]["sglang_defaults"]
+        assert s["completion_tokens"] == 64 * 16 and s["served_accept_length"] < tau[name]["sglang_defaults"]
+    assert sv["correct"]["sglang_defaults"]["served_accept_length"] > \
+        sv["miswired"]["sglang_defaults"]["served_accept_length"] + 0.2
+    assert "correct served" in res.report_text and "miswired served" in res.report_text
 
 
 def test_demo_help():

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import socket
 import sys
-import types
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
@@ -33,29 +32,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _stub_vllm() -> None:
-    """SGLang's RotaryEmbedding imports vllm._custom_ops when there is no GPU (never called in the forward)."""
-    if "vllm" in sys.modules:
-        return
-    vllm = types.ModuleType("vllm")
-    ops = types.ModuleType("vllm._custom_ops")
-
-    def rotary_embedding(*args, **kwargs):
-        raise RuntimeError("vllm._custom_ops.rotary_embedding is a CPU-test stand-in and must not be called")
-
-    ops.rotary_embedding = rotary_embedding
-    vllm._custom_ops = ops
-    sys.modules["vllm"] = vllm
-    sys.modules["vllm._custom_ops"] = ops
-
-
 def setup_process(world_size: int = 1, rank: int = 0, port: Optional[int] = None) -> None:
     """Once per process: gloo parallel state (tp = world_size, pp = ep = 1) and a published ServerArgs. For
     world_size > 1, every rank's process calls it with the same `port`."""
     global _SETUP_DONE
     if _SETUP_DONE:
         return
-    _stub_vllm()
+    from e3_sglang_cpu import stub_vllm  # the test-only CPU stand-ins (tests/sglang_cpu_plugin)
+
+    stub_vllm()
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ["MASTER_PORT"] = str(port if port is not None else _free_port())
     from sglang.srt import runtime_context
@@ -74,15 +59,12 @@ def setup_process(world_size: int = 1, rank: int = 0, port: Optional[int] = None
     else:
         # CPU-only workaround for world > 1: SGLang's group coordinators default to PyNccl and the custom
         # all-reduce, which need a GPU; over gloo, plain torch.distributed collectives are what is left.
+        import functools
         from unittest import mock
 
-        original = parallel_state.init_model_parallel_group
+        from e3_sglang_cpu import init_model_parallel_group_hook
 
-        def no_gpu_comms(*args, **kwargs):
-            kwargs.update(use_pynccl=False, use_custom_allreduce=False, use_mscclpp=False,
-                          use_torch_symm_mem_allreduce=False)
-            return original(*args, **kwargs)
-
+        no_gpu_comms = functools.partial(init_model_parallel_group_hook, parallel_state.init_model_parallel_group)
         with mock.patch.object(parallel_state, "init_model_parallel_group", no_gpu_comms):
             parallel_state.initialize_model_parallel(backend="gloo")
 

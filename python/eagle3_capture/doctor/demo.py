@@ -23,9 +23,10 @@ from typing import Dict, List, Optional
 import torch
 
 from ..spec import EMBEDDING, TapSpec
-from .accept import Metrics, chain_correct, metrics
+from .accept import Metrics, chain_correct, evaluate, metrics, served_walks
 from .common import pick_device, torch_threads, write_json
 from .server_args import parse_server_args, resolve_speculative
+from .serving import total
 
 
 @dataclass
@@ -181,7 +182,7 @@ def _run(out_dir: str, fast: bool, dev: str, seed: int, plot: bool, progress: bo
     fp_ok = fpmod.fingerprint(ref_path, cap_ok, declared=trained, declared_source="the draft config")
     lap("check")
 
-    # -- predicted accept lengths ---------------------------------------------------------------------------------------
+    # -- predicted accept lengths: tau, and the served figure (SGLang's loop replayed, as doctor accept does) ---------
     flags = parse_server_args(flags_text)
     res = resolve_speculative(flags, "DeepseekV3ForCausalLM")
     default = resolve_speculative(parse_server_args(""), "DeepseekV3ForCausalLM")
@@ -189,6 +190,11 @@ def _run(out_dir: str, fast: bool, dev: str, seed: int, plot: bool, progress: bo
         "correct": (m_ok.tau(res.steps), m_ok.tau(default.steps), m_ok.tau(steps)),
         "miswired": (m_mis.tau(res.steps), m_mis.tau(default.steps), m_mis.tau(steps)),
     }
+    served = {}
+    for name, spec in (("correct", trained), ("miswired", miswired)):
+        served[name] = tuple(total(served_walks(evaluate(target, draft, eval_prompts, spec, r.steps, N, r, 256, dev,
+                                                         progress=False), N)) for r in (res, default))
+    lap("served")
 
     # -- verdict ----------------------------------------------------------------------------------------------------
     failures = []
@@ -213,20 +219,25 @@ def _run(out_dir: str, fast: bool, dev: str, seed: int, plot: bool, progress: bo
         from .plots import accuracy_plot
 
         png = os.path.join(out_dir, "accuracy.png")
+        d = default
         accuracy_plot(png, {f"correct capture {list(trained.taps)}": m_ok,
                             f"miswired capture {list(miswired.taps)}": m_mis},
                       "EAGLE-3 demo draft: offline accuracy per draft step (held-out prompts)",
-                      {f"correct capture {list(trained.taps)}": f"tau@{steps} {taus['correct'][2]:.2f}",
-                       f"miswired capture {list(miswired.taps)}": f"tau@{steps} {taus['miswired'][2]:.2f}"})
+                      {f"correct capture {list(trained.taps)}":
+                       f"served accept length {served['correct'][1].served_accept_length:.2f}, "
+                       f"tau {taus['correct'][1]:.2f} at SGLang's {d.steps}/{d.topk}/{d.draft_tokens}",
+                       f"miswired capture {list(miswired.taps)}":
+                       f"served accept length {served['miswired'][1].served_accept_length:.2f}, "
+                       f"tau {taus['miswired'][1]:.2f} at SGLang's {d.steps}/{d.topk}/{d.draft_tokens}"})
         lap("plot")
-    text = _report(S, trained, miswired, m_ok, m_mis, taus, res, default, rep, fp_ok, log, timings, out_dir, fast,
-                   dev, failures, notes)
+    text = _report(S, trained, miswired, m_ok, m_mis, taus, served, res, default, rep, fp_ok, log, timings, out_dir,
+                   fast, dev, failures, notes)
     write_json(os.path.join(out_dir, "report.json"), {
         "fast": fast, "device": dev, "seed": seed, "settings": S,
         "trained_taps": [repr(t) for t in trained.taps], "miswired_taps": [repr(t) for t in miswired.taps],
         "correct": m_ok.to_json(), "miswired": m_mis.to_json(),
-        "predicted_accept_length": {k: {"server_flags": v[0], "sglang_defaults": v[1], f"chain_{steps}": v[2]}
-                                    for k, v in taus.items()},
+        "tau": {k: {"server_flags": v[0], "sglang_defaults": v[1], f"chain_{steps}": v[2]} for k, v in taus.items()},
+        "served": {k: {"server_flags": v[0].to_json(), "sglang_defaults": v[1].to_json()} for k, v in served.items()},
         "check": rep.to_json(), "fingerprint_correct": fp_ok.to_json(), "train": log, "timings_s": timings,
         "failures": failures, "png": png,
     })
@@ -260,8 +271,8 @@ def _save_target(model, path: str) -> None:
             hf_logging.enable_progress_bar()
 
 
-def _report(S, trained, miswired, m_ok, m_mis, taus, res, default, rep, fp_ok, log, timings, out_dir, fast, dev,
-            failures, notes=()) -> str:
+def _report(S, trained, miswired, m_ok, m_mis, taus, served, res, default, rep, fp_ok, log, timings, out_dir, fast,
+            dev, failures, notes=()) -> str:
     from .fingerprint import render as render_fp
 
     run = S["run"]
@@ -282,12 +293,19 @@ def _report(S, trained, miswired, m_ok, m_mis, taus, res, default, rep, fp_ok, l
     for j in range(steps):
         lines.append(f"  {j + 1:>4}   {m_ok.teacher_forced[j]:>7.3f} / {m_ok.conditional[j]:.3f}"
                      f"                      {m_mis.teacher_forced[j]:>7.3f} / {m_mis.conditional[j]:.3f}")
+    def sv(name, i):
+        s = served[name][i]
+        return f"{s.served_accept_length:.2f} ({s.completion_tokens}/{s.verify_ct})"
+
     lines += [
-        "predicted accept length tau = 1 + sum_k prod_(i<=k) acc_i:",
+        f"accept length, {run['new_tokens']} new tokens per prompt: served = tokens / verifies along SGLang's loop "
+        "(what its meta_info reports); tau = mean over every position of 1 + accepted (no server reports it):",
         f"  SGLang defaults (num-steps {default.steps}, topk {default.topk}, draft tokens {default.draft_tokens}): "
-        f"correct {taus['correct'][1]:.2f}, miswired {taus['miswired'][1]:.2f}",
+        f"correct served {sv('correct', 1)} tau {taus['correct'][1]:.2f}; miswired served {sv('miswired', 1)} tau "
+        f"{taus['miswired'][1]:.2f}",
         f"  demo flags {S['server_args']!r} -> SGLang serves num-steps {res.steps}, draft tokens {res.draft_tokens}: "
-        f"correct {taus['correct'][0]:.2f}, miswired {taus['miswired'][0]:.2f}",
+        f"correct served {sv('correct', 0)} tau {taus['correct'][0]:.2f}; miswired served {sv('miswired', 0)} tau "
+        f"{taus['miswired'][0]:.2f}",
     ]
     if rep.fingerprint is not None:
         lines += ["", "doctor fingerprint of the miswired capture (a bfloat16 server's, vs the float32 reference):"]

@@ -57,8 +57,8 @@ def parse_response(obj, what: str, input_ids: Optional[List[int]] = None) -> Res
     if "error" in obj and "meta_info" not in obj:
         raise DoctorError(f"{what}: the server answered with an error: {str(obj['error'])[:200]}")
     ids = input_ids if input_ids is not None else _int_list(obj.get("input_ids"), f"{what}: 'input_ids'")
-    out = _int_list(obj.get("output_ids"), f"{what}: 'output_ids' (start the server with --skip-tokenizer-init, "
-                                            "or record output_ids)")
+    out = _int_list(obj.get("output_ids"), f"{what}: 'output_ids' (SGLang's native /generate returns them; a "
+                                            "recorded file must keep them)")
     meta = obj.get("meta_info")
     if not isinstance(meta, dict):
         raise DoctorError(f"{what}: no 'meta_info' object")

@@ -32,6 +32,11 @@ HOOKS: Dict[str, List[Tuple[str, Callable]]] = {
     switches.DRAFT_FC: draft.HOOKS,
     # no hook of its own: used inside the draft fc hooks, for the column-shard gather at TP > 1
     switches.GATHER: [],
+    # the declaration (also read with the taps hook off) and the forward whose output it checks
+    switches.SELFTEST: [
+        (target.T_RESOLVE, target.resolve_eagle_aux_hidden_state_hook),
+        (target.T_MODEL_FORWARD, target.model_forward_hook),
+    ],
 }
 
 # Filled by register(): what was registered, and why a group was not.
@@ -74,22 +79,26 @@ def register() -> None:
     registered.clear()
     skipped.clear()
     disabled = switches.disabled_hooks()  # raises on an unknown name: SGLang logs it and nothing is installed
+    switches.selftest_raises()  # likewise for a bad EAGLE3_CAPTURE_SELFTEST
     for group in switches.HOOKS:
         if group in disabled:
             skipped[group] = f"turned off by {switches.ENV_DISABLE}"
+    done = set()  # a hook two groups share (the model forward, the draft-config read) is registered once
     for group, hooks in plan(disabled).items():
         why = _group_unavailable(group)
         if why is not None:
             skipped[group] = why
-            logger.warning("eagle3_capture: hook '%s' not installed: %s", group, why)
+            switches.announce("warning", f"eagle3_capture: hook '{group}' not installed: {why}")
             continue
         for path, fn in hooks:
-            HookRegistry.register(path, fn, HookType.AROUND)
+            if (path, fn) not in done:
+                HookRegistry.register(path, fn, HookType.AROUND)
+                done.add((path, fn))
         registered[group] = [path for path, _ in hooks]
     if switches.TAPS in disabled:
         # No model-load line comes from the taps hook: this is the startup line.
-        logger.info("eagle3_capture: taps hook off (%s): SGLang's own layer-id rule applies; %s",
-                    switches.ENV_DISABLE, _status_text(pending=True))
+        switches.announce("info", f"eagle3_capture: taps hook off ({switches.ENV_DISABLE}): SGLang's own layer-id "
+                                  f"rule applies; {_status_text(pending=True)}")
     else:
         logger.debug("eagle3_capture: registered %s", registered)
 
@@ -154,7 +163,7 @@ def _status_text(pending: bool = False) -> str:
 def log_installed(resolution) -> str:
     """The startup line, at model load: model class, taps in every convention, layers_to_capture, hooks."""
     line = f"eagle3_capture: {target.describe_resolution(resolution)}; {_status_text()}"
-    logger.info(line)
+    switches.announce("info", line)
     return line
 
 

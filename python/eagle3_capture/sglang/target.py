@@ -31,7 +31,8 @@ from typing import List, Optional, Sequence
 
 from .. import configs as _configs
 from ..spec import DRAFT_IDS, TapError, TapSpec, sglang_0523_native_capture
-from . import switches
+from . import selftest, switches
+from .declaration import DraftDeclaration, current_declaration, set_declaration
 from .switches import logger
 
 # Dotted paths of the hooked SGLang 0.5.23 attributes.
@@ -50,36 +51,6 @@ SPEC_ATTR = "_eagle3_capture_spec"
 # ----------------------------------------------------------------------------------------------------------------
 # The draft's declaration, as read where SGLang reads the draft config
 # ----------------------------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class DraftDeclaration:
-    """What the draft config says about its taps, read beside SGLang's own read of it.
-
-    ``sglang_ids``: what SGLang hands to ``set_eagle3_layers_to_capture`` (``eagle_config`` ids only, or None);
-    ``draft``: the project's reading (ids from ``eagle_config`` then the top level, and their convention);
-    ``error``: why the draft config could not be read, raised later by the DeepseekV2 hook.
-    """
-
-    sglang_ids: Optional[List[int]]
-    draft: Optional[_configs.DraftConfig]
-    error: Optional[str] = None
-    source: str = "draft config"
-
-
-_declaration_lock = threading.Lock()
-_declaration: Optional[DraftDeclaration] = None
-
-
-def current_declaration() -> Optional[DraftDeclaration]:
-    return _declaration
-
-
-def set_declaration(decl: Optional[DraftDeclaration]) -> None:
-    """Record (or clear, with None) the draft's declaration for this process."""
-    global _declaration
-    with _declaration_lock:
-        _declaration = decl
-
 
 def _config_dict(hf_config) -> dict:
     if hf_config is None:
@@ -283,8 +254,8 @@ _scope: contextvars.ContextVar[Optional[_FinalScope]] = contextvars.ContextVar("
 
 
 def model_forward_hook(original, self, input_ids, positions, forward_batch, *args, **kwargs):
-    """AROUND ``DeepseekV2Model.forward``: a final-boundary scope when this model declared that tap, and the
-    capture dump when it is switched on."""
+    """AROUND ``DeepseekV2Model.forward``: a final-boundary scope when this model declared that tap, the capture
+    self-test on the first capturing forward, and the capture dump when it is switched on."""
     from . import dump
 
     spec = getattr(self, SPEC_ATTR, None)
@@ -303,6 +274,8 @@ def model_forward_hook(original, self, input_ids, positions, forward_batch, *arg
             raise RuntimeError(f"eagle3_capture: the final boundary {spec.final_boundary!r} was not captured in "
                                f"this forward (mode {getattr(forward_batch, 'forward_mode', None)}): "
                                "the final norm did not run through residual_batch.final_norm")
+    if selftest.pending() and self.pp_group.is_last_rank and switches.enabled(switches.SELFTEST):
+        selftest.check(self, spec, input_ids, forward_batch, out)
     if dump.active():
         dump.maybe_dump(self, spec, input_ids, positions, forward_batch, out)
     return out

@@ -13,7 +13,12 @@ SGLang's Triton kernels run in Triton's interpreter on CPU tensors). Each stand-
   tree (eagle-topk > 1) gets from ``assign_extend_cache_locs*``, whose fall-through returns None): their XPU
   branches call SGLang's own Triton kernels, which then run interpreted.
 
-Nothing here changes what SGLang computes on the paths the tests exercise; it only lets them run.
+* At ``tp_size`` > 1, SGLang's group coordinators default to PyNccl (and the custom all-reduce), which need a GPU;
+  ``init_model_parallel_group`` gets them switched off, leaving gloo's torch.distributed collectives.
+
+Nothing here changes what SGLang computes on the paths the tests exercise; it only lets them run, except the one
+fault a test asks for: ``E3_SGLANG_CPU_SHIFT_CAPTURE=1`` moves every capture one layer later at the target's first
+forward (a capture wired wrong at run time, for the plugin's self-test to find).
 """
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ ENV = "E3_SGLANG_CPU_STANDINS"
 logger = logging.getLogger("e3_sglang_cpu")
 
 
-def _stub_vllm() -> None:
+def stub_vllm() -> None:
     if "vllm" in sys.modules:
         return
     vllm = types.ModuleType("vllm")
@@ -52,17 +57,37 @@ def get_rope_cpu_hook(original, head_size, rotary_dim, max_position, base, is_ne
                     partial_rotary_factor, device)
 
 
+def shift_capture_hook(original, self, *args, **kwargs):
+    """AROUND ``DeepseekV2Model.forward`` (fault injection): layers_to_capture [i, ...] -> [i + 1, ...], once."""
+    if not getattr(self, "_e3_shifted", False) and getattr(self, "layers_to_capture", None):
+        self.layers_to_capture = [i + 1 for i in self.layers_to_capture]
+        self._e3_shifted = True
+        logger.warning("e3_sglang_cpu: capture shifted on purpose: layers_to_capture %s", self.layers_to_capture)
+    return original(self, *args, **kwargs)
+
+
+def init_model_parallel_group_hook(original, *args, **kwargs):
+    kwargs.update(use_pynccl=False, use_custom_allreduce=False, use_mscclpp=False,
+                  use_torch_symm_mem_allreduce=False)
+    return original(*args, **kwargs)
+
+
 def register() -> None:
     if os.environ.get(ENV) != "1":
         return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    _stub_vllm()
+    stub_vllm()
     HookRegistry.register("sglang.srt.layers.rotary_embedding.factory.get_rope_cpu", get_rope_cpu_hook,
                           HookType.AROUND)
+    HookRegistry.register("sglang.srt.distributed.parallel_state.init_model_parallel_group",
+                          init_model_parallel_group_hook, HookType.AROUND)
     import sglang.kernels.ops.speculative.cache_locs as cache_locs
     import sglang.kernels.ops.speculative.spec_tree as spec_tree
 
     spec_tree._is_xpu = True
     cache_locs._is_xpu = True
+    if os.environ.get("E3_SGLANG_CPU_SHIFT_CAPTURE") == "1":
+        HookRegistry.register("sglang.srt.models.deepseek_v2.DeepseekV2Model.forward", shift_capture_hook,
+                              HookType.AROUND)
     logger.warning("e3_sglang_cpu: CPU test stand-ins active (pid %d)", os.getpid())

@@ -1,0 +1,200 @@
+"""Fixtures of the engine tests: SGLang 0.5.23's real serving loop (``sglang.Engine`` and
+``python -m sglang.launch_server``) running EAGLE-3 on the CPU for the demo pair, once per configuration.
+
+(Not a conftest.py, for the reason given in tests/sglang/sglang_fixtures.py.)
+
+- The pair is the fast demo's tiny DeepseekV3 target and the draft trained on it (taps [Embedding, LayerOutput(0),
+  LayerOutput(3)] = draft ids [-1, 0, 3]), trained once per test process.
+- Each server runs in its own process tree with the test-only CPU stand-ins (tests/sglang_cpu_plugin, switched on
+  by E3_SGLANG_CPU_STANDINS=1) and Triton's interpreter; this project's plugin loads through SGLang's own
+  load_plugins() as in any deployment. Its switches come from the caller's environment unless a configuration sets
+  them: run with EAGLE3_CAPTURE_DISABLE=taps and the plugin-on tests fail, as they should.
+- Few prompts, short continuations: each engine costs 1-3 minutes on two cores.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from typing import Dict, List, Optional
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(REPO, "tests", "doctor"))
+
+from doctor_helpers import demo_fast  # noqa: E402
+
+PROMPTS = 8
+NEW_TOKENS = 16
+CHAIN = (3, 1, 4)   # num-steps, eagle-topk, num-draft-tokens: SGLang's auto values for DeepSeek targets
+TREE = (3, 2, 6)
+ENGINE_TIMEOUT_S = 900
+
+BASE_ENV = {"E3_SGLANG_CPU_STANDINS": "1", "TRITON_INTERPRET": "1", "TORCHDYNAMO_DISABLE": "1",
+            "PYTHONUNBUFFERED": "1"}
+
+
+def flags_text(flags) -> str:
+    s, k, d = flags
+    return (f"--speculative-algorithm EAGLE3 --speculative-num-steps {s} --speculative-eagle-topk {k} "
+            f"--speculative-num-draft-tokens {d}")
+
+
+@dataclass
+class Pair:
+    root: str
+    target: str
+    draft: str          # as trained and shipped: draft ids [-1, 0, 3]
+    prompts: str        # the first PROMPTS held-out prompts
+
+    def draft_variant(self, name: str, **eagle_config) -> str:
+        """A copy of the draft whose config's eagle_config has these keys changed (weights untouched)."""
+        path = os.path.join(self.root, f"draft_{name}")
+        if not os.path.isdir(path):
+            shutil.copytree(self.draft, path)
+            p = os.path.join(path, "config.json")
+            with open(p) as f:
+                cfg = json.load(f)
+            cfg["eagle_config"].update(eagle_config)
+            with open(p, "w") as f:
+                json.dump(cfg, f, indent=1)
+        return path
+
+
+@dataclass
+class Served:
+    """One server run: the responses (serve.py's JSONL lines), where they are, and the server's log."""
+
+    responses: List[dict]
+    path: str
+    log: str
+    seconds: float
+    error: Optional[str] = None
+
+    @property
+    def tokens_per_verify(self) -> float:
+        t = sum(r["meta_info"]["completion_tokens"] for r in self.responses)
+        v = sum(r["meta_info"]["spec_verify_ct"] for r in self.responses)
+        return t / v
+
+
+@pytest.fixture(scope="session")
+def pair(tmp_path_factory) -> Pair:
+    res, out = demo_fast()
+    root = str(tmp_path_factory.mktemp("engine"))  # pytest keeps the last few runs' logs, not every run's
+    with open(os.path.join(out, "prompts.json")) as f:
+        prompts = json.load(f)[:PROMPTS]
+    p = os.path.join(root, "prompts.json")
+    with open(p, "w") as f:
+        json.dump(prompts, f)
+    return Pair(root, os.path.join(out, "target"), os.path.join(out, "draft"), p)
+
+
+def _env(extra: Optional[Dict[str, str]]) -> Dict[str, str]:
+    env = dict(os.environ)
+    env.update(BASE_ENV)
+    for k, v in (extra or {}).items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
+    return env
+
+
+def serve_engine(pair: Pair, name: str, draft: str, flags=CHAIN, env: Optional[Dict[str, str]] = None,
+                 prompts: Optional[str] = None, new_tokens: int = NEW_TOKENS, tp: int = 1) -> Served:
+    """tests/engine/serve.py: one sglang.Engine, the prompts, its responses and log."""
+    out = os.path.join(pair.root, f"{name}.jsonl")
+    s, k, d = flags
+    t0 = time.time()
+    p = subprocess.run([sys.executable, os.path.join(HERE, "serve.py"), "--target", pair.target, "--draft", draft,
+                        "--prompts", prompts or pair.prompts, "--out", out, "--steps", str(s), "--topk", str(k),
+                        "--draft-tokens", str(d), "--new-tokens", str(new_tokens), "--context-length", "56",
+                        "--tp", str(tp)],
+                       capture_output=True, text=True, timeout=ENGINE_TIMEOUT_S, env=_env(env), cwd=REPO)
+    log = p.stdout + p.stderr
+    with open(os.path.join(pair.root, f"{name}.log"), "w") as f:
+        f.write(log)
+    lines = []
+    if os.path.exists(out):
+        with open(out) as f:
+            lines = [json.loads(line) for line in f if line.strip()]
+    error = lines[0]["error"] if len(lines) == 1 and "error" in lines[0] else None
+    if error is None and p.returncode != 0:
+        error = f"serve.py exited {p.returncode}"
+    return Served([] if error else lines, out, log, time.time() - t0, error)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LaunchedServer:
+    """``python -m sglang.launch_server`` on 127.0.0.1, in its own process group; stopped on exit."""
+
+    def __init__(self, pair: Pair, draft: str, flags=CHAIN, env: Optional[Dict[str, str]] = None):
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = os.path.join(pair.root, "launch_server.log")
+        s, k, d = flags
+        self.cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", pair.target,
+                    "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", draft,
+                    "--speculative-num-steps", str(s), "--speculative-eagle-topk", str(k),
+                    "--speculative-num-draft-tokens", str(d), "--device", "cpu", "--dtype", "float32",
+                    "--attention-backend", "triton", "--disable-cuda-graph", "--skip-tokenizer-init",
+                    "--mem-fraction-static", "0.05", "--max-total-tokens", "4096", "--chunked-prefill-size", "512",
+                    "--context-length", "56", "--host", "127.0.0.1", "--port", str(self.port)]
+        self.env = _env(env)
+        self.proc = None
+        self._log = None
+
+    def __enter__(self):
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, cwd=REPO,
+                                     start_new_session=True)
+        deadline = time.time() + ENGINE_TIMEOUT_S
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"launch_server exited {self.proc.returncode}:\n{self.log()[-4000:]}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                pass
+            time.sleep(2)
+        raise RuntimeError(f"launch_server not healthy after {ENGINE_TIMEOUT_S} s:\n{self.log()[-4000:]}")
+
+    def log(self) -> str:
+        with open(self.log_path) as f:
+            return f.read()
+
+    def __exit__(self, *exc):
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        if self._log is not None:
+            self._log.close()
+        return False
+
+
+def doctor(*argv, timeout: int = 600):
+    """(exit code, stdout, stderr) of ``python -m eagle3_capture doctor ...`` in a fresh process."""
+    p = subprocess.run([sys.executable, "-m", "eagle3_capture", "doctor", *[str(a) for a in argv]],
+                       capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    return p.returncode, p.stdout, p.stderr
