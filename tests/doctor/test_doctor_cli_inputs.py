@@ -100,8 +100,8 @@ def test_argparse_errors_are_one_line(files):
 @pytest.mark.parametrize("extra, needle", [
     (["--taps", ""], "--taps ''"),
     (["--taps", "draft_ids:-1,1", "--draft-config", DRAFT_OK, "--target-config", DSV3_61], "give one of them"),
-    (["--target-config", DSV3_61], "go together"),
-    (["--draft-config", DRAFT_OK], "go together"),
+    (["--target-config", DSV3_61], "--target-config needs --draft-config"),
+    (["--draft-config", DRAFT_OK], "--draft-config needs --target-config"),
 ])
 def test_fingerprint_flag_combinations_that_would_be_ignored(files, extra, needle):
     one_line(*cli(*_argv("fingerprint", files), *extra), needle)

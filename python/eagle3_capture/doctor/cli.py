@@ -36,8 +36,9 @@ def _cmd_fingerprint(args) -> int:
     if args.taps is not None and (args.draft_config is not None or args.target_config is not None):
         raise DoctorError("--taps and --draft-config/--target-config both declare the taps; give one of them")
     if (args.draft_config is None) != (args.target_config is None):
-        raise DoctorError("--draft-config and --target-config go together (the draft ids are read against the "
-                          "target's layer count)")
+        given, missing = ("--draft-config", "--target-config") if args.target_config is None else \
+            ("--target-config", "--draft-config")
+        raise DoctorError(f"{given} needs {missing} (the draft ids are read against the target's layer count)")
     if args.taps is not None and not args.taps.strip():
         raise DoctorError("--taps '': expected CONV:IDS, e.g. draft_ids:-1,2,30")
     if args.draft_config is not None or args.taps is not None:
