@@ -10,10 +10,12 @@ tests/conftest.py for `from conftest import ...`).
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -81,6 +83,7 @@ def demo_fast():
         from eagle3_capture.doctor.demo import run_demo
 
         out = tempfile.mkdtemp(prefix="e3demo_")
+        atexit.register(shutil.rmtree, out, True)  # the test process's own copy: gone when it exits
         _DEMO["res"] = run_demo(out_dir=out, fast=True, device="cpu", threads=1, seed=0, plot=True, progress=False)
         _DEMO["out"] = out
     return _DEMO["res"], _DEMO["out"]
