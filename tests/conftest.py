@@ -2,6 +2,8 @@
 
 - Tests marked `cuda` need a GPU: on a machine without one they FAIL (never skip), so deselect them there with
   `-m "not cuda"` (what `make test` does) and run them on the GPU machine with `-m cuda`.
+- Tests marked `cuda_build` need the extension built with CUDA, not a GPU: `make test` deselects them only when the
+  build is CPU-only.
 - Hypothesis profiles: "ci" (default; the fuzz tests ask for their own example counts) and "sanitizer" (few
   examples, for runs under compute-sanitizer): select with E3_HYPOTHESIS_PROFILE.
 """
@@ -22,6 +24,12 @@ DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=
 def pytest_runtest_setup(item):
     if item.get_closest_marker("cuda") is not None and not torch.cuda.is_available():
         pytest.fail("this test is marked `cuda` and needs a GPU; deselect it with -m 'not cuda' on a CPU machine")
+    if item.get_closest_marker("cuda_build") is not None:
+        import eagle3_capture
+
+        if "cuda" not in eagle3_capture.build_info()["backends"]:
+            pytest.fail("this test is marked `cuda_build` and needs the extension built with CUDA (no GPU needed); "
+                        "deselect it with -m 'not cuda_build' for a CPU-only build")
 
 
 def fuzz_examples(n: int) -> int:

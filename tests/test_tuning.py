@@ -49,6 +49,7 @@ def test_other_architectures():
 
 
 
+@pytest.mark.cuda_build  # the split tiling is host code of the CUDA sources
 @pytest.mark.parametrize("facts", [H200, RTX_PRO_6000], ids=["h200", "rtx_pro_6000"])
 def test_cluster_switch_stays_at_the_n_measured_on_the_h200(facts):
     """The split grid's pieces per tap grow with the SM count; the scaled threshold keeps auto's cluster kernel at

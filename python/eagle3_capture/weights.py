@@ -90,6 +90,26 @@ def _index_file(d: str) -> Optional[str]:
     return found[0] if found else None
 
 
+def checkpoint_files(path: str) -> List[str]:
+    """The safetensors files of a checkpoint directory that hold its tensors: those its shard index names (each
+    must exist), else every ``*.safetensors`` in it."""
+    index = _index_file(path)
+    if index is None:
+        return sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    try:
+        with open(index, "r", encoding="utf-8") as f:
+            wm = json.load(f).get("weight_map")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+        raise ValueError(f"shard index {index}: expected an object with 'weight_map' ({e})") from None
+    if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
+        raise ValueError(f"shard index {index}: expected an object with 'weight_map' {{tensor name: file name}}")
+    files = sorted({os.path.join(path, v) for v in wm.values()})
+    missing = [f for f in files if not os.path.isfile(f)]
+    if missing:
+        raise FileNotFoundError(f"shard index {index} names a file that is missing: {os.path.basename(missing[0])}")
+    return files
+
+
 def _from_index(index: str) -> Dict[str, Tuple[str, str]]:
     """canonical name -> (file, key) for the tensors this loader reads, as the index names them."""
     d = os.path.dirname(index)

@@ -203,3 +203,39 @@ def test_every_subcommand_has_help(sub):
 def test_top_level_commands_kept():
     code, out, err = cli("--help")
     assert code == 0 and all(c in out for c in ("info", "selfcheck", "doctor"))
+
+
+def test_load_draft_reads_what_the_index_names_and_refuses_raw_fp8(demo, tmp_path):
+    """The draft the doctor runs: a shard index decides which files are read (a stale file beside it is not), and
+    an fp8 tensor other than the fc (which load_draft_fc dequantizes) is refused instead of cast raw."""
+    from safetensors.torch import load_file, save_file
+
+    from eagle3_capture.doctor.common import DoctorError
+    from eagle3_capture.doctor.draft_model import load_draft
+
+    res, out = demo
+    src = os.path.join(out, "draft")
+    t = load_file(os.path.join(src, "model.safetensors"))
+    d = tmp_path / "sharded"
+    os.makedirs(d)
+    shutil.copy(os.path.join(src, "config.json"), d / "config.json")
+    names = sorted(t)
+    half = len(names) // 2
+    save_file({k: t[k] for k in names[:half]}, str(d / "a.safetensors"))
+    save_file({k: t[k] for k in names[half:]}, str(d / "b.safetensors"))
+    write_json(d / "model.safetensors.index.json",
+               {"weight_map": {k: ("a.safetensors" if i < half else "b.safetensors") for i, k in enumerate(names)}})
+    stale = {k: torch.zeros_like(v) for k, v in t.items() if k.startswith("midlayer.")}
+    save_file(stale, str(d / "stale-old.safetensors"))  # not in the index: must not overwrite the real weights
+    a, b = load_draft(src), load_draft(str(d))
+    for k, v in a.state_dict().items():
+        assert torch.equal(v, b.state_dict()[k]), k
+    q = tmp_path / "fp8"
+    os.makedirs(q)
+    shutil.copy(os.path.join(src, "config.json"), q / "config.json")
+    t8 = dict(t)
+    k8 = next(k for k in names if k.startswith("midlayer.") and k.endswith("weight") and t[k].dim() == 2)
+    t8[k8] = t[k8].to(torch.float8_e4m3fn)
+    save_file(t8, str(q / "model.safetensors"))
+    with pytest.raises(DoctorError, match=f"{k8} is torch.float8_e4m3fn.*dequantizes only the fc"):
+        load_draft(str(q))

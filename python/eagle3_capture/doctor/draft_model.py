@@ -20,7 +20,6 @@ plain torch (same maths) when training.
 """
 from __future__ import annotations
 
-import glob
 import math
 import os
 from dataclasses import dataclass, field
@@ -345,7 +344,7 @@ def load_draft(path: str, target_embed: Optional[torch.Tensor] = None,
     from safetensors import safe_open
 
     from .. import configs
-    from ..weights import load_draft_fc
+    from ..weights import checkpoint_files, load_draft_fc
     from .common import read_json, require_file
 
     require_file(path, "draft checkpoint", allow_dir=True)
@@ -359,7 +358,10 @@ def load_draft(path: str, target_embed: Optional[torch.Tensor] = None,
         dc = configs.read_draft_config(cfg)
     except (ValueError, FileNotFoundError) as e:
         raise DoctorError(f"draft config {cfg_path}: {e}") from None
-    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    try:
+        files = checkpoint_files(path)
+    except (ValueError, FileNotFoundError) as e:
+        raise DoctorError(f"draft checkpoint {path}: {e}") from None
     if not files:
         raise DoctorError(f"draft checkpoint {path}: no *.safetensors file")
     try:
@@ -381,6 +383,13 @@ def load_draft(path: str, target_embed: Optional[torch.Tensor] = None,
                     state[_canonical_name(k)] = h.get_tensor(k)
     except Exception as e:  # safetensors raises several types for a corrupt file
         raise DoctorError(f"draft checkpoint {path}: cannot read its safetensors ({e})") from None
+    # the fc (and its scales) came through load_draft_fc, which dequantizes fp8; other fp8 tensors would be cast raw
+    fp8 = [k for k, v in state.items() if v.dtype.is_floating_point and v.element_size() == 1
+           and not k.startswith("fc.")]
+    if fp8:
+        raise DoctorError(f"draft checkpoint {path}: {fp8[0]} is {state[fp8[0]].dtype}"
+                          + (f" (and {len(fp8) - 1} more fp8 tensors)" if len(fp8) > 1 else "")
+                          + "; doctor accept dequantizes only the fc weight: give it a checkpoint in bf16/fp16/fp32")
     state["fc.weight"] = fc.weight
     if fc.bias is not None:
         state["fc.bias"] = fc.bias
