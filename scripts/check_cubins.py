@@ -19,7 +19,7 @@ import subprocess
 import sys
 
 REQUIRED_FAMILIES = ["capture_kernel", "fused_add_rmsnorm_capture_kernel", "draft_fc_decode_kernel",
-                     "draft_fc_decode_cluster_kernel", "draft_fc_bulk_kernel", "draft_fc_normalize_kernel",
+                     "draft_fc_decode_cluster_kernel", "draft_fc_normalize_kernel",
                      "gather_p2p_kernel"]
 
 

@@ -95,8 +95,8 @@ struct DraftFcWorkspace {
 int64_t draft_fc_decode_zeroed_bytes(int taps, int64_t out_features);
 DraftFcWorkspace draft_fc_decode_workspace_view(void* zeroed, int taps, int64_t out_features);
 
-// The decode kernels. Each streams the weights once through registers or shared memory; they differ in where the
-// K-splits of a column tile meet.
+// The decode kernels. Each streams the weights once through registers; they differ in where the K-splits of a column
+// tile meet.
 enum class DraftFcDecodeKernel : int {
   // The default: Cluster where it applies, the split-K grid would cut each tap into at least the device's
   // Tuning::cluster_min_splits pieces (small N: many partials per tile, whose L2 round trips the cluster saves;
@@ -112,14 +112,10 @@ enum class DraftFcDecodeKernel : int {
   Cluster = 1,
   // Any GPU: partials added into the fp32 workspace with L2 atomics, the tile's last block finishes it.
   Split = 2,
-  // sm_90+, packed input, M <= 8: TMA copies into shared memory (draft_fc_bulk.h), workspace as Split. Not faster
-  // on the H200 (benchmarks/NOTES.md); kept, tested and selectable. Where it does not apply, Auto's choice.
-  Bulk = 3,
 };
 // Launch tuning; the defaults are what the library uses. Exposed for the bench binary's sweeps.
 struct DraftFcDecodeConfig {
   DraftFcDecodeKernel kernel = DraftFcDecodeKernel::Auto;
-  int bulk_stages = 2;    // TMA kernel: shared-memory stages (0: as many as fit); 2 measured fastest
   int blocks_per_sm = 0;  // register kernels: K-split so that about this many blocks per SM stream weights (0: as
                           // many as the kernel is built to keep resident)
   int splits_per_tap = 0;  // register-streaming kernel: K-splits per tap (0: from blocks_per_sm)

@@ -1,12 +1,10 @@
 // CUDA kernels of the draft fc: the split-K register decode kernel (fragment layout in draft_fc_device.cuh), the
-// prefill normalise kernel, the decode workspace and the decode dispatch: DraftFcDecodeKernel picks this kernel, the
-// cluster kernel of draft_fc_cluster_cuda.cu (sm_90+, small N by default) or the opt-in TMA kernel of
-// draft_fc_bulk_cuda.cu.
+// prefill normalise kernel, the decode workspace and the decode dispatch: DraftFcDecodeKernel picks this kernel or the
+// cluster kernel of draft_fc_cluster_cuda.cu (sm_90+, small N by default).
 #include <atomic>
 #include <cstdio>
 
 #include "device.h"
-#include "draft_fc_bulk.h"
 #include "draft_fc_cluster.h"
 #include "draft_fc_device.cuh"
 
@@ -263,12 +261,10 @@ int draft_fc_decode_cuda(const DraftFcParams& p, DType dtype, const DraftFcWorks
                          const DraftFcDecodeConfig& cfg) {
   if (p.rows == 0 || p.out_features == 0) return 0;
   if (p.rows > kDraftFcDecodeMaxRows) return static_cast<int>(cudaErrorInvalidValue);
-  if (cfg.kernel == DraftFcDecodeKernel::Bulk && draft_fc_bulk_applies(p) && draft_fc_bulk_supported())
-    return draft_fc_decode_bulk_cuda(p, dtype, ws, stream, cfg.bulk_stages);
   const bool cluster = draft_fc_cluster_applies(p) && draft_fc_cluster_supported();
-  // Auto (and Bulk where the TMA kernel does not apply): the cluster kernel where the split grid would cut each tap
-  // into many pieces and the cluster grid fits one wave of co-resident clusters (the cluster launcher declines
-  // otherwise), else the split kernel on the grid already computed. Cluster: the cluster kernel whatever its grid.
+  // Auto: the cluster kernel where the split grid would cut each tap into many pieces and the cluster grid fits one
+  // wave of co-resident clusters (the cluster launcher declines otherwise), else the split kernel on the grid already
+  // computed. Cluster: the cluster kernel whatever its grid.
   const cuda::kernels::DecodeTiling split = cuda::split_tiling(p, cfg, cuda::sm_count());
   const int64_t min_splits = cfg.cluster_min_splits > 0 ? cfg.cluster_min_splits : device_tuning().cluster_min_splits;
   const bool want_cluster =

@@ -1,6 +1,6 @@
 // Device-side pieces shared by the draft fc decode kernels (split-K in draft_fc_cuda.cu, cluster in
-// draft_fc_cluster_cuda.cu, TMA in draft_fc_bulk_cuda.cu): the MMA wrappers, the x * g helper, one warp's weight
-// stream, and the split-K epilogue of one column tile. Torch-free.
+// draft_fc_cluster_cuda.cu): the MMA wrappers, the x * g helper, one warp's weight stream, and the split-K epilogue
+// of one column tile. Torch-free.
 //
 // Fragment layout of every decode kernel. The weight W [N, K*H] is the MMA's A operand (16 rows of N per warp) and
 // the activations are the B operand (8 token rows), so tensor cores serve M = 1..8 with no wasted weight bytes

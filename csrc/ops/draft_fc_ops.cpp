@@ -36,8 +36,8 @@ e3::DraftFcDecodeKernel draft_fc_decode_kernel() {
   return static_cast<e3::DraftFcDecodeKernel>(g_decode_kernel.load(std::memory_order_relaxed));
 }
 int64_t set_draft_fc_decode_kernel(int64_t kernel) {
-  E3_CHECK(kernel >= 0 && kernel <= static_cast<int64_t>(e3::DraftFcDecodeKernel::Bulk),
-           "eagle3_capture: decode kernel must be 0 (auto), 1 (cluster), 2 (split) or 3 (bulk), got ", kernel);
+  E3_CHECK(kernel >= 0 && kernel <= static_cast<int64_t>(e3::DraftFcDecodeKernel::Split),
+           "eagle3_capture: decode kernel must be 0 (auto), 1 (cluster) or 2 (split), got ", kernel);
   return g_decode_kernel.exchange(static_cast<int>(kernel));
 }
 
