@@ -51,26 +51,22 @@ __host__ auto with_norm_and_groups(const DraftFcParams& p, F&& f) {
   return two ? f(std::false_type{}, Two{}) : f(std::false_type{}, One{});
 }
 
-template <typename T> struct Mma;
-// No `volatile`: the MMA has outputs and no side effects, so the compiler may schedule loads around it.
-template <> struct Mma<__nv_bfloat16> {
-  __device__ __forceinline__ static void run(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+// One m16n8k16 MMA accumulating in place, d += A * B, with 16-bit operands of PTX type `ab` ("bf16" or "f16": the
+// only part of the instruction that depends on T). No `volatile`: the MMA has outputs and no side effects, so the
+// compiler may schedule loads around it.
+#define E3_MMA_M16N8K16(ab, d, a0, a1, a2, a3, b0, b1)                                                         \
+  asm("mma.sync.aligned.m16n8k16.row.col.f32." ab "." ab ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "   \
+      "{%0,%1,%2,%3};\n"                                                                                      \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                                        \
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1))
+template <typename T>
+__device__ __forceinline__ void mma_m16n8k16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                              uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  }
-};
-template <> struct Mma<__half> {
-  __device__ __forceinline__ static void run(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                             uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  }
-};
+  static_assert(std::is_same<T, __nv_bfloat16>::value || std::is_same<T, __half>::value, "bf16 or fp16 operands");
+  if constexpr (std::is_same<T, __nv_bfloat16>::value) E3_MMA_M16N8K16("bf16", d, a0, a1, a2, a3, b0, b1);
+  else E3_MMA_M16N8K16("f16", d, a0, a1, a2, a3, b0, b1);
+}
+#undef E3_MMA_M16N8K16
 
 // Two elements packed in one 32-bit word <-> floats.
 template <typename T> __device__ __forceinline__ float2 unpack2(uint32_t w);
@@ -170,8 +166,8 @@ __device__ __forceinline__ void decode_stream(const DraftFcParams& p, int tap, i
         uint4 xu = xv[u][q];
         if (kNorm) xu = scale8<T>(xu, gv[kNorm ? u : 0], sum_sq[q], count_sq);
         // Step s uses this lane's elements [4s, 4s+4): words 2s, 2s+1 of the weight and activation vectors.
-        Mma<T>::run(acc[q], wa[u].x, wb[u].x, wa[u].y, wb[u].y, xu.x, xu.y);
-        Mma<T>::run(acc[q], wa[u].z, wb[u].z, wa[u].w, wb[u].w, xu.z, xu.w);
+        mma_m16n8k16<T>(acc[q], wa[u].x, wb[u].x, wa[u].y, wb[u].y, xu.x, xu.y);
+        mma_m16n8k16<T>(acc[q], wa[u].z, wb[u].z, wa[u].w, wb[u].w, xu.z, xu.w);
       }
     }
   }
