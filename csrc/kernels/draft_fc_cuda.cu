@@ -294,13 +294,9 @@ int draft_fc_decode_cuda(const DraftFcParams& p, DType dtype, const DraftFcWorks
 
 int draft_fc_normalize_cuda(const DraftFcParams& p, DType dtype, void* xn, void* stream) {
   if (p.rows == 0) return 0;
-  auto s = static_cast<cudaStream_t>(stream);
-  switch (dtype) {
-    case DType::BF16: return cuda::launch_normalize<__nv_bfloat16>(p, xn, s);
-    case DType::F16: return cuda::launch_normalize<__half>(p, xn, s);
-    case DType::F32: return cuda::launch_normalize<float>(p, xn, s);
-  }
-  return static_cast<int>(cudaErrorInvalidValue);
+  return cuda::with_device_type(dtype, [&](auto tag) {
+    return cuda::launch_normalize<typename decltype(tag)::type>(p, xn, static_cast<cudaStream_t>(stream));
+  });
 }
 
 }  // namespace e3
