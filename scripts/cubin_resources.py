@@ -25,7 +25,7 @@ RESERVED_SMEM = 1024       # cudaDevAttrReservedSharedMemoryPerBlock (sm_80+), i
 REGISTERS_PER_SM = 65536
 GATE_HIDDEN = 7168         # the first user's H (Kimi-K2.5 / DeepSeek-V3)
 DECODE_FAMILIES = {        # kernel family -> the source file that holds it (for the spill check)
-    "draft_fc_decode_kernel": "csrc/kernels/draft_fc_cuda.cu",
+    "draft_fc_split_decode_kernel": "csrc/kernels/draft_fc_cuda.cu",
     "draft_fc_decode_cluster_kernel": "csrc/kernels/draft_fc_cluster_cuda.cu",
 }
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -64,16 +64,16 @@ int main(int argc, char** argv) {
     E3_CHECK(cudaMalloc(&weights[i], w_bytes));
     bench::fill(weights[i], w_elems, 2, 100 + i);
   }
-  void *x, *g, *out, *zeroed;
+  void *x, *g, *out, *ws_buffer;
   E3_CHECK(cudaMalloc(&x, size_t(M) * K * H * 2));
   E3_CHECK(cudaMalloc(&g, size_t(K) * H * 2));
   E3_CHECK(cudaMalloc(&out, size_t(M) * N * 2));
   bench::fill(x, size_t(M) * K * H, 2, 7);
   bench::fill(g, size_t(K) * H, 2, 8);
-  const int64_t zeroed_bytes = e3::draft_fc_decode_zeroed_bytes(static_cast<int>(K), N);
-  E3_CHECK(cudaMalloc(&zeroed, zeroed_bytes));
-  E3_CHECK(cudaMemset(zeroed, 0, zeroed_bytes));
-  const e3::DraftFcWorkspace wsv = e3::draft_fc_decode_workspace_view(zeroed, static_cast<int>(K), N);
+  const int64_t ws_bytes = e3::draft_fc_decode_workspace_bytes(static_cast<int>(K), N);
+  E3_CHECK(cudaMalloc(&ws_buffer, ws_bytes));
+  E3_CHECK(cudaMemset(ws_buffer, 0, ws_bytes));
+  const e3::DraftFcWorkspace wsv = e3::draft_fc_decode_workspace_view(ws_buffer, static_cast<int>(K), N);
   e3::DraftFcDecodeConfig cfg;
   cfg.blocks_per_sm = static_cast<int>(bench::arg_long(argc, argv, "--blocks-per-sm", cfg.blocks_per_sm));
   const std::string kname = bench::arg_str(argc, argv, "--kernel", "auto");

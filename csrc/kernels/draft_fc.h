@@ -92,8 +92,10 @@ struct DraftFcWorkspace {
   float* tile_sum_sq;   // [n_tiles][K][16] per-column-tile sums of squares (per-tap norm)
   unsigned* counters;   // [n_tiles] blocks finished per column tile
 };
-int64_t draft_fc_decode_zeroed_bytes(int taps, int64_t out_features);
-DraftFcWorkspace draft_fc_decode_workspace_view(void* zeroed, int taps, int64_t out_features);
+// Bytes of the workspace buffer for K taps and N outputs, and the workspace's arrays inside such a buffer (zero at
+// rest, at least that many bytes).
+int64_t draft_fc_decode_workspace_bytes(int taps, int64_t out_features);
+DraftFcWorkspace draft_fc_decode_workspace_view(void* buffer, int taps, int64_t out_features);
 
 // The decode kernels. Each streams the weights once through registers; they differ in where the K-splits of a column
 // tile meet.

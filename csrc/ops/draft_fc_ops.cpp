@@ -32,7 +32,7 @@ int64_t set_draft_fc_cluster_fault(int64_t err) {
   return g_cluster_fault.exchange(static_cast<int>(err));
 }
 
-e3::DraftFcDecodeKernel draft_fc_decode_kernel() {
+e3::DraftFcDecodeKernel draft_fc_decode_kernel_setting() {
   return static_cast<e3::DraftFcDecodeKernel>(g_decode_kernel.load(std::memory_order_relaxed));
 }
 int64_t set_draft_fc_decode_kernel(int64_t kernel) {
