@@ -81,7 +81,7 @@ void draft_fc_normalize_rows_cpu(const DraftFcParams& p, T* xn, int64_t row_begi
 
 // Rows the decode kernels take at most (two MMA token groups of 8). The rows at or below which the ops use them
 // come from the device (Tuning::decode_max_rows, tuning.h): 8 on the H200, where two groups measured slower than
-// normalise + cuBLAS except at N = 896, M <= 12 (benchmarks/NOTES.md); 16 on sm_12x (reasoned).
+// normalise + cuBLAS except at N = 896, M <= 12 (docs/performance.md); 16 on sm_12x (reasoned).
 constexpr int64_t kDraftFcDecodeMaxRows = 16;
 
 // Decode workspace, zero at rest: zero-filled once at allocation and re-zeroed by the kernel after every call
@@ -104,8 +104,8 @@ enum class DraftFcDecodeKernel : int {
   // Tuning::cluster_min_splits pieces (small N: many partials per tile, whose L2 round trips the cluster saves;
   // 4 at the H200's 132 SMs, scaled with the SM count) and the cluster grid fits one wave of co-resident clusters
   // (draft_fc_cluster.h), else Split. On the H200 (H = 7168, K = 3) that is N <= 1792, where the cluster kernel is
-  // 1.0-2.1 us faster; the two are within noise of each other at N = 3584 and 7168 (benchmarks/NOTES.md,
-  // results/draft_fc-decode-sweep).
+  // 1.0-2.1 us faster; the two are within noise of each other at N = 3584 and 7168 (docs/performance.md,
+  // benchmarks/results/draft_fc-decode-sweep-h200.json).
   Auto = 0,
   // sm_90+, K <= 8: one thread-block cluster per column tile, partials reduced in distributed shared memory
   // (draft_fc_cluster.h); no workspace, deterministic. Where it does not apply, Split. A cluster launch the device

@@ -214,7 +214,7 @@ using namespace kernels;
 
 // Clusters of `size` blocks of this kernel that the current device holds at once. A cluster's blocks share one GPC,
 // so this is the GPCs' count, not SMs / size: on the H200, K = 1 with 7 splits (clusters of 7, 392 blocks against
-// 396 block slots) took two waves and ran 27% slower than the split kernel (benchmarks/NOTES.md). Cached per device
+// 396 block slots) took two waves and ran 27% slower than the split kernel (docs/performance.md). Cached per device
 // and size (0 included: no cluster of that size fits, e.g. its blocks exceed a GPC); -1 when the runtime cannot say
 // (then the block slots alone bound the shape, and a launch the device refuses falls back to the split kernel).
 template <typename T, bool kNorm, int kGroups>

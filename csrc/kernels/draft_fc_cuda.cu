@@ -137,8 +137,8 @@ DecodeTiling decode_tiling(int taps, int64_t hidden, int64_t out_features, const
   if (cfg.splits_per_tap > 0) splits = cfg.splits_per_tap;
   splits = splits < 1 ? 1 : (splits > max_splits ? max_splits : splits);
   const int64_t per = (hidden + splits - 1) / splits;
-  // k blocks in whole warp steps (32 x unroll elements): with blocks in multiples of 32 the last step of a block was
-  // often nearly empty, one more DRAM round trip for a few bytes (3% at N=896, benchmarks/NOTES.md).
+  // k blocks in whole warp steps (32 x unroll elements): with blocks in multiples of 32 the last step of a block is
+  // often nearly empty, one more DRAM round trip for a few bytes (3% at N=896, docs/performance.md).
   const int64_t align = kFcChunk * unroll;
   t.k_block = (per + align - 1) / align * align;
   t.splits_per_tap = (hidden + t.k_block - 1) / t.k_block;

@@ -108,7 +108,7 @@ __device__ __forceinline__ uint4 scale8(uint4 xv, uint4 gv, float& sum_sq, bool 
 
 // Weight stream: read once through the read-only path, not kept in L1, and fetched into L2 in 256-byte blocks (a
 // warp step reads 384-512 contiguous bytes of each of its 16 rows). The 256-byte fetch measured 4-5% faster than
-// 32-byte sector fetches at N=7168 on the H200 (bench_draft_fc, benchmarks/NOTES.md); the eviction hint made no
+// 32-byte sector fetches at N=7168 on the H200 (bench_draft_fc, docs/performance.md); the eviction hint made no
 // difference.
 __device__ __forceinline__ uint4 load_weight16(const void* p) {
   uint4 v;
@@ -184,8 +184,8 @@ __device__ __forceinline__ float quad_sum(float s) {
 // acquired the tile's counter): y = sum_tap rrms(tap) * acc(tap) + bias, rounded once into out; the tile's workspace
 // (partial sums, sums of squares, counter) is zeroed again for the next call. Each thread owns 4 tokens of one row
 // (a float4 of the [row][kWsTokens] workspace) and issues every load (all taps' partials and sums of squares)
-// before any store: with loads and stores interleaved per tap and per (row, token), the epilogue was a chain of
-// dependent L2 round trips that grew with M (benchmarks/NOTES.md).
+// before any store: loads and stores interleaved per tap and per (row, token) would make the epilogue a chain of
+// dependent L2 round trips growing with M (docs/performance.md).
 template <typename T, bool kNorm>
 __device__ void decode_tile_epilogue(const DraftFcParams& p, const DraftFcWorkspace& ws, int64_t tile) {
   constexpr int kQuads = kWsTokens / 4;  // float4s per workspace row
