@@ -1,3 +1,4 @@
+// The argument checks of checks.h: the messages name the op, the argument, what was expected and what came.
 #include "checks.h"
 
 #include <sstream>
