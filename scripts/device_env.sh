@@ -12,6 +12,14 @@ cd "$(dirname "$SCRIPT_PATH")/.."
 
 # The script's usage: its header comment (every line from the second up to the first that is not a comment).
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$SCRIPT_PATH"; }
+# The arguments of a script that takes none but --help / -h (which prints the usage and exits 0).
+no_arguments_but_help() {  # "$@" of the script
+  [ $# -eq 0 ] && return 0
+  case "$1" in -h|--help) usage; exit 0 ;; esac
+  echo "$(basename "$SCRIPT_PATH"): unknown argument '$1'" >&2
+  usage >&2
+  exit 2
+}
 
 # One deadline for the run (BUDGET_S seconds from start_run, default 530, under the device machines' 10-minute
 # call): each step gets min(its cap, what is left); a step with under 15 s left is reported SKIP, not a pass.

@@ -14,11 +14,7 @@
 # Success: exit status 0, every line of $OUT/summary.txt starts with PASS (a SKIP, out of time, is not a pass).
 set -euo pipefail
 source "$(dirname "$0")/device_env.sh"
-case "${1:-}" in
-  "") ;;
-  -h|--help) usage; exit 0 ;;
-  *) echo "gpu_check.sh: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
-esac
+no_arguments_but_help "$@"
 start_run "${OUT:-/tmp/e3out}"
 export CUDA_VISIBLE_DEVICES=0
 
@@ -37,27 +33,24 @@ if have_time "cuda tests"; then
   grep -E "FAILED|Error" "$LOGS/pytest_cuda.log" | head -8 || true
 fi
 
+# compute-sanitizer TOOL over the gather protocol, draft fc and capture tests that -k selects, time-boxed to CAP s.
 SAN_TESTS=(tests/test_gather_protocol_cuda.py tests/test_draft_fc.py tests/test_capture.py)
+sanitize() {  # tool cap k
+  local tool=$1 limit=$2 k=$3 rc=0
+  have_time "$tool" || return 0
+  E3_HYPOTHESIS_PROFILE=sanitizer timeout "$(cap "$limit")" compute-sanitizer --tool "$tool" --report-api-errors no \
+    --error-exitcode 3 python3 -m pytest -m cuda -q -p no:cacheprovider "${SAN_TESTS[@]}" -k "$k" \
+    > "$LOGS/$tool.log" 2>&1 || rc=$?
+  sanitizer_result "$tool" "$LOGS/$tool.log" $rc
+}
+
 step memcheck gather protocol, draft fc decode + fallback, fused add + RMSNorm
-if have_time memcheck; then
-  rc=0
-  E3_HYPOTHESIS_PROFILE=sanitizer timeout "$(cap 90)" compute-sanitizer --tool memcheck --report-api-errors no \
-    --error-exitcode 3 python3 -m pytest -m cuda -q -p no:cacheprovider "${SAN_TESTS[@]}" \
-    -k "sequential or times_out or malformed_slot or already_past or refusal or repeated or many_rows_at_h7168" \
-    > "$LOGS/memcheck.log" 2>&1 || rc=$?
-  sanitizer_result "memcheck" "$LOGS/memcheck.log" $rc
-fi
+sanitize memcheck 90 \
+  "sequential or times_out or malformed_slot or already_past or refusal or repeated or many_rows_at_h7168"
 
 step racecheck the same kernels
 # No kernel filter: these tests run no cuBLAS (draft fc at M <= 16 on the decode kernels), where racecheck crashes.
-if have_time racecheck; then
-  rc=0
-  E3_HYPOTHESIS_PROFILE=sanitizer timeout "$(cap 60)" compute-sanitizer --tool racecheck --report-api-errors no \
-    --error-exitcode 3 python3 -m pytest -m cuda -q -p no:cacheprovider "${SAN_TESTS[@]}" \
-    -k "sequential or malformed_slot or refusal or (repeated and not 33) or many_rows_at_h7168" \
-    > "$LOGS/racecheck.log" 2>&1 || rc=$?
-  sanitizer_result "racecheck" "$LOGS/racecheck.log" $rc
-fi
+sanitize racecheck 60 "sequential or malformed_slot or refusal or (repeated and not 33) or many_rows_at_h7168"
 
 step CUDA tests with the RTX PRO 6000 constants forced
 if have_time "cuda tests with sm_120 constants"; then

@@ -11,11 +11,7 @@
 # Success: exit status 0, every line of $OUT/summary.txt starts with PASS.
 set -euo pipefail
 source "$(dirname "$0")/device_env.sh"
-case "${1:-}" in
-  "") ;;
-  -h|--help) usage; exit 0 ;;
-  *) echo "gpu_check_x2.sh: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
-esac
+no_arguments_but_help "$@"
 start_run "${OUT:-/tmp/e3out}"
 
 build_extension
