@@ -82,7 +82,9 @@ if [ ! -x build/bench/bench_draft_fc ] || [ ! -x build/bench/bench_capture ]; th
 elif have_time "bench binaries"; then
   rc=0
   txt="$RESULTS/bench_binaries.txt"
-  echo "# $(head -1 "$LOGS/gpu.txt"), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)" > "$txt"
+  # A device machine gets a copy of the working tree whose .git may be older than it: E3_COMMIT names the tree
+  # when given, else git describes it (-dirty when files differ from that commit).
+  echo "# $(head -1 "$LOGS/gpu.txt"), commit ${E3_COMMIT:-$(git describe --always --dirty 2>/dev/null || echo unknown)}" > "$txt"
   for n in 896 7168; do
     for m in 1 8; do bench_bin "$txt" ./build/bench/bench_draft_fc --M $m --N $n --probe 1 || rc=$?; done
   done
