@@ -466,8 +466,9 @@ def _hooks(out_path: str) -> None:
 
     load_plugins()
     from eagle3_capture.sglang import plugin
+    from eagle3_capture.sglang.hook_chain import hook_path_in_place
 
-    in_place = {group: {path: plugin.hook_path_in_place(path, fn) for path, fn in hooks}
+    in_place = {group: {path: hook_path_in_place(path, fn) for path, fn in hooks}
                 for group, hooks in plugin.HOOKS.items()}
     set_layers = {}
     for ids in ([-1, 2, 30], [-1, 2, 30, 60]):

@@ -31,8 +31,8 @@ import torch
 
 from .switches import logger
 
-T_MLA_FORWARD = "sglang.srt.models.kimi_k25_eagle3.Eagle3MLAModel.forward"
-T_LLAMA_FORWARD = "sglang.srt.models.llama_eagle3.LlamaModel.forward"
+MLA_DRAFT_FORWARD_PATH = "sglang.srt.models.kimi_k25_eagle3.Eagle3MLAModel.forward"
+LLAMA_DRAFT_FORWARD_PATH = "sglang.srt.models.llama_eagle3.LlamaModel.forward"
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _fallback_logged = set()
@@ -311,9 +311,9 @@ mla_forward_hook = _fc_forward_hook(_mla_fc)
 llama_forward_hook = _fc_forward_hook(_llama_fc)
 
 HOOKS: List[Tuple[str, Callable]] = [
-    (T_MLA_FORWARD, mla_forward_hook),
-    (T_LLAMA_FORWARD, llama_forward_hook),
+    (MLA_DRAFT_FORWARD_PATH, mla_forward_hook),
+    (LLAMA_DRAFT_FORWARD_PATH, llama_forward_hook),
 ]
 
-__all__ = ["T_MLA_FORWARD", "T_LLAMA_FORWARD", "HOOKS", "unavailable", "gather_unavailable", "fused_fc",
+__all__ = ["MLA_DRAFT_FORWARD_PATH", "LLAMA_DRAFT_FORWARD_PATH", "HOOKS", "unavailable", "gather_unavailable", "fused_fc",
            "gather_columns", "mla_forward_hook", "llama_forward_hook"]
