@@ -66,7 +66,8 @@ def test_without_plugin_stock_sglang_drops_and_shifts(harness, tiny, native):
     """Stock 0.5.23 keeps [-1, 1, 3, 5] as layer inputs: -1 never matches (embedding dropped), 1/3/5 capture the
     inputs of layers 1/3/5 = outputs of layers 0/2/4 (each tap one layer early, the final boundary lost), and the
     packer then refuses the forward."""
-    from eagle3_capture.spec import LayerOutput, sglang_0523_native_capture
+    from eagle3_capture.sglang_rules import sglang_0523_native_capture
+    from eagle3_capture.spec import LayerOutput
 
     taps, H = tiny["taps"], tiny["cfg"].hidden_size
     rec = native[str(DECLARED)]

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence
 
 from .. import configs as _configs
-from ..spec import DRAFT_IDS, TapError, TapSpec, sglang_0523_native_capture
+from ..sglang_rules import sglang_0523_native_capture
+from ..spec import DRAFT_IDS, TapError, TapSpec
 from . import dump, selftest, switches
 from .declaration import DraftDeclaration, current_declaration, set_declaration
 from .hook_chain import hook_in_place, hook_path_in_place
