@@ -1,5 +1,5 @@
-"""Tap conventions: round trips, the real Kimi-K2.5 case, compare_taps, the final boundary, errors (SGLang 0.5.23's
-own rule is tested in test_sglang_rules.py)."""
+"""Tap conventions: round trips, the real Kimi-K2.5 case, the final boundary, errors (compare_taps is tested in
+test_findings.py, SGLang 0.5.23's own rule in test_sglang_rules.py)."""
 
 import re
 
@@ -8,8 +8,9 @@ from hypothesis import given, settings, strategies as st
 
 from eagle3_capture.spec import (
     CONV_CANONICAL, CONV_DRAFT_IDS, CONV_HF, CONV_LAYER_INPUTS, CONVENTIONS, DRAFT_IDS, EMBEDDING, HF_HIDDEN_STATES,
-    LAYER_INPUTS, Embedding, Finding, LayerOutput, TapError, TapSpec, compare_taps, convention_limits,
+    LAYER_INPUTS, Embedding, LayerOutput, TapError, TapSpec, convention_limits,
 )
+from eagle3_capture.findings import compare_taps
 from tap_strategies import H, L61, codes, specs
 
 
@@ -136,36 +137,6 @@ def test_kimi_k25_training_taps_in_every_convention():
     assert served.taps == (LayerOutput(2), LayerOutput(30), LayerOutput(58))
     f = compare_taps(trained, served.taps)
     assert "missing-embedding" in codes(f) and "count-mismatch" not in codes(f)
-
-
-# ------------------------------------------------------------------------------------------------ compare_taps
-def test_compare_identical_is_clean():
-    s = TapSpec.from_draft_ids([-1, 2, 30], L61, H)
-    assert compare_taps(s, s.taps) == []
-
-
-def test_compare_unexpected_embedding_and_missing_tap():
-    trained = TapSpec.from_draft_ids([2, 30, 58], L61, H)
-    f = compare_taps(trained, [EMBEDDING, LayerOutput(2)])
-    c = codes(f)
-    assert "count-mismatch" in c and "unexpected-embedding" in c and "missing-tap" in c
-    assert any("LayerOutput(30)" in x.message for x in f if x.code == "missing-tap")
-    f = compare_taps(trained, [LayerOutput(2), LayerOutput(30), LayerOutput(40), LayerOutput(58)])
-    assert codes(f) == ["count-mismatch", "unexpected-tap"]
-    assert "K=3" in f[0].message and "4 are captured" in f[0].message and "21504" in f[0].message
-
-
-def test_compare_shift_direction_and_plural():
-    trained = TapSpec.from_draft_ids([2, 30], L61, H)
-    f = compare_taps(trained, [LayerOutput(5), LayerOutput(30)])
-    assert len(f) == 1 and "shifted by +3 layers" in f[0].message and "slot 0" in f[0].message
-    assert isinstance(f[0], Finding) and f[0].fix and "[shifted-tap]" not in str(f[0])
-    assert str(f[0]).startswith("[error] shifted-tap: ")
-
-
-def test_compare_rejects_non_taps():
-    with pytest.raises(ValueError, match="not a tap"):
-        compare_taps(TapSpec.from_draft_ids([2], 10, 4), [2])
 
 
 # ------------------------------------------------------------------------------------------------ final boundary

@@ -13,10 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
-from .spec import (
-    EMBEDDING, Finding, LayerOutput, Tap, TapError, TapSpec, as_index, compare_taps, positive_int, tap_error,
-    wanted_capture,
-)
+from .findings import Finding, compare_taps, wanted_capture
+from .spec import EMBEDDING, LayerOutput, Tap, TapError, TapSpec, as_index, positive_int, tap_error
 
 __all__ = [
     "CONV_SGLANG_0523", "SGLANG_0523_DEEPSEEK_V2", "SGLANG_0523_QWEN_MOE", "SGLANG_0523_FAMILIES",
@@ -171,14 +169,14 @@ def sglang_0523_ids_for(spec: TapSpec, family: str = SGLANG_0523_DEEPSEEK_V2) ->
     L = spec.num_layers
     if spec.includes_final_boundary:
         raise tap_error(f"the final boundary LayerOutput({L - 1}) would be layer-input index {L}, which SGLang "
-                   f"0.5.23's capture loop (0..{L - 1}) never reaches: no id list captures it", CONV_SGLANG_0523)
+                        f"0.5.23's capture loop (0..{L - 1}) never reaches: no id list captures it", CONV_SGLANG_0523)
     inputs = spec.to_layer_inputs()
     if family == SGLANG_0523_QWEN_MOE:
         ids = [i - 1 for i in inputs]
     elif inputs[0] == 1:
         raise tap_error(f"{spec.taps[0]!r} as first tap needs layers_to_capture to start with 1, but SGLang 0.5.23's "
-                   "DeepseekV2 shifts any ids starting with 1 to start with 2: no id list captures it",
-                   CONV_SGLANG_0523)
+                        "DeepseekV2 shifts any ids starting with 1 to start with 2: no id list captures it",
+                        CONV_SGLANG_0523)
     else:
         ids = list(inputs)
     assert sglang_0523_native_capture(ids, spec.num_layers, spec.hidden_size, family).captured_taps == spec.taps
@@ -186,7 +184,7 @@ def sglang_0523_ids_for(spec: TapSpec, family: str = SGLANG_0523_DEEPSEEK_V2) ->
 
 
 def compare_native_capture(declared: TapSpec, native: NativeCapture, *, fix: Optional[str] = None) -> List[Finding]:
-    """:func:`~eagle3_capture.spec.compare_taps` for what stock SGLang 0.5.23 captures: first the stored entries
+    """:func:`~eagle3_capture.findings.compare_taps` for what stock SGLang 0.5.23 captures: first the stored entries
     it drops and the error it then raises, then the slot-by-slot differences. The default fix says which ids stock
     SGLang would need, or why none can."""
     if fix is None:

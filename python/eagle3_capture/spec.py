@@ -22,9 +22,8 @@ layer-input index i                i = 0      i = k + 1 (k < L-1)  engines loop 
 EAGLE draft id d (SpecForge)       d = -1     d = k
 =================================  =========  ===================  ==========================================
 
-It also compares captured taps with the taps a draft was trained on (:func:`compare_taps`). It knows no engine:
-what SGLang 0.5.23 does with the draft ids is modelled in sglang_rules.py. Pure Python (no torch), so configs can
-be checked anywhere.
+It knows no engine: what SGLang 0.5.23 does with the draft ids is modelled in sglang_rules.py, and captured taps are
+compared with trained ones in findings.py. Pure Python (no torch), so configs can be checked anywhere.
 """
 
 from __future__ import annotations
@@ -37,8 +36,7 @@ __all__ = [
     "TapError", "Embedding", "EMBEDDING", "LayerOutput", "Tap", "TapSpec",
     "CONV_CANONICAL", "CONV_HF", "CONV_LAYER_INPUTS", "CONV_DRAFT_IDS",
     "DRAFT_IDS", "LAYER_INPUTS", "HF_HIDDEN_STATES", "CONVENTIONS",
-    "ConventionLimit", "convention_limits", "Finding", "compare_taps", "wanted_capture",
-    "tap_error", "as_index", "positive_int",
+    "ConventionLimit", "convention_limits", "tap_error", "as_index", "positive_int",
 ]
 
 # Human-readable convention names, used in every error message so the reader knows which integers are meant.
@@ -128,7 +126,7 @@ class LayerOutput(_Tap):
         k = as_index(self.k, "LayerOutput layer", CONV_CANONICAL)
         if k < 0:
             raise tap_error(f"LayerOutput({k}) is not a tap: layers are numbered from 0; the embedding is Embedding",
-                       CONV_CANONICAL)
+                            CONV_CANONICAL)
         object.__setattr__(self, "k", k)
 
     def _key(self) -> int:
@@ -151,12 +149,12 @@ def _check_strictly_increasing(values: Sequence[int], labels: Sequence[str], con
     for pos, v in enumerate(values):
         if v in first_at:
             raise tap_error(f"duplicate {labels[pos]} at positions {first_at[v]} and {pos}: "
-                       "each tap may appear once", convention)
+                            "each tap may appear once", convention)
         first_at[v] = pos
     for pos in range(len(values) - 1):
         if values[pos] > values[pos + 1]:
             raise tap_error(f"{labels[pos]} (position {pos}) comes before {labels[pos + 1]} (position {pos + 1}): "
-                       "taps must be strictly increasing, because engines capture in layer order", convention)
+                            "taps must be strictly increasing, because engines capture in layer order", convention)
 
 
 def positive_int(x, name: str) -> int:
@@ -195,8 +193,8 @@ class TapSpec:
             if not isinstance(t, _Tap):
                 raise tap_error(f"{t!r} is not a tap (expected Embedding or LayerOutput(k))", CONV_CANONICAL)
             if isinstance(t, LayerOutput) and t.k >= L:
-                raise tap_error(f"{t!r} is out of range for a {L}-layer model (valid LayerOutput(0)..LayerOutput({L - 1}))",
-                           CONV_CANONICAL)
+                raise tap_error(f"{t!r} is out of range for a {L}-layer model "
+                                f"(valid LayerOutput(0)..LayerOutput({L - 1}))", CONV_CANONICAL)
         _check_strictly_increasing([t._key() for t in taps], [repr(t) for t in taps], CONV_CANONICAL)
         object.__setattr__(self, "taps", taps)
         object.__setattr__(self, "num_layers", L)
@@ -237,7 +235,7 @@ class TapSpec:
         else:
             hint = f"{n} is not a multiple of H={H}: the draft was built for another hidden size"
         raise tap_error(f"draft fc.in_features is {n} but taps {list(self.taps)} give K={K} taps of H={H}: "
-                   f"K*H = {K * H} != {n}; {hint}", CONV_CANONICAL)
+                        f"K*H = {K * H} != {n}; {hint}", CONV_CANONICAL)
 
     # -- EAGLE draft ids (SpecForge meaning) ---------------------------------------------------------------------
     @classmethod
@@ -284,7 +282,7 @@ class TapSpec:
     def to_layer_inputs(self, *, allow_final_boundary: bool = False) -> List[int]:
         if self.includes_final_boundary and not allow_final_boundary:
             raise tap_error(_final_boundary_layer_input_msg(self.num_layers, False),
-                       CONV_LAYER_INPUTS)
+                            CONV_LAYER_INPUTS)
         return [0 if isinstance(t, Embedding) else t.k + 1 for t in self.taps]
 
     # -- HF output_hidden_states ---------------------------------------------------------------------------------
@@ -410,93 +408,3 @@ def convention_limits(spec: TapSpec) -> Dict[str, ConventionLimit]:
         except TapError as e:
             out[key] = ConventionLimit(key, CONVENTIONS[key], None, str(e), short)
     return out
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Findings: declared taps vs captured taps
-# ----------------------------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Finding:
-    """One mismatch between what a draft was trained on and what is captured."""
-
-    severity: str  # "error" | "warning" | "info"
-    code: str      # e.g. "missing-embedding", "shifted-tap", "dropped-tap", "count-mismatch"
-    message: str
-    fix: str = ""
-
-    def __str__(self) -> str:
-        return f"[{self.severity}] {self.code}: {self.message}" + (f" (fix: {self.fix})" if self.fix else "")
-
-
-def _layers(n: int) -> str:
-    return f"{n:+d} layer" + ("" if abs(n) == 1 else "s")
-
-
-def compare_taps(declared: TapSpec, captured: Sequence[Tap], *, fix: Optional[str] = None) -> List[Finding]:
-    """Name every difference between the taps a draft was trained on and those a capture delivers, in slot order.
-
-    The fc consumes slots by position, so with equal counts slots are compared one to one; with unequal counts the
-    draft cannot run at all, and layer taps are paired in order (when their counts match) to show the shift. An
-    empty list means the capture is exactly the trained one. ``fix`` (default: :func:`wanted_capture`) is attached
-    to every finding.
-    """
-    cap: Tuple[Tap, ...] = tuple(captured)
-    for t in cap:
-        if not isinstance(t, _Tap):
-            raise tap_error(f"captured {t!r} is not a tap", CONV_CANONICAL)
-    if fix is None:
-        fix = wanted_capture(declared)
-    H, K, n = declared.hidden_size, declared.K, len(cap)
-    out: List[Finding] = []
-
-    if n != K:
-        out.append(Finding("error", "count-mismatch",
-                           f"the draft was trained on K={K} taps {list(declared.taps)} (fc in_features {K}*{H} = "
-                           f"{K * H}) but {n} are captured {list(cap)} ({n}*{H} = {n * H})", fix))
-
-    emb_declared = declared.includes_embedding
-    emb_captured = any(isinstance(t, Embedding) for t in cap)
-    if emb_declared and not emb_captured:
-        got = f"; slot 0 receives {cap[0]!r} instead" if n == K and n else ""
-        out.append(Finding("error", "missing-embedding",
-                           f"the draft was trained with Embedding in slot 0 but the embedding is not captured{got}",
-                           fix))
-    if emb_captured and not emb_declared:
-        out.append(Finding("error", "unexpected-embedding",
-                           "the embedding is captured but the draft was not trained on it", fix))
-
-    if n == K:
-        for s, (d, c) in enumerate(zip(declared.taps, cap)):
-            if d == c or isinstance(d, Embedding) or isinstance(c, Embedding):
-                continue  # embedding slots are reported above
-            out.append(Finding("error", "shifted-tap",
-                               f"slot {s} captures {c!r} but the draft was trained on {d!r}: shifted by "
-                               f"{_layers(c.k - d.k)}", fix))
-        return out
-
-    d_layers = [(s, t) for s, t in enumerate(declared.taps) if isinstance(t, LayerOutput)]
-    c_layers = [(s, t) for s, t in enumerate(cap) if isinstance(t, LayerOutput)]
-    if len(d_layers) == len(c_layers):
-        for (ds, d), (cs, c) in zip(d_layers, c_layers):
-            if d != c:
-                out.append(Finding("error", "shifted-tap",
-                                   f"draft slot {ds} (trained on {d!r}) is served {c!r} from captured slot {cs}: "
-                                   f"shifted by {_layers(c.k - d.k)}", fix))
-    else:
-        cset, dset = set(cap), set(declared.taps)
-        for s, d in d_layers:
-            if d not in cset:
-                out.append(Finding("error", "missing-tap", f"draft slot {s} was trained on {d!r}, not captured", fix))
-        for s, c in c_layers:
-            if c not in dset:
-                out.append(Finding("error", "unexpected-tap",
-                                   f"captured slot {s} holds {c!r}, which the draft was not trained on", fix))
-    return out
-
-
-def wanted_capture(declared: TapSpec) -> str:
-    """The capture a draft needs, in canonical taps, draft ids and (when it can name them) layer inputs."""
-    lim = convention_limits(declared)
-    return (f"capture {list(declared.taps)} = draft ids {declared.to_draft_ids()}"
-            + (f" = layer inputs {list(lim[LAYER_INPUTS].indices)}" if lim[LAYER_INPUTS].ok else ""))

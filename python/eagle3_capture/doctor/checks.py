@@ -2,7 +2,7 @@
 every inconsistency of the configs, the server-flag traps, and -- when both dumps are given -- the fingerprint of
 what a server really captured.
 
-Each :class:`~eagle3_capture.spec.Finding` carries its fix; the exit code is non-zero when any finding is an
+Each :class:`~eagle3_capture.findings.Finding` carries its fix; the exit code is non-zero when any finding is an
 error. The pieces come from the rest of the package: config reading (``configs``), tap conventions and SGLang's
 capture model (``spec``), the flag rules (``doctor.server_args``) and the fingerprint (``doctor.fingerprint``).
 """
@@ -13,7 +13,8 @@ from typing import List, Optional, Tuple
 
 from .. import configs
 from ..sglang_rules import NativeCapture, compare_native_capture, sglang_0523_native_capture
-from ..spec import DRAFT_IDS, HF_HIDDEN_STATES, LAYER_INPUTS, Finding, TapError, TapSpec, convention_limits
+from ..findings import Finding
+from ..spec import DRAFT_IDS, HF_HIDDEN_STATES, LAYER_INPUTS, TapError, TapSpec, convention_limits
 from .common import DoctorError, read_json
 from .server_args import ServerFlags, SpecResolution, parallel_findings, parse_server_args, speculative_findings
 

@@ -24,7 +24,8 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from ..spec import EMBEDDING, Finding, LayerOutput, TapError, TapSpec, compare_taps
+from ..findings import Finding, compare_taps
+from ..spec import EMBEDDING, LayerOutput, TapError, TapSpec
 from .common import DoctorError, fmt_table
 from .fingerprint_files import (
     CAPTURE_FORMAT, POST_NORM, REFERENCE_FORMAT, Captured, Reference, column_label, load_captured, load_reference,
