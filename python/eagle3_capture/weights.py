@@ -110,14 +110,19 @@ def checkpoint_files(path: str) -> List[str]:
     return files
 
 
+def _read_json(path: str, what: str):
+    """The parsed JSON of a file; ValueError naming it (``what``, e.g. "shard index") when it is not JSON."""
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            return json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{what} {path}: malformed JSON ({e})") from None
+
+
 def _from_index(index: str) -> Dict[str, Tuple[str, str]]:
     """canonical name -> (file, key) for the tensors this loader reads, as the index names them."""
     d = os.path.dirname(index)
-    try:
-        with open(index, "r", encoding="utf-8") as f:
-            data = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"shard index {index}: malformed JSON ({e})") from None
+    data = _read_json(index, "shard index")
     wm = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(wm, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
         raise ValueError(f"shard index {index}: expected an object with 'weight_map' {{tensor name: file name}}, got "
@@ -211,11 +216,7 @@ def _block_size(d: str) -> Optional[Tuple[int, int]]:
     p = os.path.join(d, "config.json")
     if not os.path.isfile(p):
         return None
-    try:
-        with open(p, "r", encoding="utf-8") as f:
-            cfg = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"draft config {p}: malformed JSON ({e})") from None
+    cfg = _read_json(p, "draft config")
     q = cfg.get("quantization_config") if isinstance(cfg, dict) else None
     if not isinstance(q, dict) or q.get("weight_block_size") is None:
         return None
