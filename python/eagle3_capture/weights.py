@@ -61,7 +61,8 @@ class DraftFc:
 # where each tensor is
 # ----------------------------------------------------------------------------------------------------------------
 
-def _canonical(name: str) -> str:
+def canonical_name(name: str) -> str:
+    """A checkpoint tensor's name without the ``model.`` prefix, legacy aux_norm_{low,mid,high} as fc_norm.{k}."""
     name = name[len("model."):] if name.startswith("model.") else name
     for legacy, k in _LEGACY_NORMS.items():
         name = name.replace(legacy, f"fc_norm.{k}")
@@ -136,7 +137,7 @@ def _from_index(index: str) -> Dict[str, Tuple[str, str]]:
     found: Dict[str, Tuple[str, str]] = {}
     keys_in: Dict[str, set] = {}
     for key, fname in wm.items():
-        c = _canonical(key)
+        c = canonical_name(key)
         if not _wanted(c):
             continue
         if c in found:
@@ -167,7 +168,7 @@ def _locate(path: str) -> Tuple[Dict[str, Tuple[str, str]], str]:
     found: Dict[str, Tuple[str, str]] = {}
     for f in files:
         for key in _keys_of(f):
-            c = _canonical(key)
+            c = canonical_name(key)
             if _wanted(c):
                 if c in found:
                     raise ValueError(f"{path}: {c} appears twice ({found[c][1]} in {found[c][0]} and {key} in {f})")

@@ -73,7 +73,8 @@ def run_demo(out_dir: str = "eagle3-demo", fast: bool = False, device: str = "au
 def _run(out_dir: str, fast: bool, dev: str, seed: int, plot: bool, progress: bool,
          draft_seed: Optional[int] = None) -> DemoResult:
     from . import checks, fingerprint as fpmod
-    from .draft_model import DraftArch, save_draft
+    from .draft_checkpoint import save_draft
+    from .draft_model import DraftArch
     from .fingerprint import save_captured
     from .reference_dump import reference_tensors, write_reference
     from .target_model import Target, build_demo_target, demo_target_config_dict, greedy_continue, residual_stream
