@@ -5,6 +5,7 @@ import pkgutil
 import pytest
 
 from eagle3_capture.sglang.hook_chain import hook_in_place
+from scenarios import run_script
 from sglang_fixtures import harness, require_sglang, sglang_plugin, tiny  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.sglang
@@ -87,7 +88,7 @@ def test_disable_switch_in_a_fresh_process(harness, tmp_path, disable):
     import json
 
     out = tmp_path / "hooks.json"
-    proc = harness.run_script("hooks", out, {"EAGLE3_CAPTURE_DISABLE": disable})
+    proc = run_script("hooks", out, {"EAGLE3_CAPTURE_DISABLE": disable})
     rep = json.loads(out.read_text())
     from eagle3_capture.sglang.plugin import HOOKS
 

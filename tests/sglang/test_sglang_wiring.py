@@ -6,6 +6,7 @@ process) records what stock SGLang 0.5.23 captures instead."""
 import pytest
 import torch
 
+from scenarios import run_script
 from sglang_fixtures import OpCounter, harness, require_sglang, sglang_plugin, tiny  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.sglang
@@ -58,7 +59,7 @@ def test_wiring_with_plugin_every_slot_is_the_declared_tap(harness, tiny, sglang
 @pytest.fixture(scope="module")
 def native(harness, tmp_path_factory):
     out = tmp_path_factory.mktemp("native") / "native.pt"
-    harness.run_script("native", out, {"SGLANG_PLUGINS": "none-eagle3-capture-test"})
+    run_script("native", out, {"SGLANG_PLUGINS": "none-eagle3-capture-test"})
     return torch.load(out)
 
 
