@@ -1,6 +1,9 @@
 """draft_fc against the float64 reference: fuzzed shapes, packed and list inputs, with and without per-tap norms
 and bias, poisoned outputs, both CUDA paths (decode kernels M <= 8 by default, up to 16 by the knob; normalise +
-GEMM above), every decode kernel, bad inputs, opcheck, CUDA graphs."""
+GEMM above), every decode kernel, bad inputs, opcheck, CUDA graphs.
+
+One file (over 400 lines) because the CPU and CUDA tests share one fuzz strategy, one checker against the reference
+and the decode-kernel settings; the CUDA tests are the second half."""
 from __future__ import annotations
 
 import contextlib
