@@ -16,7 +16,7 @@ from eagle3_capture import ops, reference
 from helpers import randn
 from conftest import DEVICES, fuzz_examples
 
-# Norm-wise relative error bounds from the issue: bf16 1e-2, fp16 2e-3 (fp32: CPU and the CUDA GEMM path).
+# The op's norm-wise relative error bounds: bf16 1e-2, fp16 2e-3 (fp32: CPU and the CUDA GEMM path).
 REL = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 1e-4}
 
 
