@@ -53,7 +53,7 @@ def bench_row(m, n, h, k, dtype, bw, rate, samples, decode_rows, compare_paths=F
     # (b), ours, (a), ours, (b): ours and (b) each measured twice, symmetric in time, and each reported as the mean
     # of its two. The large GEMMs run at the GPU's power limit and its clock drifts over a row's seconds, so a fixed
     # order favoured whatever ran first: at M=4096 N=7168 ours moved 1677 -> 1874 us between its two measurements
-    # of one run, and ours / (b) read 0.98x to 1.12x across runs (benchmarks/NOTES.md).
+    # of one run, and ours / (b) read 0.98x to 1.12x across runs (docs/performance.md).
     t_b1 = common.time_graph_us(base_b, ncopies, samples=samples)
     t_ours1 = common.time_graph_us(ours, ncopies, samples=samples)
     t_a = common.time_graph_us(base_a, ncopies, samples=samples)

@@ -82,7 +82,7 @@ def int_list(text: str) -> list[int]:
 
 
 def add_draft_fc_shape_args(ap, m_default: str) -> None:
-    """The shape options of the draft fc benchmarks and probes: --M and --N (comma lists), --H, --K; the defaults are
+    """The shape options of the draft fc benchmark: --M and --N (comma lists), --H, --K; the defaults are
     the EAGLE-3 fc of a DeepSeek-V3 / Kimi-K2 draft (K = 3 taps of H = 7168) sharded for tp = 8 and replicated."""
     ap.add_argument("--M", default=m_default, help="rows (tokens), comma-separated")
     ap.add_argument("--N", default="896,7168", help="fc output features (H / tp), comma-separated")

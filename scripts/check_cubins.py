@@ -18,8 +18,8 @@ import shutil
 import subprocess
 import sys
 
-REQUIRED_FAMILIES = ["capture_kernel", "fused_add_rmsnorm_capture_kernel", "draft_fc_decode_kernel",
-                     "draft_fc_decode_cluster_kernel", "draft_fc_bulk_kernel", "draft_fc_normalize_kernel",
+REQUIRED_FAMILIES = ["capture_kernel", "fused_add_rmsnorm_capture_kernel", "draft_fc_split_decode_kernel",
+                     "draft_fc_decode_cluster_kernel", "draft_fc_normalize_kernel",
                      "gather_p2p_kernel"]
 
 

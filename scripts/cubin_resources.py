@@ -8,7 +8,7 @@ launchers ask of it, on the smallest target (sm_120: 99 KB of shared memory per 
   cubin (so a kernel is never built anywhere with a layout that cannot launch on the first user's GPU);
 - registers: no more than the launch bounds allow (EIATTR_MAXREG_COUNT of cuobjdump -elf) and, at the kernel's
   maximum block size (EIATTR_MAX_THREADS), within the 64K-register file of one SM;
-- the decode kernels (split, cluster, bulk): no local memory and no register spills. A stack frame or local loads
+- the decode kernels (split, cluster): no local memory and no register spills. A stack frame or local loads
   and stores in their SASS are not always spills (a small array can live on the stack), so a kernel that has them
   is compiled again for that arch with ptxas --warn-on-spills, and only a spill warning naming it fails.
 """
@@ -25,9 +25,8 @@ RESERVED_SMEM = 1024       # cudaDevAttrReservedSharedMemoryPerBlock (sm_80+), i
 REGISTERS_PER_SM = 65536
 GATE_HIDDEN = 7168         # the first user's H (Kimi-K2.5 / DeepSeek-V3)
 DECODE_FAMILIES = {        # kernel family -> the source file that holds it (for the spill check)
-    "draft_fc_decode_kernel": "csrc/kernels/draft_fc_cuda.cu",
+    "draft_fc_split_decode_kernel": "csrc/kernels/draft_fc_cuda.cu",
     "draft_fc_decode_cluster_kernel": "csrc/kernels/draft_fc_cluster_cuda.cu",
-    "draft_fc_bulk_kernel": "csrc/kernels/draft_fc_bulk_cuda.cu",
 }
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -1,62 +1,74 @@
-# Sourced by every scripts/device_*.sh: the shared environment of a device-machine run.
+# Sourced by scripts/gpu_check.sh, gpu_check_x2.sh and gpu_bench.sh (after their `set -euo pipefail`): the
+# environment of a GPU-machine run, the step and summary helpers, one deadline for the whole run, and the build of
+# the extension for this machine's GPU. After its arguments, a script calls start_run LOGS_DIR: $LOGS is that
+# directory, and $SUMMARY ($LOGS/summary.txt) gets one PASS / FAIL / SKIP line per step.
+
 # NVLink multicast stays off everywhere (it can take a shared host's GPUs out of service).
-set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT=${OUT:-/tmp/e3out}; mkdir -p "$OUT"
+
+# Every script runs from the repository root, wherever it was called from.
+SCRIPT_PATH="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
+cd "$(dirname "$SCRIPT_PATH")/.."
+
+# The script's usage: its header comment (every line from the second up to the first that is not a comment).
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$SCRIPT_PATH"; }
+# The arguments of a script that takes none but --help / -h (which prints the usage and exits 0).
+no_arguments_but_help() {  # "$@" of the script
+  [ $# -eq 0 ] && return 0
+  case "$1" in -h|--help) usage; exit 0 ;; esac
+  echo "$(basename "$SCRIPT_PATH"): unknown argument '$1'" >&2
+  usage >&2
+  exit 2
+}
+
+# One deadline for the run (BUDGET_S seconds from start_run, default 530, under the device machines' 10-minute
+# call): each step gets min(its cap, what is left); a step with under 15 s left is reported SKIP, not a pass.
+start_run() {  # logs_dir
+  LOGS=$1
+  mkdir -p "$LOGS"
+  SUMMARY="$LOGS/summary.txt"
+  : > "$SUMMARY"
+  DEADLINE=$(( $(date +%s) + ${BUDGET_S:-530} ))
+}
 step() { echo; echo "=== $* ($(date +%T))"; }
-# The two-GPU gather checks shared by the x2 scripts: the CUDA tests, then memcheck of the p2p case (every rank).
-gather_checks() {
-  step gather tests two GPUs
-  timeout 120 python3 -m pytest -m multigpu -q tests/test_gather_cuda.py 2>&1 | tee "$OUT/pytest_gather.log" | tail -3
-  step memcheck gather
-  timeout 100 compute-sanitizer --tool memcheck --report-api-errors no --target-processes all --error-exitcode 3 \
-    python3 -m pytest -m multigpu -q -x tests/test_gather_cuda.py -k "matches_reference and p2p" \
-    > "$OUT/memcheck_gather.log" 2>&1
-  echo "memcheck gather rc=$?"; grep -E "ERROR SUMMARY|passed|failed" "$OUT/memcheck_gather.log" | tail -3
+result() { echo "$*" | tee -a "$SUMMARY"; }
+cap() { local left=$(( DEADLINE - $(date +%s) )); echo $(( left < $1 ? left : $1 )); }
+have_time() { [ "$(cap 15)" -ge 15 ] || { result "SKIP $1 (no time left)"; return 1; }; }
+
+# pytest's last count line, PASS when it ran and nothing failed.
+pytest_result() {  # name log rc
+  local line; line=$(grep -E "(passed|failed|error)" "$2" | tail -1 || true)
+  if [ "$3" = 0 ]; then result "PASS $1: $line"; else result "FAIL $1 (rc=$3): $line"; fi
 }
-# The extension for sm_90a (editable install, exits the script on failure), then the bench_draft_fc binary in the
-# background (its log in $OUT/cmake.log; `wait` before running it).
-build_fc() {
-  step build
-  TORCH_CUDA_ARCH_LIST=9.0a MAX_JOBS=16 python3 -m pip install -q --no-build-isolation --no-deps -e . \
-    > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
-  (cmake -S . -B build/bench -DE3_CUDA_ARCHS=90a && cmake --build build/bench -j 16 --target bench_draft_fc) \
-    > "$OUT/cmake.log" 2>&1 &
+# compute-sanitizer's summary line, PASS when it found nothing and the tests passed.
+sanitizer_result() {  # name log rc
+  local line; line=$(grep -E "(ERROR|RACECHECK) SUMMARY" "$2" | sort -u | tr '\n' ' ' || true)
+  if [ "$3" = 0 ]; then result "PASS $1: $line"
+  else result "FAIL $1 (rc=$3): $line $(grep -E 'passed|failed' "$2" | tail -1 || true)"; fi
 }
-# The bench_draft_fc binary of the previous tree in old_src/ (when present), in the background like build_fc's:
-# `wait` before running build/bench_old/bench_draft_fc.
-build_old_bench() {
-  [ -d old_src ] || return 0
-  (cmake -S old_src -B build/bench_old -DE3_CUDA_ARCHS=90a && cmake --build build/bench_old -j 8 --target bench_draft_fc) \
-    > "$OUT/cmake_old.log" 2>&1 &
+# Exit status of the run: 1 when any summary line starts with one of the given words (FAIL, SKIP), else 0.
+summary_status() {
+  local pattern; pattern="^($(IFS='|'; echo "$*")) "
+  cat "$SUMMARY"
+  if grep -qE "$pattern" "$SUMMARY"; then return 1; fi
+  return 0
 }
-# The draft fc CUDA tests and the SGLang hooks' CUDA tests, the summary lines on stdout.
-fc_cuda_tests() {
-  step draft fc tests
-  timeout 240 python3 -m pytest -m "cuda and not multigpu" -q tests/test_draft_fc.py tests/sglang/test_hook_calls_cuda.py \
-    2>&1 | tee "$OUT/pytest_cuda.log" | grep -E "FAILED|passed|failed|rror" | tail -8
-}
-# The draft fc op's full table (M = 1 .. 4096 at N = 896 and 7168) into $OUT/draft_fc-h200.json.
-fc_full_table() {
-  step bench draft fc op
-  timeout 200 python3 benchmarks/bench_draft_fc.py --samples 15 --M 1,4,8,16,32,64,512,4096 --compare-paths \
-    --out "$OUT/draft_fc-h200.json" --plot "$OUT/draft_fc-h200.png" 2>&1 | tee "$OUT/bench_fc.log" | grep -E "M=|streaming"
-}
-# compute-sanitizer over the draft fc CUDA tests: memcheck, racecheck of the decode paths, initcheck of the decode
-# kernels without a kernel filter.
-fc_sanitizers() {
-  step memcheck draft fc
-  E3_HYPOTHESIS_PROFILE=sanitizer timeout 200 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 3 \
-    python3 -m pytest -m cuda -q -x tests/test_draft_fc.py \
-    --deselect tests/test_draft_fc.py::test_cuda_rejects_misaligned_rows_and_mixed_devices > "$OUT/memcheck_fc.log" 2>&1
-  echo "memcheck fc rc=$?"; grep -E "ERROR SUMMARY|passed|failed" "$OUT/memcheck_fc.log" | tail -2
-  step racecheck draft fc decode path
-  E3_HYPOTHESIS_PROFILE=sanitizer timeout 90 compute-sanitizer --tool racecheck --report-api-errors no \
-    --kernel-name kns=draft_fc --error-exitcode 3 python3 -m pytest -m cuda -q tests/test_draft_fc.py \
-    -k "(repeated and not 33) or producers or every_decode" > "$OUT/racecheck_fc.log" 2>&1
-  echo "racecheck rc=$?"; grep -E "RACECHECK SUMMARY|passed|failed" "$OUT/racecheck_fc.log" | tail -2
-  step initcheck draft fc decode, no kernel filter
-  timeout 120 compute-sanitizer --tool initcheck --report-api-errors no --error-exitcode 3 \
-    python3 -m pytest -m cuda -q -x tests/test_draft_fc.py -k "producers and False" > "$OUT/initcheck_fc.log" 2>&1
-  echo "initcheck rc=$?"; grep -E "ERROR SUMMARY|passed|failed|Uninitialized" "$OUT/initcheck_fc.log" | sort | uniq -c | head -8
+
+# The compute capability of GPU 0 without the dot ("90" on an H200): the kernels are built for its a-variant
+# (sm_90a), the code the library ships for that GPU.
+gpu_cc() { nvidia-smi --query-gpu=compute_cap --format=csv,noheader | sed -n 1p | tr -d ' .'; }
+
+# The extension for GPU 0's arch (editable install); on failure the log's tail, a FAIL line, and exit 1.
+build_extension() {
+  local cc arch; cc=$(gpu_cc); arch="${cc%?}.${cc: -1}a"
+  step build "$arch"
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$LOGS/gpu.txt"
+  if TORCH_CUDA_ARCH_LIST="$arch" MAX_JOBS="$(nproc)" timeout "$(cap 240)" \
+      python3 -m pip install -q --no-build-isolation --no-deps -e . > "$LOGS/build.log" 2>&1; then
+    result "PASS build (TORCH_CUDA_ARCH_LIST=$arch)"
+  else
+    tail -30 "$LOGS/build.log"
+    result "FAIL build"
+    exit 1
+  fi
 }

@@ -174,10 +174,10 @@ def test_decode_kernel_knob_checks_and_restores():
     prev = ops._set_draft_fc_decode_kernel("split")
     try:
         assert prev == "auto"  # the default
-        assert ops._set_draft_fc_decode_kernel("bulk") == "split"
+        assert ops._set_draft_fc_decode_kernel("cluster") == "split"
         with pytest.raises(ValueError, match="cluster"):
             ops._set_draft_fc_decode_kernel("fast")
-        assert ops._set_draft_fc_decode_kernel("cluster") == "bulk"  # the bad name changed nothing
+        assert ops._set_draft_fc_decode_kernel("auto") == "cluster"  # the bad name changed nothing
     finally:
         ops._set_draft_fc_decode_kernel(prev)
 
@@ -388,12 +388,12 @@ def test_cuda_decode_threshold_knob_keeps_results(m):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("kernel", ["auto", "cluster", "split", "bulk"])
+@pytest.mark.parametrize("kernel", ["auto", "cluster", "split"])
 @settings(max_examples=fuzz_examples(120))
 @given(data=st.data())
 def test_cuda_every_decode_kernel_matches_reference(kernel, data):
     """Every decode kernel on M <= 16 (one or two token groups, the threshold raised to 16): auto, cluster (sm_90+,
-    K <= 8; K > 8 runs split), split, and bulk (sm_90+, packed input, M <= 8; other calls take auto's choice)."""
+    K <= 8; K > 8 runs split) and split."""
     with decode_settings(kernel, 16):
         case = data.draw(fc_cases("cuda"))
         case["m"] = data.draw(st.integers(1, 16))

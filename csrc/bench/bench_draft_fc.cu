@@ -34,13 +34,12 @@ __global__ void __launch_bounds__(128, 4) read_probe_kernel(const uint4* w, size
 void usage() {
   std::printf(
       "usage: bench_draft_fc [--M 8] [--N 896] [--H 7168] [--K 3] [--norm 1] [--blocks-per-sm 4] [--iters 50]\n"
-      "                      [--samples 15] [--kernel cluster] [--stages 2] [--splits 0] [--probe 0]\n"
+      "                      [--samples 15] [--kernel cluster] [--splits 0] [--probe 0]\n"
       "                      [--cluster-min-splits 0]\n"
       "  bf16, decode kernels. Weight copies rotate so one rotation spans 4 x L2 (at least 256 MB).\n"
       "  --kernel auto (default: cluster for small N, else split), cluster (sm_90+, K <= 8: K-splits reduced in a\n"
-      "  thread-block cluster), split (partials in an L2 workspace; --splits K-splits per tap) or bulk (TMA,\n"
-      "  sm_90+, M <= 8; --stages, 0 = as many as fit; --bulk 1 is the same). --blocks-per-sm: the register\n"
-      "  kernels' one-wave grid size (0: as built). M up to 16 (two token groups above 8).\n"
+      "  thread-block cluster) or split (partials in an L2 workspace; --splits K-splits per tap).\n"
+      "  --blocks-per-sm: the register kernels' one-wave grid size (0: as built). M up to 16 (two token groups).\n"
       "  --probe 1: also time a plain streaming read of the same weight bytes (the floor of one launch this size).\n"
       "  --cluster-min-splits S: auto's switch to the cluster kernel (0: the device's tuning, tuning.h).\n"
 );
@@ -65,26 +64,23 @@ int main(int argc, char** argv) {
     E3_CHECK(cudaMalloc(&weights[i], w_bytes));
     bench::fill(weights[i], w_elems, 2, 100 + i);
   }
-  void *x, *g, *out, *zeroed;
+  void *x, *g, *out, *ws_buffer;
   E3_CHECK(cudaMalloc(&x, size_t(M) * K * H * 2));
   E3_CHECK(cudaMalloc(&g, size_t(K) * H * 2));
   E3_CHECK(cudaMalloc(&out, size_t(M) * N * 2));
   bench::fill(x, size_t(M) * K * H, 2, 7);
   bench::fill(g, size_t(K) * H, 2, 8);
-  const int64_t zeroed_bytes = e3::draft_fc_decode_zeroed_bytes(static_cast<int>(K), N);
-  E3_CHECK(cudaMalloc(&zeroed, zeroed_bytes));
-  E3_CHECK(cudaMemset(zeroed, 0, zeroed_bytes));
-  const e3::DraftFcWorkspace wsv = e3::draft_fc_decode_workspace_view(zeroed, static_cast<int>(K), N);
+  const int64_t ws_bytes = e3::draft_fc_decode_workspace_bytes(static_cast<int>(K), N);
+  E3_CHECK(cudaMalloc(&ws_buffer, ws_bytes));
+  E3_CHECK(cudaMemset(ws_buffer, 0, ws_bytes));
+  const e3::DraftFcWorkspace wsv = e3::draft_fc_decode_workspace_view(ws_buffer, static_cast<int>(K), N);
   e3::DraftFcDecodeConfig cfg;
   cfg.blocks_per_sm = static_cast<int>(bench::arg_long(argc, argv, "--blocks-per-sm", cfg.blocks_per_sm));
   const std::string kname = bench::arg_str(argc, argv, "--kernel", "auto");
   if (kname == "auto") cfg.kernel = e3::DraftFcDecodeKernel::Auto;
   else if (kname == "cluster") cfg.kernel = e3::DraftFcDecodeKernel::Cluster;
   else if (kname == "split") cfg.kernel = e3::DraftFcDecodeKernel::Split;
-  else if (kname == "bulk") cfg.kernel = e3::DraftFcDecodeKernel::Bulk;
   else { usage(); return 2; }
-  if (bench::arg_long(argc, argv, "--bulk", 0) != 0) cfg.kernel = e3::DraftFcDecodeKernel::Bulk;
-  cfg.bulk_stages = static_cast<int>(bench::arg_long(argc, argv, "--stages", cfg.bulk_stages));
   cfg.splits_per_tap = static_cast<int>(bench::arg_long(argc, argv, "--splits", cfg.splits_per_tap));
   cfg.cluster_min_splits = bench::arg_long(argc, argv, "--cluster-min-splits", cfg.cluster_min_splits);
 
@@ -129,12 +125,11 @@ int main(int argc, char** argv) {
 
   const double t = bench::time_us(run, iters, samples);
   const double bytes = double(w_bytes) + double(M) * K * H * 2 + double(M) * N * 2;
-  const bool bulk = cfg.kernel == e3::DraftFcDecodeKernel::Bulk;
-  const char* kernel = bulk ? "bulk" : (cfg.kernel == e3::DraftFcDecodeKernel::Split ? "split" : kname.c_str());
+  const char* kernel = kname.c_str();
   std::printf("%-6s %5s %6s %6s %3s %4s %6s %12s %10s %12s\n", "kernel", "M", "N", "H", "K", "bpsm", "splits",
               "bytes", "time_us", "weight_GB/s");
   std::printf("%-6s %5ld %6ld %6ld %3ld %4d %6d %12.0f %10.2f %12.1f\n", kernel, M, N, H, K,
-              bulk ? cfg.bulk_stages : cfg.blocks_per_sm, cfg.splits_per_tap, bytes, t, w_bytes / t / 1e3);
+              cfg.blocks_per_sm, cfg.splits_per_tap, bytes, t, w_bytes / t / 1e3);
   if (bench::arg_long(argc, argv, "--probe", 0) != 0) {
     unsigned* sink;
     const int blocks = 4 * e3::cuda::sm_count();

@@ -5,6 +5,7 @@
 #include "device.h"
 
 #include <mutex>
+#include <type_traits>
 
 namespace e3 {
 namespace cuda {
@@ -74,18 +75,21 @@ cudaError_t launch_capture(const CaptureParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <typename T>
-cudaError_t capture_by_width(const CaptureParams& p, cudaStream_t stream) {
-  const void* ptrs[3] = {p.packed, p.hidden, p.residual};
-  const int64_t strides[3] = {p.packed_row_stride, p.hidden_row_stride,
-                              p.residual != nullptr ? p.residual_row_stride : 0};
-  const int bytes = pick_access_bytes(sizeof(T), ptrs, 3, strides, 3);
-  switch (bytes / static_cast<int>(sizeof(T))) {
-    case 8: return launch_capture<T, 8>(p, stream);
-    case 4: return launch_capture<T, 4>(p, stream);
-    case 2: return launch_capture<T, 2>(p, stream);
-    default: return launch_capture<T, 1>(p, stream);
-  }
+// Calls f(TypeTag<T>{}, std::integral_constant<int, N>{}) for dtype's device type T and the widest access of N
+// elements that every pointer and row stride allow (pick_access_bytes), and returns its cudaError_t value: the one
+// place both capture kernels' launches are mapped to their template arguments.
+template <typename F>
+int with_type_and_width(DType dtype, const void* const* ptrs, int n_ptrs, const int64_t* strides, int n_strides,
+                        F&& f) {
+  return with_device_type(dtype, [&](auto tag) -> cudaError_t {
+    using T = typename decltype(tag)::type;
+    switch (pick_access_bytes(sizeof(T), ptrs, n_ptrs, strides, n_strides) / static_cast<int>(sizeof(T))) {
+      case 8: return f(tag, std::integral_constant<int, 8>{});
+      case 4: return f(tag, std::integral_constant<int, 4>{});
+      case 2: return f(tag, std::integral_constant<int, 2>{});
+      default: return f(tag, std::integral_constant<int, 1>{});
+    }
+  });
 }
 
 }  // namespace
@@ -185,42 +189,28 @@ cudaError_t launch_fused(const FusedAddRmsnormCaptureParams& p, cudaStream_t str
   return cudaGetLastError();
 }
 
-template <typename T>
-cudaError_t fused_by_width(const FusedAddRmsnormCaptureParams& p, cudaStream_t stream) {
-  const void* ptrs[4] = {p.hidden, p.residual, p.packed, p.weight};
-  const int64_t strides[3] = {p.hidden_row_stride, p.residual_row_stride, p.packed_row_stride};
-  const int bytes = pick_access_bytes(sizeof(T), ptrs, 4, strides, 3);
-  switch (bytes / static_cast<int>(sizeof(T))) {
-    case 8: return launch_fused<T, 8>(p, stream);
-    case 4: return launch_fused<T, 4>(p, stream);
-    case 2: return launch_fused<T, 2>(p, stream);
-    default: return launch_fused<T, 1>(p, stream);
-  }
-}
-
 }  // namespace
 }  // namespace cuda
 
 int capture_cuda(const CaptureParams& p, DType dtype, void* stream) {
   if (p.rows == 0 || p.cols == 0) return 0;
-  auto s = static_cast<cudaStream_t>(stream);
-  switch (dtype) {
-    case DType::F32: return cuda::capture_by_width<float>(p, s);
-    case DType::F16: return cuda::capture_by_width<__half>(p, s);
-    case DType::BF16: return cuda::capture_by_width<__nv_bfloat16>(p, s);
-  }
-  return static_cast<int>(cudaErrorInvalidValue);
+  const void* ptrs[3] = {p.packed, p.hidden, p.residual};
+  const int64_t strides[3] = {p.packed_row_stride, p.hidden_row_stride,
+                              p.residual != nullptr ? p.residual_row_stride : 0};
+  return cuda::with_type_and_width(dtype, ptrs, 3, strides, 3, [&](auto tag, auto width) {
+    return cuda::launch_capture<typename decltype(tag)::type, decltype(width)::value>(
+        p, static_cast<cudaStream_t>(stream));
+  });
 }
 
 int fused_add_rmsnorm_capture_cuda(const FusedAddRmsnormCaptureParams& p, DType dtype, void* stream) {
   if (p.rows == 0 || p.cols == 0) return 0;
-  auto s = static_cast<cudaStream_t>(stream);
-  switch (dtype) {
-    case DType::F32: return cuda::fused_by_width<float>(p, s);
-    case DType::F16: return cuda::fused_by_width<__half>(p, s);
-    case DType::BF16: return cuda::fused_by_width<__nv_bfloat16>(p, s);
-  }
-  return static_cast<int>(cudaErrorInvalidValue);
+  const void* ptrs[4] = {p.hidden, p.residual, p.packed, p.weight};
+  const int64_t strides[3] = {p.hidden_row_stride, p.residual_row_stride, p.packed_row_stride};
+  return cuda::with_type_and_width(dtype, ptrs, 4, strides, 3, [&](auto tag, auto width) {
+    return cuda::launch_fused<typename decltype(tag)::type, decltype(width)::value>(
+        p, static_cast<cudaStream_t>(stream));
+  });
 }
 
 int64_t fused_add_rmsnorm_capture_cuda_max_cols() {

@@ -13,11 +13,20 @@
 namespace e3 {
 namespace cuda {
 
-// Device storage type for each DType.
-template <DType D> struct DeviceType;
-template <> struct DeviceType<DType::F32> { using type = float; };
-template <> struct DeviceType<DType::F16> { using type = __half; };
-template <> struct DeviceType<DType::BF16> { using type = __nv_bfloat16; };
+// A type passed as a value, so a generic lambda can receive it: decltype(tag)::type.
+template <typename T> struct TypeTag { using type = T; };
+
+// The one place a DType maps to its device storage type: calls f(TypeTag<T>{}) with T = float, __half or
+// __nv_bfloat16 and returns what f returns as an int (a cudaError_t value).
+template <typename F>
+int with_device_type(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::F32: return static_cast<int>(f(TypeTag<float>{}));
+    case DType::F16: return static_cast<int>(f(TypeTag<__half>{}));
+    case DType::BF16: return static_cast<int>(f(TypeTag<__nv_bfloat16>{}));
+  }
+  return static_cast<int>(cudaErrorInvalidValue);
+}
 
 __device__ __forceinline__ float to_f(float v) { return v; }
 __device__ __forceinline__ float to_f(__half v) { return __half2float(v); }

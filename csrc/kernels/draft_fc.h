@@ -81,7 +81,7 @@ void draft_fc_normalize_rows_cpu(const DraftFcParams& p, T* xn, int64_t row_begi
 
 // Rows the decode kernels take at most (two MMA token groups of 8). The rows at or below which the ops use them
 // come from the device (Tuning::decode_max_rows, tuning.h): 8 on the H200, where two groups measured slower than
-// normalise + cuBLAS except at N = 896, M <= 12 (benchmarks/NOTES.md); 16 on sm_12x (reasoned).
+// normalise + cuBLAS except at N = 896, M <= 12 (docs/performance.md); 16 on sm_12x (reasoned).
 constexpr int64_t kDraftFcDecodeMaxRows = 16;
 
 // Decode workspace, zero at rest: zero-filled once at allocation and re-zeroed by the kernel after every call
@@ -92,18 +92,20 @@ struct DraftFcWorkspace {
   float* tile_sum_sq;   // [n_tiles][K][16] per-column-tile sums of squares (per-tap norm)
   unsigned* counters;   // [n_tiles] blocks finished per column tile
 };
-int64_t draft_fc_decode_zeroed_bytes(int taps, int64_t out_features);
-DraftFcWorkspace draft_fc_decode_workspace_view(void* zeroed, int taps, int64_t out_features);
+// Bytes of the workspace buffer for K taps and N outputs, and the workspace's arrays inside such a buffer (zero at
+// rest, at least that many bytes).
+int64_t draft_fc_decode_workspace_bytes(int taps, int64_t out_features);
+DraftFcWorkspace draft_fc_decode_workspace_view(void* buffer, int taps, int64_t out_features);
 
-// The decode kernels. Each streams the weights once through registers or shared memory; they differ in where the
-// K-splits of a column tile meet.
+// The decode kernels. Each streams the weights once through registers; they differ in where the K-splits of a column
+// tile meet.
 enum class DraftFcDecodeKernel : int {
   // The default: Cluster where it applies, the split-K grid would cut each tap into at least the device's
   // Tuning::cluster_min_splits pieces (small N: many partials per tile, whose L2 round trips the cluster saves;
   // 4 at the H200's 132 SMs, scaled with the SM count) and the cluster grid fits one wave of co-resident clusters
   // (draft_fc_cluster.h), else Split. On the H200 (H = 7168, K = 3) that is N <= 1792, where the cluster kernel is
-  // 1.0-2.1 us faster; the two are within noise of each other at N = 3584 and 7168 (benchmarks/NOTES.md,
-  // results/draft_fc-decode-sweep).
+  // 1.0-2.1 us faster; the two are within noise of each other at N = 3584 and 7168 (docs/performance.md,
+  // benchmarks/results/draft_fc-decode-sweep-h200.json).
   Auto = 0,
   // sm_90+, K <= 8: one thread-block cluster per column tile, partials reduced in distributed shared memory
   // (draft_fc_cluster.h); no workspace, deterministic. Where it does not apply, Split. A cluster launch the device
@@ -112,14 +114,10 @@ enum class DraftFcDecodeKernel : int {
   Cluster = 1,
   // Any GPU: partials added into the fp32 workspace with L2 atomics, the tile's last block finishes it.
   Split = 2,
-  // sm_90+, packed input, M <= 8: TMA copies into shared memory (draft_fc_bulk.h), workspace as Split. Not faster
-  // on the H200 (benchmarks/NOTES.md); kept, tested and selectable. Where it does not apply, Auto's choice.
-  Bulk = 3,
 };
 // Launch tuning; the defaults are what the library uses. Exposed for the bench binary's sweeps.
 struct DraftFcDecodeConfig {
   DraftFcDecodeKernel kernel = DraftFcDecodeKernel::Auto;
-  int bulk_stages = 2;    // TMA kernel: shared-memory stages (0: as many as fit); 2 measured fastest
   int blocks_per_sm = 0;  // register kernels: K-split so that about this many blocks per SM stream weights (0: as
                           // many as the kernel is built to keep resident)
   int splits_per_tap = 0;  // register-streaming kernel: K-splits per tap (0: from blocks_per_sm)

@@ -8,9 +8,10 @@
 //
 // Layout: grid (n_tiles, taps * splits_per_tap), one cluster per column tile along y, so a cluster holds every
 // (tap, split) of its tile; at most 8 blocks (the portable cluster size), hence taps * splits_per_tap <= 8. A block
-// is 4 warps: R groups of 16 weight rows (the tile: 16 R rows), the 4 / R warps of a group splitting the block's k
-// range. Small N takes R = 1 and two splits per tap (N = 896, K = 3: 56 tiles x 6 = 336 blocks); large N R = 4 and
-// one split (N = 7168: 112 x 3 = 336), the register kernel's grid without its workspace.
+// is 4 warps: row_groups groups of 16 weight rows (the tile: 16 x row_groups rows), the 4 / row_groups warps of a
+// group splitting the block's k range. Small N takes row_groups = 1 and two splits per tap (N = 896, K = 3: 56 tiles
+// x 6 = 336 blocks); large N row_groups = 4 and one split (N = 7168: 112 x 3 = 336), the split kernel's grid
+// without its workspace.
 #include <cooperative_groups.h>
 
 #include <atomic>
@@ -36,11 +37,11 @@ __host__ __device__ constexpr int cluster_unroll(bool norm, int groups) {
 }
 
 struct ClusterTiling {
-  int row_groups;       // R: 16-row groups per block (1, 2 or 4)
-  int64_t n_tiles;      // ceil(N / (16 R))
+  int row_groups;       // 16-row groups per block (1, 2 or 4)
+  int64_t n_tiles;      // ceil(N / (16 row_groups))
   int splits_per_tap;   // blocks per tap in a cluster
   int64_t k_block;      // k elements per block (within its tap)
-  int64_t k_warp;       // k elements per warp: k_block / (4 / R), whole warp steps
+  int64_t k_warp;       // k elements per warp: k_block / (4 / row_groups), whole warp steps
 };
 
 // Cluster-scope pieces of the tail (sm_90+): the leader's inbox barrier and the asynchronous stores into it.
@@ -61,8 +62,8 @@ __device__ __forceinline__ void st_async1(uint32_t remote, float v, uint32_t rem
                ::"r"(remote), "r"(__float_as_uint(v)), "r"(remote_bar) : "memory");
 }
 
-// Floats of the leader's inbox: every block's partial of the tile (16 R rows x kTok token slots), then with the norm
-// every block's sums of x^2 (kTok); the launch's dynamic shared memory.
+// Floats of the leader's inbox: every block's partial of the tile (16 x row_groups rows x kTok token slots), then
+// with the norm every block's sums of x^2 (kTok); the launch's dynamic shared memory.
 __host__ __device__ constexpr int64_t cluster_inbox_floats(int blocks, int row_groups, int tok, bool norm) {
   return static_cast<int64_t>(blocks) * (16 * row_groups * tok + (norm ? tok : 0));
 }
@@ -72,8 +73,8 @@ __host__ __device__ constexpr int64_t cluster_inbox_floats(int blocks, int row_g
 // count down the leader's mbarrier, and leaves. The leader waits for the bytes, then finishes the tile's outputs
 // (fixed summation order: deterministic). One cluster barrier (its arrive at entry, its wait before the first
 // remote store, so it is off the critical path) publishes the leader's mbarrier; no barrier at the end, since no
-// block reads another's shared memory. The previous form read every block's partial from the others' shared memory
-// between two full cluster barriers (benchmarks/NOTES.md).
+// block reads another's shared memory (the leader pulling the partials from the others' shared memory would need
+// two full cluster barriers, both on the critical path).
 template <typename T, bool kNorm, int kGroups>
 __global__ void __launch_bounds__(kFcWarps * 32, cluster_blocks_per_sm(kGroups))
     draft_fc_decode_cluster_kernel(DraftFcParams p, ClusterTiling t) {
@@ -86,14 +87,15 @@ __global__ void __launch_bounds__(kFcWarps * 32, cluster_blocks_per_sm(kGroups))
   extern __shared__ float4 inbox4[];               // the leader's: cluster_inbox_floats(...)
   float* inbox = reinterpret_cast<float*>(inbox4);
   cg::cluster_group cluster = cg::this_cluster();
-  const int R = t.row_groups;
+  const int row_groups = t.row_groups;
+  const int tile_rows = 16 * row_groups;
   {
     const int rank = static_cast<int>(cluster.block_rank());
     const int blocks = static_cast<int>(cluster.num_blocks());
     if (rank == 0 && threadIdx.x == 0) {
       const uint32_t bar = smem_u32(&inbox_full);
       const uint32_t bytes =
-          static_cast<uint32_t>(cluster_inbox_floats(blocks - 1, R, kTok, kNorm) * sizeof(float));
+          static_cast<uint32_t>(cluster_inbox_floats(blocks - 1, row_groups, kTok, kNorm) * sizeof(float));
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
       asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
       asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -104,14 +106,14 @@ __global__ void __launch_bounds__(kFcWarps * 32, cluster_blocks_per_sm(kGroups))
   float sum_sq[kGroups] = {};
   {
     const int rank = static_cast<int>(cluster.block_rank());
-    const int warp = threadIdx.x >> 5, group = warp % R, sub = warp / R;
+    const int warp = threadIdx.x >> 5, group = warp % row_groups, sub = warp / row_groups;
     const int tap = rank / t.splits_per_tap;
     const int64_t k_split = (rank % t.splits_per_tap) * t.k_block;
     const int64_t k_begin = k_split + sub * t.k_warp;
     int64_t k_end = k_begin + t.k_warp;
     if (k_end > k_split + t.k_block) k_end = k_split + t.k_block;
     if (k_end > p.hidden) k_end = p.hidden;
-    const int64_t row_a = blockIdx.x * static_cast<int64_t>(16 * R) + group * 16 + ((threadIdx.x & 31) >> 2);
+    const int64_t row_a = blockIdx.x * static_cast<int64_t>(tile_rows) + group * 16 + ((threadIdx.x & 31) >> 2);
     // The warps of group 0 count x^2: together they cover the block's k range once.
     decode_stream<T, kNorm, kGroups, cluster_unroll(kNorm, kGroups)>(p, tap, row_a, k_begin, k_end,
                                                                      kNorm && group == 0, acc, sum_sq);
@@ -121,7 +123,7 @@ __global__ void __launch_bounds__(kFcWarps * 32, cluster_blocks_per_sm(kGroups))
   const int blocks = static_cast<int>(cluster.num_blocks());  // taps * splits_per_tap
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, c = lane & 3;
-  const int group = warp % R;
+  const int group = warp % row_groups;
 
 #pragma unroll
   for (int q = 0; q < kGroups; ++q) {
@@ -138,8 +140,8 @@ __global__ void __launch_bounds__(kFcWarps * 32, cluster_blocks_per_sm(kGroups))
   __syncthreads();
   // This block's partial of the tile, summed over its warps' k sub-ranges in a fixed order, 4 token slots a thread:
   // part[r][tok] at inbox[rank][r][tok], sums of x^2 at the inbox's sq[rank][tok]. The leader's stay local.
-  const int subs = kFcWarps / R;
-  const int part_floats = 16 * R * kTok;
+  const int subs = kFcWarps / row_groups;
+  const int part_floats = tile_rows * kTok;
   float* sq_base = inbox + static_cast<int64_t>(blocks) * part_floats;
   asm volatile("barrier.cluster.wait.aligned;" ::: "memory");  // the leader's mbarrier is initialised
   const uint32_t bar = map_to_rank(smem_u32(&inbox_full), 0);
@@ -147,7 +149,7 @@ __global__ void __launch_bounds__(kFcWarps * 32, cluster_blocks_per_sm(kGroups))
     const int r = (4 * i) / kTok, tok = (4 * i) % kTok;
     float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int s = 0; s < subs; ++s) {
-      const float* w = &warp_part[s * R + r / 16][r % 16][tok];
+      const float* w = &warp_part[s * row_groups + r / 16][r % 16][tok];
       v.x += w[0];
       v.y += w[1];
       v.z += w[2];
@@ -159,7 +161,7 @@ __global__ void __launch_bounds__(kFcWarps * 32, cluster_blocks_per_sm(kGroups))
   }
   if (kNorm && threadIdx.x < kTok) {
     float v = 0.f;
-    for (int s = 0; s < subs; ++s) v += warp_sq[s * R][threadIdx.x];
+    for (int s = 0; s < subs; ++s) v += warp_sq[s * row_groups][threadIdx.x];
     float* dst = sq_base + rank * kTok + threadIdx.x;
     if (rank == 0) *dst = v;
     else st_async1(map_to_rank(smem_u32(dst), 0), v, bar);
@@ -180,9 +182,9 @@ __global__ void __launch_bounds__(kFcWarps * 32, cluster_blocks_per_sm(kGroups))
     }
   }
   __syncthreads();  // the leader's own sums, written by other threads
-  const int64_t tile_row0 = blockIdx.x * static_cast<int64_t>(16 * R);
+  const int64_t tile_row0 = blockIdx.x * static_cast<int64_t>(tile_rows);
   const int64_t left = p.out_features - tile_row0;
-  const int rows_here = static_cast<int>(left < 16 * R ? left : 16 * R);
+  const int rows_here = static_cast<int>(left < tile_rows ? left : tile_rows);
   const int items = rows_here * static_cast<int>(p.rows);
   const T* bias = static_cast<const T*>(p.bias);
   T* out = static_cast<T*>(p.out);
@@ -212,7 +214,7 @@ using namespace kernels;
 
 // Clusters of `size` blocks of this kernel that the current device holds at once. A cluster's blocks share one GPC,
 // so this is the GPCs' count, not SMs / size: on the H200, K = 1 with 7 splits (clusters of 7, 392 blocks against
-// 396 block slots) took two waves and ran 27% slower than the split kernel (benchmarks/NOTES.md). Cached per device
+// 396 block slots) took two waves and ran 27% slower than the split kernel (docs/performance.md). Cached per device
 // and size (0 included: no cluster of that size fits, e.g. its blocks exceed a GPC); -1 when the runtime cannot say
 // (then the block slots alone bound the shape, and a launch the device refuses falls back to the split kernel).
 template <typename T, bool kNorm, int kGroups>
@@ -258,25 +260,25 @@ ClusterTiling cluster_tiling(int taps, int64_t hidden, int64_t out_features, int
   ClusterTiling best{};
   int64_t best_blocks = -1;
   bool best_fits = false;
-  for (int R : {1, 2, 4}) {
-    for (int spt = 1; spt * taps <= kMaxCluster; ++spt) {
-      const int64_t n_tiles = (out_features + 16 * R - 1) / (16 * R);
-      const int64_t blocks = n_tiles * taps * spt;
-      const int held = clusters(taps * spt);  // -1: the runtime cannot say
-      if (held == 0) continue;
-      const bool fits = blocks <= slots && (held < 0 || n_tiles <= held);
+  for (int row_groups : {1, 2, 4}) {
+    for (int splits = 1; splits * taps <= kMaxCluster; ++splits) {
+      const int64_t n_tiles = (out_features + 16 * row_groups - 1) / (16 * row_groups);
+      const int64_t blocks = n_tiles * taps * splits;
+      const int max_clusters = clusters(taps * splits);  // co-resident clusters of this size; -1: unknown
+      if (max_clusters == 0) continue;
+      const bool fits = blocks <= slots && (max_clusters < 0 || n_tiles <= max_clusters);
       const bool better = best_blocks < 0 || (fits && !best_fits) || (fits && blocks >= best_blocks) ||
                           (!fits && !best_fits && blocks < best_blocks);
       if (!better) continue;
-      best = ClusterTiling{R, n_tiles, spt, 0, 0};
+      best = ClusterTiling{row_groups, n_tiles, splits, 0, 0};
       best_blocks = blocks;
       best_fits = fits;
     }
   }
   *runnable = best_blocks >= 0;
   if (!*runnable) return best;
-  // k per warp: the tap's k range over splits * (4 / R) warps, in whole warp steps (a nearly empty last step costs
-  // a DRAM round trip for a few bytes); the last warps of a tap may get less.
+  // k per warp: the tap's k range over splits * (4 / row_groups) warps, in whole warp steps (a nearly empty last step
+  // costs a DRAM round trip for a few bytes); the last warps of a tap may get less.
   const int64_t step = static_cast<int64_t>(kFcChunk) * unroll;
   const int64_t warps_per_tap = static_cast<int64_t>(best.splits_per_tap) * (kFcWarps / best.row_groups);
   best.k_warp = ((hidden + warps_per_tap - 1) / warps_per_tap + step - 1) / step * step;

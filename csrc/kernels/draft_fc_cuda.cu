@@ -1,12 +1,10 @@
-// CUDA kernels of the draft fc: the split-K register decode kernel (fragment layout in draft_fc_device.cuh), the
-// prefill normalise kernel, the decode workspace and the decode dispatch: DraftFcDecodeKernel picks this kernel, the
-// cluster kernel of draft_fc_cluster_cuda.cu (sm_90+, small N by default) or the opt-in TMA kernel of
-// draft_fc_bulk_cuda.cu.
+// CUDA kernels of the draft fc: the split-K decode kernel (fragment layout in draft_fc_device.cuh), the
+// prefill normalise kernel, the decode workspace and the decode dispatch: DraftFcDecodeKernel picks this kernel or the
+// cluster kernel of draft_fc_cluster_cuda.cu (sm_90+, small N by default).
 #include <atomic>
 #include <cstdio>
 
 #include "device.h"
-#include "draft_fc_bulk.h"
 #include "draft_fc_cluster.h"
 #include "draft_fc_device.cuh"
 
@@ -26,7 +24,7 @@ struct DecodeTiling {
 // and the tile's last block applies the per-tap rsqrt (decode_add_partials).
 template <typename T, bool kNorm, int kGroups>
 __global__ void __launch_bounds__(kFcWarps * 32, decode_blocks_per_sm(kGroups))
-    draft_fc_decode_kernel(DraftFcParams p, DecodeTiling t, DraftFcWorkspace ws) {
+    draft_fc_split_decode_kernel(DraftFcParams p, DecodeTiling t, DraftFcWorkspace ws) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t tile = blockIdx.x;
   const int tap = static_cast<int>(blockIdx.y / t.splits_per_tap);
@@ -61,27 +59,27 @@ __device__ __forceinline__ void rms_scale(Chunk<T, V>& x, const Chunk<T, V>& g, 
 
 // Normalise (above the decode threshold, before cuBLAS): one block per (row, tap): rrms over the row's H values, then
 // xn = round(x * rrms * g) (or a copy). Rows move as 16-byte vectors (V elements); H is a multiple of 8, hence of V.
-// kHeld > 0 (few rows: the grid fits one wave, the kernel is latency, not bytes): up to kHeld vectors per thread
-// (H <= 8192 bf16 at 256 threads) stay in registers from the sum of squares to the store, their norm weights
+// kRegVectors > 0 (few rows: the grid fits one wave, the kernel is latency, not bytes): up to kRegVectors vectors per
+// thread (H <= 8192 bf16 at 256 threads) stay in registers from the sum of squares to the store, their norm weights
 // loaded before the block reduction, so a row costs one round trip to memory instead of a second pass over x. It
-// needs ~96 registers (2 blocks per SM), which made prefill (M = 4096) 20% slower, hence kHeld = 0 there: the
+// needs ~96 registers (2 blocks per SM), which made prefill (M = 4096) 20% slower, hence kRegVectors = 0 there: the
 // streaming two-pass form at ~30 registers.
-template <typename T, bool kNorm, int kHeld>
+template <typename T, bool kNorm, int kRegVectors>
 __global__ void __launch_bounds__(256) draft_fc_normalize_kernel(DraftFcParams p, T* xn) {
   constexpr int V = 16 / sizeof(T);
-  constexpr int kSlots = kHeld > 0 ? kHeld : 1;
+  constexpr int kSlots = kRegVectors > 0 ? kRegVectors : 1;
   __shared__ float scratch[32];
   const int tap = blockIdx.y;
   const T* gk = kNorm ? static_cast<const T*>(p.norm_weight) + tap * p.hidden : nullptr;
   const int64_t nvec = p.hidden / V;
   const int64_t width = p.taps * p.hidden;
-  const int64_t held_end = static_cast<int64_t>(blockDim.x) * kHeld;  // vectors [0, held_end) stay in registers
+  const int64_t reg_end = static_cast<int64_t>(blockDim.x) * kRegVectors;  // vectors [0, reg_end) stay in registers
   for (int64_t m = blockIdx.x; m < p.rows; m += gridDim.x) {
     const T* x = static_cast<const T*>(p.tap(tap)) + m * p.tap_row_stride(tap);
     T* o = xn + m * width + tap * p.hidden;
     Chunk<T, V> xs[kSlots], gs[kSlots];
 #pragma unroll
-    for (int i = 0; i < kHeld; ++i) {
+    for (int i = 0; i < kRegVectors; ++i) {
       const int64_t v = threadIdx.x + i * static_cast<int64_t>(blockDim.x);
       if (v < nvec) {
         xs[i] = load_chunk<T, V>(x + v * V);
@@ -92,15 +90,15 @@ __global__ void __launch_bounds__(256) draft_fc_normalize_kernel(DraftFcParams p
     if (kNorm) {
       float s = 0.f;
 #pragma unroll
-      for (int i = 0; i < kHeld; ++i) {
+      for (int i = 0; i < kRegVectors; ++i) {
         if (threadIdx.x + i * static_cast<int64_t>(blockDim.x) < nvec) add_squares(xs[i], s);
       }
-      for (int64_t v = held_end + threadIdx.x; v < nvec; v += blockDim.x)  // rows longer than the registers hold
+      for (int64_t v = reg_end + threadIdx.x; v < nvec; v += blockDim.x)  // rows longer than the registers hold
         add_squares(load_chunk<T, V>(x + v * V), s);
       rrms = rsqrtf(block_sum(s, scratch) / static_cast<float>(p.hidden) + p.eps);
     }
 #pragma unroll
-    for (int i = 0; i < kHeld; ++i) {
+    for (int i = 0; i < kRegVectors; ++i) {
       const int64_t v = threadIdx.x + i * static_cast<int64_t>(blockDim.x);
       if (v < nvec) {
         Chunk<T, V> xv = xs[i];
@@ -108,7 +106,7 @@ __global__ void __launch_bounds__(256) draft_fc_normalize_kernel(DraftFcParams p
         store_chunk<T, V>(o + v * V, xv);
       }
     }
-    for (int64_t v = held_end + threadIdx.x; v < nvec; v += blockDim.x) {
+    for (int64_t v = reg_end + threadIdx.x; v < nvec; v += blockDim.x) {
       Chunk<T, V> xv = load_chunk<T, V>(x + v * V);
       if (kNorm) {
         const Chunk<T, V> gv = load_chunk<T, V>(gk + v * V);
@@ -135,12 +133,12 @@ DecodeTiling decode_tiling(int taps, int64_t hidden, int64_t out_features, const
   const int blocks_per_sm = cfg.blocks_per_sm > 0 ? cfg.blocks_per_sm : decode_blocks_per_sm(groups);
   const int64_t target_blocks = static_cast<int64_t>(blocks_per_sm) * sms;
   const int64_t max_splits = (hidden + kFcChunk - 1) / kFcChunk;
-  int64_t spt = target_blocks / (t.n_tiles * taps);
-  if (cfg.splits_per_tap > 0) spt = cfg.splits_per_tap;
-  spt = spt < 1 ? 1 : (spt > max_splits ? max_splits : spt);
-  const int64_t per = (hidden + spt - 1) / spt;
-  // k blocks in whole warp steps (32 x unroll elements): with blocks in multiples of 32 the last step of a block was
-  // often nearly empty, one more DRAM round trip for a few bytes (3% at N=896, benchmarks/NOTES.md).
+  int64_t splits = target_blocks / (t.n_tiles * taps);
+  if (cfg.splits_per_tap > 0) splits = cfg.splits_per_tap;
+  splits = splits < 1 ? 1 : (splits > max_splits ? max_splits : splits);
+  const int64_t per = (hidden + splits - 1) / splits;
+  // k blocks in whole warp steps (32 x unroll elements): with blocks in multiples of 32 the last step of a block is
+  // often nearly empty, one more DRAM round trip for a few bytes (3% at N=896, docs/performance.md).
   const int64_t align = kFcChunk * unroll;
   t.k_block = (per + align - 1) / align * align;
   t.splits_per_tap = (hidden + t.k_block - 1) / t.k_block;
@@ -159,7 +157,7 @@ template <typename T, bool kNorm, int kGroups>
 cudaError_t launch_decode_groups(const DraftFcParams& p, const DraftFcWorkspace& ws, cudaStream_t s,
                                  const DecodeTiling& t) {
   const dim3 grid(static_cast<unsigned>(t.n_tiles), static_cast<unsigned>(p.taps * t.splits_per_tap));
-  draft_fc_decode_kernel<T, kNorm, kGroups><<<grid, kFcWarps * 32, 0, s>>>(p, t, ws);
+  draft_fc_split_decode_kernel<T, kNorm, kGroups><<<grid, kFcWarps * 32, 0, s>>>(p, t, ws);
   return cudaGetLastError();
 }
 
@@ -179,10 +177,10 @@ cudaError_t launch_normalize(const DraftFcParams& p, void* xn, cudaStream_t s) {
   const unsigned nt = static_cast<unsigned>(threads);
   T* o = static_cast<T*>(xn);
   // Registers across the reduction only while the whole grid is one wave at 2 blocks per SM.
-  const bool held = blocks * p.taps <= 2 * static_cast<int64_t>(sm_count());
+  const bool in_registers = blocks * p.taps <= 2 * static_cast<int64_t>(sm_count());
   const bool norm = p.norm_weight != nullptr;
-  if (held && norm) draft_fc_normalize_kernel<T, true, 4><<<grid, nt, 0, s>>>(p, o);
-  else if (held) draft_fc_normalize_kernel<T, false, 4><<<grid, nt, 0, s>>>(p, o);
+  if (in_registers && norm) draft_fc_normalize_kernel<T, true, 4><<<grid, nt, 0, s>>>(p, o);
+  else if (in_registers) draft_fc_normalize_kernel<T, false, 4><<<grid, nt, 0, s>>>(p, o);
   else if (norm) draft_fc_normalize_kernel<T, true, 0><<<grid, nt, 0, s>>>(p, o);
   else draft_fc_normalize_kernel<T, false, 0><<<grid, nt, 0, s>>>(p, o);
   return cudaGetLastError();
@@ -192,24 +190,24 @@ cudaError_t launch_normalize(const DraftFcParams& p, void* xn, cudaStream_t s) {
 }  // namespace cuda
 
 namespace {
-constexpr int64_t kW = cuda::kernels::kWsTokens;
+using cuda::kernels::kWsTokens;  // floats per (tap, output row) of the partial sums and per (tile, tap) of the sums
 }  // namespace
 
-int64_t draft_fc_decode_zeroed_bytes(int taps, int64_t out_features) {
+int64_t draft_fc_decode_workspace_bytes(int taps, int64_t out_features) {
   const int64_t n_tiles = cuda::kernels::decode_n_tiles(out_features);
-  return cuda::align256(taps * out_features * kW * 4) + cuda::align256(n_tiles * taps * kW * 4) +
+  return cuda::align256(taps * out_features * kWsTokens * 4) + cuda::align256(n_tiles * taps * kWsTokens * 4) +
          cuda::align256(n_tiles * 4);
 }
 
-DraftFcWorkspace draft_fc_decode_workspace_view(void* zeroed, int taps, int64_t out_features) {
+DraftFcWorkspace draft_fc_decode_workspace_view(void* buffer, int taps, int64_t out_features) {
   const int64_t n_tiles = cuda::kernels::decode_n_tiles(out_features);
-  char* z = static_cast<char*>(zeroed);
+  char* at = static_cast<char*>(buffer);
   DraftFcWorkspace ws;
-  ws.acc = reinterpret_cast<float*>(z);
-  z += cuda::align256(taps * out_features * kW * 4);
-  ws.tile_sum_sq = reinterpret_cast<float*>(z);
-  z += cuda::align256(n_tiles * taps * kW * 4);
-  ws.counters = reinterpret_cast<unsigned*>(z);
+  ws.acc = reinterpret_cast<float*>(at);
+  at += cuda::align256(taps * out_features * kWsTokens * 4);
+  ws.tile_sum_sq = reinterpret_cast<float*>(at);
+  at += cuda::align256(n_tiles * taps * kWsTokens * 4);
+  ws.counters = reinterpret_cast<unsigned*>(at);
   return ws;
 }
 
@@ -263,12 +261,10 @@ int draft_fc_decode_cuda(const DraftFcParams& p, DType dtype, const DraftFcWorks
                          const DraftFcDecodeConfig& cfg) {
   if (p.rows == 0 || p.out_features == 0) return 0;
   if (p.rows > kDraftFcDecodeMaxRows) return static_cast<int>(cudaErrorInvalidValue);
-  if (cfg.kernel == DraftFcDecodeKernel::Bulk && draft_fc_bulk_applies(p) && draft_fc_bulk_supported())
-    return draft_fc_decode_bulk_cuda(p, dtype, ws, stream, cfg.bulk_stages);
   const bool cluster = draft_fc_cluster_applies(p) && draft_fc_cluster_supported();
-  // Auto (and Bulk where the TMA kernel does not apply): the cluster kernel where the split grid would cut each tap
-  // into many pieces and the cluster grid fits one wave of co-resident clusters (the cluster launcher declines
-  // otherwise), else the split kernel on the grid already computed. Cluster: the cluster kernel whatever its grid.
+  // Auto: the cluster kernel where the split grid would cut each tap into many pieces and the cluster grid fits one
+  // wave of co-resident clusters (the cluster launcher declines otherwise), else the split kernel on the grid already
+  // computed. Cluster: the cluster kernel whatever its grid.
   const cuda::kernels::DecodeTiling split = cuda::split_tiling(p, cfg, cuda::sm_count());
   const int64_t min_splits = cfg.cluster_min_splits > 0 ? cfg.cluster_min_splits : device_tuning().cluster_min_splits;
   const bool want_cluster =
@@ -298,13 +294,9 @@ int draft_fc_decode_cuda(const DraftFcParams& p, DType dtype, const DraftFcWorks
 
 int draft_fc_normalize_cuda(const DraftFcParams& p, DType dtype, void* xn, void* stream) {
   if (p.rows == 0) return 0;
-  auto s = static_cast<cudaStream_t>(stream);
-  switch (dtype) {
-    case DType::BF16: return cuda::launch_normalize<__nv_bfloat16>(p, xn, s);
-    case DType::F16: return cuda::launch_normalize<__half>(p, xn, s);
-    case DType::F32: return cuda::launch_normalize<float>(p, xn, s);
-  }
-  return static_cast<int>(cudaErrorInvalidValue);
+  return cuda::with_device_type(dtype, [&](auto tag) {
+    return cuda::launch_normalize<typename decltype(tag)::type>(p, xn, static_cast<cudaStream_t>(stream));
+  });
 }
 
 }  // namespace e3

@@ -1,6 +1,6 @@
 // Device-side pieces shared by the draft fc decode kernels (split-K in draft_fc_cuda.cu, cluster in
-// draft_fc_cluster_cuda.cu, TMA in draft_fc_bulk_cuda.cu): the MMA wrappers, the x * g helper, one warp's weight
-// stream, and the split-K epilogue of one column tile. Torch-free.
+// draft_fc_cluster_cuda.cu): the MMA wrappers, the x * g helper, one warp's weight stream, and the split-K epilogue
+// of one column tile. Torch-free.
 //
 // Fragment layout of every decode kernel. The weight W [N, K*H] is the MMA's A operand (16 rows of N per warp) and
 // the activations are the B operand (8 token rows), so tensor cores serve M = 1..8 with no wasted weight bytes
@@ -51,26 +51,22 @@ __host__ auto with_norm_and_groups(const DraftFcParams& p, F&& f) {
   return two ? f(std::false_type{}, Two{}) : f(std::false_type{}, One{});
 }
 
-template <typename T> struct Mma;
-// No `volatile`: the MMA has outputs and no side effects, so the compiler may schedule loads around it.
-template <> struct Mma<__nv_bfloat16> {
-  __device__ __forceinline__ static void run(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+// One m16n8k16 MMA accumulating in place, d += A * B, with 16-bit operands of PTX type `ab` ("bf16" or "f16": the
+// only part of the instruction that depends on T). No `volatile`: the MMA has outputs and no side effects, so the
+// compiler may schedule loads around it.
+#define E3_MMA_M16N8K16(ab, d, a0, a1, a2, a3, b0, b1)                                                         \
+  asm("mma.sync.aligned.m16n8k16.row.col.f32." ab "." ab ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "   \
+      "{%0,%1,%2,%3};\n"                                                                                      \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                                        \
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1))
+template <typename T>
+__device__ __forceinline__ void mma_m16n8k16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                              uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  }
-};
-template <> struct Mma<__half> {
-  __device__ __forceinline__ static void run(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                             uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  }
-};
+  static_assert(std::is_same<T, __nv_bfloat16>::value || std::is_same<T, __half>::value, "bf16 or fp16 operands");
+  if constexpr (std::is_same<T, __nv_bfloat16>::value) E3_MMA_M16N8K16("bf16", d, a0, a1, a2, a3, b0, b1);
+  else E3_MMA_M16N8K16("f16", d, a0, a1, a2, a3, b0, b1);
+}
+#undef E3_MMA_M16N8K16
 
 // Two elements packed in one 32-bit word <-> floats.
 template <typename T> __device__ __forceinline__ float2 unpack2(uint32_t w);
@@ -112,7 +108,7 @@ __device__ __forceinline__ uint4 scale8(uint4 xv, uint4 gv, float& sum_sq, bool 
 
 // Weight stream: read once through the read-only path, not kept in L1, and fetched into L2 in 256-byte blocks (a
 // warp step reads 384-512 contiguous bytes of each of its 16 rows). The 256-byte fetch measured 4-5% faster than
-// 32-byte sector fetches at N=7168 on the H200 (bench_draft_fc, benchmarks/NOTES.md); the eviction hint made no
+// 32-byte sector fetches at N=7168 on the H200 (bench_draft_fc, docs/performance.md); the eviction hint made no
 // difference.
 __device__ __forceinline__ uint4 load_weight16(const void* p) {
   uint4 v;
@@ -170,8 +166,8 @@ __device__ __forceinline__ void decode_stream(const DraftFcParams& p, int tap, i
         uint4 xu = xv[u][q];
         if (kNorm) xu = scale8<T>(xu, gv[kNorm ? u : 0], sum_sq[q], count_sq);
         // Step s uses this lane's elements [4s, 4s+4): words 2s, 2s+1 of the weight and activation vectors.
-        Mma<T>::run(acc[q], wa[u].x, wb[u].x, wa[u].y, wb[u].y, xu.x, xu.y);
-        Mma<T>::run(acc[q], wa[u].z, wb[u].z, wa[u].w, wb[u].w, xu.z, xu.w);
+        mma_m16n8k16<T>(acc[q], wa[u].x, wb[u].x, wa[u].y, wb[u].y, xu.x, xu.y);
+        mma_m16n8k16<T>(acc[q], wa[u].z, wb[u].z, wa[u].w, wb[u].w, xu.z, xu.w);
       }
     }
   }
@@ -188,8 +184,8 @@ __device__ __forceinline__ float quad_sum(float s) {
 // acquired the tile's counter): y = sum_tap rrms(tap) * acc(tap) + bias, rounded once into out; the tile's workspace
 // (partial sums, sums of squares, counter) is zeroed again for the next call. Each thread owns 4 tokens of one row
 // (a float4 of the [row][kWsTokens] workspace) and issues every load (all taps' partials and sums of squares)
-// before any store: with loads and stores interleaved per tap and per (row, token), the epilogue was a chain of
-// dependent L2 round trips that grew with M (benchmarks/NOTES.md).
+// before any store: loads and stores interleaved per tap and per (row, token) would make the epilogue a chain of
+// dependent L2 round trips growing with M (docs/performance.md).
 template <typename T, bool kNorm>
 __device__ void decode_tile_epilogue(const DraftFcParams& p, const DraftFcWorkspace& ws, int64_t tile) {
   constexpr int kQuads = kWsTokens / 4;  // float4s per workspace row

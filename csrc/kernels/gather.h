@@ -30,7 +30,7 @@
 // stores, at the price of B words per peer for the receiver to poll. eagle3_capture.gather_backend picks one from
 // what the devices report.
 // No block waits for another block of its own rank: the last store to land is followed by one fence round trip and
-// one one-way signal (an earlier version funnelled every block through a local counter and a second fence).
+// one one-way signal (funnelling every block through a local counter would add a second fence to the critical path).
 // A wait longer than the timeout stops the kernel and writes {code, peer, step, n} to a host-mapped error word.
 #pragma once
 

@@ -3,8 +3,8 @@
 // environment override for each. Pure host C++ (no CUDA, no torch), so the CPU tests evaluate it for fake devices
 // through eagle3_capture._C.tuning_for; device_tuning() (device.h) applies it to the devices present.
 //
-// Which value was measured where (README "Device-derived tuning" has the table):
-// - sm_90 (H200, 132 SMs, NVLink): every entry measured (benchmarks/NOTES.md).
+// Which value was measured where (docs/performance.md has the table):
+// - sm_90 (H200, 132 SMs, NVLink): every entry measured (docs/performance.md).
 // - sm_100: the H200 entries, the SM-count relations applied; not measured.
 // - sm_120 / 12.x (RTX PRO 6000 Blackwell: 188 SMs, 1536 threads and 100 KB of shared memory per SM, 128 MB L2,
 //   GDDR7 ~1.8 TB/s; GPUs on PCIe): reasoned from those figures, not measured.
@@ -33,10 +33,10 @@ struct DeviceFacts {
 constexpr int kTunedSms = 132;
 // draft fc Auto: the cluster kernel where the split grid cuts each tap into at least this many pieces, on kTunedSms
 // SMs. Measured there: cluster 1.0-2.1 us faster at N <= 1792 (H = 7168, K = 3: 10 and 6 pieces), a tie or slower at
-// N = 3584 (3 pieces) and 7168 (benchmarks/NOTES.md, fourth and fifth rounds).
+// N = 3584 (3 pieces) and 7168 (docs/performance.md).
 constexpr int64_t kTunedClusterMinSplits = 4;
 // draft fc: rows at or below which the decode kernels run, measured on the H200 (two token groups, M = 9..16,
-// lost to normalise + cuBLAS by 5% at N = 7168 and won by 2% at N = 896: benchmarks/NOTES.md, fourth round).
+// lost to normalise + cuBLAS by 5% at N = 7168 and won by 2% at N = 896: docs/performance.md).
 constexpr int64_t kTunedDecodeMaxRows = 8;
 // Bytes one benchmark rotation of inputs must span at least, as a multiple of L2 (so no timing sits in L2).
 constexpr int kBenchRotationL2Multiple = 4;
@@ -112,7 +112,7 @@ inline Tuning tuning_for(const DeviceFacts& d) {
 // `smem_bytes` of dynamic shared memory per block. Few rows (one wave of one block per row): one vector per thread,
 // the row's latency. Many rows: the fewest vectors per thread (1..4) whose block size keeps >= 3/4 of the SM's
 // threads resident, limited by threads, blocks and shared memory per SM. On the H200 at H = 7168 bf16 both give 896
-// (2 blocks, 1792 of 2048 threads: measured, benchmarks/NOTES.md); on sm_120 (1536 threads per SM) 896 would leave
+// (2 blocks, 1792 of 2048 threads: measured, docs/performance.md); on sm_120 (1536 threads per SM) 896 would leave
 // 1 block (58%), so many rows take 448 (3 blocks, 1344 threads, 3 x 29.8 KB of 100 KB shared): reasoned.
 inline int fused_norm_threads(const DeviceFacts& d, int64_t chunks, int64_t rows, int64_t smem_bytes,
                               int override_threads) {

@@ -17,8 +17,7 @@ namespace {
 void* packed_slot_ptr(const at::Tensor& packed, int64_t slot, int64_t rows, int64_t cols, const char* op,
                       const at::Tensor& tap, const char* tap_arg) {
   check_dim(packed, 2, op, "packed", "[T, K*H]");
-  check_same_dtype(packed, tap, op, "packed", tap_arg);
-  check_same_device(packed, tap, op, "packed", tap_arg);
+  check_same_dtype_and_device(packed, tap, op, "packed", tap_arg);
   E3_CHECK(packed.size(0) == rows, "eagle3_capture.", op, ": expected packed to have T=", rows,
               " rows like ", tap_arg, ", got shape ", shape_str(packed));
   const int64_t width = packed.size(1);
@@ -59,8 +58,7 @@ e3::CaptureParams capture_params(const at::Tensor& packed, int64_t slot, const a
   if (residual.has_value()) {
     const at::Tensor& r = *residual;
     check_tap(r, op, "residual");
-    check_same_dtype(r, hidden, op, "residual", "hidden");
-    check_same_device(r, hidden, op, "residual", "hidden");
+    check_same_dtype_and_device(r, hidden, op, "residual", "hidden");
     E3_CHECK(r.sizes() == hidden.sizes(), "eagle3_capture.capture_: expected residual to have the shape of ",
                 "hidden ", shape_str(hidden), ", got ", shape_str(r));
     check_no_overlap(packed.narrow(1, slot * cols, cols), r, op, "packed slot", "residual");
@@ -81,14 +79,12 @@ e3::FusedAddRmsnormCaptureParams fused_add_rmsnorm_capture_params(const at::Tens
   const int64_t rows = hidden.size(0), cols = hidden.size(1);
   E3_CHECK(cols >= 1, "eagle3_capture.", op, ": expected hidden size H >= 1, got shape ", shape_str(hidden));
   check_tap(residual, op, "residual");
-  check_same_dtype(residual, hidden, op, "residual", "hidden");
-  check_same_device(residual, hidden, op, "residual", "hidden");
+  check_same_dtype_and_device(residual, hidden, op, "residual", "hidden");
   E3_CHECK(residual.sizes() == hidden.sizes(), "eagle3_capture.", op,
               ": expected residual to have the shape of hidden ", shape_str(hidden), ", got ",
               shape_str(residual));
   check_dim(weight, 1, op, "weight", "[H]");
-  check_same_dtype(weight, hidden, op, "weight", "hidden");
-  check_same_device(weight, hidden, op, "weight", "hidden");
+  check_same_dtype_and_device(weight, hidden, op, "weight", "hidden");
   E3_CHECK(weight.size(0) == cols, "eagle3_capture.", op, ": expected weight of shape [", cols,
               "] (H of hidden), got ", shape_str(weight));
   check_contiguous(weight, op, "weight");

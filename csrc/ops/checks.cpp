@@ -1,3 +1,4 @@
+// The argument checks of checks.h: the messages name the op, the argument, what was expected and what came.
 #include "checks.h"
 
 #include <sstream>
@@ -32,14 +33,10 @@ void check_dim(const at::Tensor& t, int64_t dim, const char* op, const char* arg
               ", got shape ", shape_str(t));
 }
 
-void check_same_dtype(const at::Tensor& t, const at::Tensor& ref, const char* op, const char* arg,
-                      const char* ref_arg) {
+void check_same_dtype_and_device(const at::Tensor& t, const at::Tensor& ref, const char* op, const char* arg,
+                                 const char* ref_arg) {
   E3_CHECK(t.scalar_type() == ref.scalar_type(), "eagle3_capture.", op, ": expected ", arg,
               " to have the dtype of ", ref_arg, " (", ref.scalar_type(), "), got ", t.scalar_type());
-}
-
-void check_same_device(const at::Tensor& t, const at::Tensor& ref, const char* op, const char* arg,
-                       const char* ref_arg) {
   E3_CHECK(t.device() == ref.device(), "eagle3_capture.", op, ": expected ", arg, " on ", ref_arg,
               "'s device (", ref.device(), "), got ", t.device());
 }

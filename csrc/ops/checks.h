@@ -57,10 +57,9 @@ std::string strides_str(const at::Tensor& t);
 e3::DType to_e3_dtype(const at::Tensor& t, const char* op, const char* arg);
 
 void check_dim(const at::Tensor& t, int64_t dim, const char* op, const char* arg, const char* layout);
-void check_same_dtype(const at::Tensor& t, const at::Tensor& ref, const char* op, const char* arg,
-                      const char* ref_arg);
-void check_same_device(const at::Tensor& t, const at::Tensor& ref, const char* op, const char* arg,
-                       const char* ref_arg);
+// The dtype of `ref`, then its device (every tensor of a call is checked against one reference tensor).
+void check_same_dtype_and_device(const at::Tensor& t, const at::Tensor& ref, const char* op, const char* arg,
+                                 const char* ref_arg);
 // Last dimension contiguous (stride 1) and rows that do not overlap: a row-strided view is fine.
 void check_rows(const at::Tensor& t, const char* op, const char* arg);
 // Whole tensor contiguous.

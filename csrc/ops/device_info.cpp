@@ -9,8 +9,6 @@
 
 #include "../kernels/capture.h"
 #include "../kernels/device.h"
-#include "../kernels/draft_fc.h"
-#include "../kernels/draft_fc_bulk.h"
 #include "../kernels/draft_fc_cluster.h"
 #include "../kernels/gather.h"
 #endif
@@ -144,9 +142,6 @@ std::string launch_smem_json(long long hidden, long long optin) {
   d.num("fused_add_rmsnorm_capture_kernel", e3::fused_add_rmsnorm_capture_smem_bytes(hidden));
   // The largest cluster: 8 blocks of 4 row groups, two token groups, with the norm's sums of squares.
   d.num("draft_fc_decode_cluster_kernel", e3::draft_fc_cluster_dynamic_smem_bytes(8, 4, 2, true));
-  // The bulk kernel's default stages (DraftFcDecodeConfig), at most what fits the opt-in size.
-  const int stages = e3::draft_fc_bulk_stages(e3::DraftFcDecodeConfig{}.bulk_stages, static_cast<int>(optin));
-  d.num("draft_fc_bulk_kernel", e3::draft_fc_bulk_dynamic_smem_bytes(stages));
   j.raw("dynamic", d.done());
   return j.done();
 }

@@ -18,8 +18,7 @@ std::string device_tuning_json(int device);
 std::string device_report_json(int device);
 // For the CI resource gate, on a device whose opt-in shared memory per block is `optin` bytes: the largest H the
 // fused add + RMSNorm launcher accepts there, and the dynamic shared memory each launcher requests (the fused kernel
-// at `hidden` columns, fp32 and 16-bit rows alike; the largest any draft fc cluster launch asks; the bulk kernel at
-// its default stages).
+// at `hidden` columns, fp32 and 16-bit rows alike; the largest any draft fc cluster launch asks).
 std::string launch_smem_json(long long hidden, long long optin);
 // e3::kGatherFlagWords (CUDA builds).
 int gather_flag_words();

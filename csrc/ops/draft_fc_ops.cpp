@@ -32,30 +32,39 @@ int64_t set_draft_fc_cluster_fault(int64_t err) {
   return g_cluster_fault.exchange(static_cast<int>(err));
 }
 
-e3::DraftFcDecodeKernel draft_fc_decode_kernel() {
+e3::DraftFcDecodeKernel draft_fc_decode_kernel_setting() {
   return static_cast<e3::DraftFcDecodeKernel>(g_decode_kernel.load(std::memory_order_relaxed));
 }
 int64_t set_draft_fc_decode_kernel(int64_t kernel) {
-  E3_CHECK(kernel >= 0 && kernel <= static_cast<int64_t>(e3::DraftFcDecodeKernel::Bulk),
-           "eagle3_capture: decode kernel must be 0 (auto), 1 (cluster), 2 (split) or 3 (bulk), got ", kernel);
+  E3_CHECK(kernel >= 0 && kernel <= static_cast<int64_t>(e3::DraftFcDecodeKernel::Split),
+           "eagle3_capture: decode kernel must be 0 (auto), 1 (cluster) or 2 (split), got ", kernel);
   return g_decode_kernel.exchange(static_cast<int>(kernel));
 }
 
 namespace {
 const char* kOp = "draft_fc";
 
+// Every tensor of the call: `dim` dims laid out as `layout`, and the dtype and device of `ref` (named `ref_what`).
+void check_tensor(const at::Tensor& t, int64_t dim, const char* layout, const at::Tensor& ref, const char* what,
+                  const char* ref_what) {
+  check_dim(t, dim, kOp, what, layout);
+  check_same_dtype_and_device(t, ref, kOp, what, ref_what);
+}
+
 void check_x_tensor(const at::Tensor& t, const at::Tensor& ref, const char* what) {
-  check_dim(t, 2, kOp, what, "[M, H] (or one packed [M, K*H])");
-  check_same_dtype(t, ref, kOp, what, "x[0]");
-  check_same_device(t, ref, kOp, what, "x[0]");
+  check_tensor(t, 2, "[M, H] (or one packed [M, K*H])", ref, what, "x[0]");
   check_rows(t, kOp, what);
   check_element_aligned(t, kOp, what);
+}
+
+void check_taps_given(const std::vector<at::Tensor>& x) {
+  E3_CHECK(!x.empty(), "eagle3_capture.draft_fc: expected x to be a packed [M, K*H] tensor or a list of K [M, H] "
+              "tensors, got an empty list");
 }
 }  // namespace
 
 at::Tensor draft_fc_empty_out(const std::vector<at::Tensor>& x, const at::Tensor& weight) {
-  E3_CHECK(!x.empty(), "eagle3_capture.draft_fc: expected x to be a packed [M, K*H] tensor or a list of K [M, H] "
-              "tensors, got an empty list");
+  check_taps_given(x);
   E3_CHECK(x[0].dim() == 2 && weight.dim() == 2, "eagle3_capture.draft_fc: expected 2-D x and weight, got x ",
               shape_str(x[0]), " and weight ", shape_str(weight));
   return at::empty({x[0].size(0), weight.size(0)}, x[0].options());
@@ -64,8 +73,7 @@ at::Tensor draft_fc_empty_out(const std::vector<at::Tensor>& x, const at::Tensor
 e3::DraftFcParams draft_fc_params(const std::vector<at::Tensor>& x, const at::Tensor& weight,
                                   const std::optional<at::Tensor>& norm_weight, double eps,
                                   const std::optional<at::Tensor>& bias, const at::Tensor& out, e3::DType* dtype) {
-  E3_CHECK(!x.empty(), "eagle3_capture.draft_fc: expected x to be a packed [M, K*H] tensor or a list of K [M, H] "
-              "tensors, got an empty list");
+  check_taps_given(x);
   const at::Tensor& x0 = x[0];
   check_x_tensor(x0, x0, "x[0]");
   *dtype = to_e3_dtype(x0, kOp, "x");
@@ -100,9 +108,7 @@ e3::DraftFcParams draft_fc_params(const std::vector<at::Tensor>& x, const at::Te
               "(rows are moved as 16-byte vectors of 8 bf16/fp16 elements), got H=", p.hidden);
   const int64_t in_features = p.taps * p.hidden;
 
-  check_dim(weight, 2, kOp, "weight", "[N, K*H]");
-  check_same_dtype(weight, x0, kOp, "weight", "x");
-  check_same_device(weight, x0, kOp, "weight", "x");
+  check_tensor(weight, 2, "[N, K*H]", x0, "weight", "x");
   E3_CHECK(weight.size(1) == in_features, "eagle3_capture.draft_fc: expected weight in_features K*H = ",
               p.taps, "*", p.hidden, " = ", in_features, ", got weight ", shape_str(weight));
   check_contiguous(weight, kOp, "weight");
@@ -113,9 +119,7 @@ e3::DraftFcParams draft_fc_params(const std::vector<at::Tensor>& x, const at::Te
 
   if (norm_weight.has_value()) {
     const at::Tensor& g = *norm_weight;
-    check_dim(g, 2, kOp, "norm_weight", "[K, H]");
-    check_same_dtype(g, x0, kOp, "norm_weight", "x");
-    check_same_device(g, x0, kOp, "norm_weight", "x");
+    check_tensor(g, 2, "[K, H]", x0, "norm_weight", "x");
     E3_CHECK(g.size(0) == p.taps && g.size(1) == p.hidden, "eagle3_capture.draft_fc: expected norm_weight [K, H] = [",
                 p.taps, ", ", p.hidden, "], got ", shape_str(g));
     check_contiguous(g, kOp, "norm_weight");
@@ -125,17 +129,13 @@ e3::DraftFcParams draft_fc_params(const std::vector<at::Tensor>& x, const at::Te
   p.eps = static_cast<float>(eps);
   if (bias.has_value()) {
     const at::Tensor& b = *bias;
-    check_dim(b, 1, kOp, "bias", "[N]");
-    check_same_dtype(b, x0, kOp, "bias", "x");
-    check_same_device(b, x0, kOp, "bias", "x");
+    check_tensor(b, 1, "[N]", x0, "bias", "x");
     E3_CHECK(b.size(0) == p.out_features, "eagle3_capture.draft_fc: expected bias [N] = [", p.out_features,
                 "], got ", shape_str(b));
     check_contiguous(b, kOp, "bias");
     p.bias = b.data_ptr();
   }
-  check_dim(out, 2, kOp, "out", "[M, N]");
-  check_same_dtype(out, x0, kOp, "out", "x");
-  check_same_device(out, x0, kOp, "out", "x");
+  check_tensor(out, 2, "[M, N]", x0, "out", "x");
   E3_CHECK(out.size(0) == p.rows && out.size(1) == p.out_features, "eagle3_capture.draft_fc: expected out [M, N] = [",
               p.rows, ", ", p.out_features, "], got ", shape_str(out));
   check_contiguous(out, kOp, "out");

@@ -26,9 +26,9 @@ int64_t set_draft_fc_decode_max_rows(int64_t rows);  // returns the previous set
 int draft_fc_cluster_fault();
 int64_t set_draft_fc_cluster_fault(int64_t err);
 // Which decode kernel CUDA calls prefer (e3::DraftFcDecodeKernel as an int: 0 auto, the default; 1 cluster; 2
-// split; 3 bulk); each applies where it can, else auto's choice. Tuning and test knob; the setter checks the value
+// split); each applies where it can, else auto's choice. Tuning and test knob; the setter checks the value
 // and returns the previous one.
-e3::DraftFcDecodeKernel draft_fc_decode_kernel();
+e3::DraftFcDecodeKernel draft_fc_decode_kernel_setting();
 int64_t set_draft_fc_decode_kernel(int64_t kernel);
 
 // x: one packed [M, K*H] tensor (K from norm_weight, 1 without a norm) or K [M, H] tensors.

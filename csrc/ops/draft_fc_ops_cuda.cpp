@@ -27,7 +27,7 @@ namespace {
 // into the graph (replays re-zero it, harmless), and it is zero-filled again eagerly before its first use outside
 // the graph (`needs_eager_zero`).
 struct DeviceWorkspace {
-  at::Tensor zeroed;
+  at::Tensor buffer;  // zero at rest
   bool needs_eager_zero = false;
 };
 struct Workspaces {
@@ -41,7 +41,7 @@ Workspaces& workspaces() {
 }
 
 e3::DraftFcWorkspace decode_workspace(const at::Device& device, const e3::DraftFcParams& p, cudaStream_t stream) {
-  const int64_t zeroed_bytes = e3::draft_fc_decode_zeroed_bytes(p.taps, p.out_features);
+  const int64_t buffer_bytes = e3::draft_fc_decode_workspace_bytes(p.taps, p.out_features);
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
   const bool capturing = status != cudaStreamCaptureStatusNone;
@@ -51,15 +51,15 @@ e3::DraftFcWorkspace decode_workspace(const at::Device& device, const e3::DraftF
   const size_t idx = static_cast<size_t>(device.index());
   if (w.by_device.size() <= idx) w.by_device.resize(idx + 1);
   DeviceWorkspace& d = w.by_device[idx];
-  if (!d.zeroed.defined() || d.zeroed.numel() < zeroed_bytes) {
-    if (d.zeroed.defined()) w.retired.push_back(d.zeroed);
-    d.zeroed = at::zeros({zeroed_bytes}, opts);
+  if (!d.buffer.defined() || d.buffer.numel() < buffer_bytes) {
+    if (d.buffer.defined()) w.retired.push_back(d.buffer);
+    d.buffer = at::zeros({buffer_bytes}, opts);
     d.needs_eager_zero = capturing;
   } else if (d.needs_eager_zero && !capturing) {
-    d.zeroed.zero_();
+    d.buffer.zero_();
     d.needs_eager_zero = false;
   }
-  return e3::draft_fc_decode_workspace_view(d.zeroed.data_ptr(), p.taps, p.out_features);
+  return e3::draft_fc_decode_workspace_view(d.buffer.data_ptr(), p.taps, p.out_features);
 }
 
 void check_vector_aligned(const void* ptr, int64_t row_stride, const char* what) {
@@ -93,7 +93,7 @@ void draft_fc_out_cuda(const std::vector<at::Tensor>& x, const at::Tensor& weigh
   if (decode) {
     const e3::DraftFcWorkspace ws = decode_workspace(x[0].device(), p, stream);
     e3::DraftFcDecodeConfig cfg;
-    cfg.kernel = draft_fc_decode_kernel();
+    cfg.kernel = draft_fc_decode_kernel_setting();
     cfg.cluster_fault = draft_fc_cluster_fault();
     C10_CUDA_CHECK(static_cast<cudaError_t>(e3::draft_fc_decode_cuda(p, dtype, ws, stream, cfg)));
     return;

@@ -23,8 +23,7 @@ void gather_p2p_cuda(at::Tensor& out, const at::Tensor& local, c10::IntArrayRef 
   check_dim(out, 2, kOp, "out", "[rows, K*H]");
   check_dim(local, 2, kOp, "local", "[rows, cols]");
   E3_CHECK(out.is_cuda(), "eagle3_capture.gather_p2p_: expected out on a CUDA device, got ", out.device());
-  check_same_dtype(local, out, kOp, "local", "out");
-  check_same_device(local, out, kOp, "local", "out");
+  check_same_dtype_and_device(local, out, kOp, "local", "out");
   to_e3_dtype(out, kOp, "out");
   check_rows(local, kOp, "local");
   check_rows(out, kOp, "out");

@@ -181,8 +181,8 @@ PyMethodDef kMethods[] = {
      "Benchmark knob: rows at or below which CUDA draft_fc takes the decode kernel (clamped to 0..16); returns the "
      "previous value."},
     {"set_draft_fc_decode_kernel", py_set_draft_fc_decode_kernel, METH_O,
-     "Test knob: the decode kernel CUDA draft_fc prefers, 0 auto (default), 1 cluster, 2 split, 3 bulk; returns "
-     "the previous value."},
+     "Test knob: the decode kernel CUDA draft_fc prefers, 0 auto (default), 1 cluster, 2 split; returns the "
+     "previous value."},
     {"tuning_for", py_tuning_for, METH_VARARGS,
      "JSON: the tuning table's values (with the EAGLE3_CAPTURE_* overrides now in the environment) for the device "
      "facts (cc_major, cc_minor, sms, max_threads_per_sm, max_blocks_per_sm, smem_per_sm, smem_per_block_optin, "

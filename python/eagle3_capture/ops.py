@@ -132,18 +132,17 @@ def _set_draft_fc_cluster_fault(cuda_error: int) -> int:
     return int(load().set_draft_fc_cluster_fault(int(cuda_error)))
 
 
-_DECODE_KERNELS = ("auto", "cluster", "split", "bulk")  # e3::DraftFcDecodeKernel, in its order
+_DECODE_KERNELS = ("auto", "cluster", "split")  # e3::DraftFcDecodeKernel, in its order
 
 
 def _set_draft_fc_decode_kernel(kernel: str) -> str:
     """Test/benchmark knob: the decode kernel CUDA draft_fc prefers, process-wide; returns the previous one.
 
     "cluster" (sm_90+, K <= 8): the K-splits of a column tile reduced in a thread-block cluster's shared memory.
-    "split": partials added in an L2 workspace by atomics (any GPU). "bulk" (sm_90+, packed input, M <= 8): TMA
-    copies. "auto" (default): cluster for small N (the split grid cuts each tap into at least the device's
-    `cluster_min_splits` pieces, `eagle3_capture.tuning`) where its grid fits one wave of co-resident clusters, else
-    split. Where the preferred kernel does not apply, auto's choice runs; a cluster launch the device refuses runs
-    the split kernel (one line on stderr)."""
+    "split": partials added in an L2 workspace by atomics (any GPU). "auto" (default): cluster for small N (the split
+    grid cuts each tap into at least the device's `cluster_min_splits` pieces, `eagle3_capture.tuning`) where its
+    grid fits one wave of co-resident clusters, else split. Where the preferred kernel does not apply, auto's choice
+    runs; a cluster launch the device refuses runs the split kernel (one line on stderr)."""
     if kernel not in _DECODE_KERNELS:
         raise ValueError(f"decode kernel must be one of {_DECODE_KERNELS}, got {kernel!r}")
     return _DECODE_KERNELS[int(load().set_draft_fc_decode_kernel(_DECODE_KERNELS.index(kernel)))]
