@@ -7,12 +7,11 @@ from pathlib import Path
 import pytest
 
 from eagle3_capture.configs import (
-    SRC_DEFAULT, SRC_EAGLE_CONFIG, SRC_TOP_LEVEL, DraftConfig, TargetConfig, check_sglang_0523_serving, draft_taps,
+    SRC_DEFAULT, SRC_EAGLE_CONFIG, SRC_TOP_LEVEL, DraftConfig, check_sglang_0523_serving, draft_taps,
     read_draft_config, read_target_config,
 )
-from eagle3_capture.spec import (
-    CONV_DRAFT_IDS, CONV_HF, EMBEDDING, SGLANG_0523_DEEPSEEK_V2, SGLANG_0523_QWEN_MOE, LayerOutput, TapSpec,
-)
+from eagle3_capture.sglang_rules import SGLANG_0523_DEEPSEEK_V2, SGLANG_0523_QWEN_MOE
+from eagle3_capture.spec import CONV_DRAFT_IDS, CONV_HF, EMBEDDING, LayerOutput, TapSpec
 
 DATA = Path(__file__).parent / "data" / "configs"
 TRAINED = (EMBEDDING, LayerOutput(2), LayerOutput(30))

@@ -1,4 +1,5 @@
-"""Tap conventions: round trips, the real Kimi-K2.5 case, the final boundary, SGLang 0.5.23's quirks, errors."""
+"""Tap conventions: round trips, the real Kimi-K2.5 case, the final boundary, errors (compare_taps is tested in
+test_findings.py, SGLang 0.5.23's own rule in test_sglang_rules.py)."""
 
 import re
 
@@ -7,26 +8,10 @@ from hypothesis import given, settings, strategies as st
 
 from eagle3_capture.spec import (
     CONV_CANONICAL, CONV_DRAFT_IDS, CONV_HF, CONV_LAYER_INPUTS, CONVENTIONS, DRAFT_IDS, EMBEDDING, HF_HIDDEN_STATES,
-    LAYER_INPUTS, SGLANG_0523_DEEPSEEK_V2, SGLANG_0523_QWEN_MOE, Embedding, Finding, LayerOutput, TapError, TapSpec,
-    check_sglang_0523, compare_taps, convention_limits, sglang_0523_default_layers_to_capture, sglang_0523_family,
-    sglang_0523_ids_for, sglang_0523_layers_to_capture, sglang_0523_native_capture,
+    LAYER_INPUTS, Embedding, LayerOutput, TapError, TapSpec, convention_limits,
 )
-
-L61, H = 61, 7168
-
-
-# ------------------------------------------------------------------------------------------------ strategies
-@st.composite
-def specs(draw, min_layers=1, max_layers=128):
-    L = draw(st.integers(min_layers, max_layers))
-    hidden = draw(st.integers(1, 16384))
-    keys = draw(st.sets(st.integers(-1, L - 1), min_size=1, max_size=min(L + 1, 8)))
-    taps = tuple(EMBEDDING if k == -1 else LayerOutput(k) for k in sorted(keys))
-    return TapSpec(taps, L, hidden)
-
-
-def codes(findings):
-    return [f.code for f in findings]
+from eagle3_capture.findings import compare_taps
+from tap_strategies import H, L61, codes, specs
 
 
 # ------------------------------------------------------------------------------------------------ taps
@@ -152,166 +137,6 @@ def test_kimi_k25_training_taps_in_every_convention():
     assert served.taps == (LayerOutput(2), LayerOutput(30), LayerOutput(58))
     f = compare_taps(trained, served.taps)
     assert "missing-embedding" in codes(f) and "count-mismatch" not in codes(f)
-
-
-def test_sglang_0523_given_specforge_ids_with_embedding():
-    trained = TapSpec.from_draft_ids([-1, 2, 30], L61, H)
-    assert sglang_0523_layers_to_capture([-1, 2, 30], L61) == [-1, 2, 30]
-    nc = sglang_0523_native_capture([-1, 2, 30], L61, H)
-    assert nc.stored == (-1, 2, 30)
-    assert nc.captured_inputs == (2, 30)
-    assert nc.captured_taps == (LayerOutput(1), LayerOutput(29))
-    assert nc.dropped == (-1,)
-    assert nc.declared_count == 3 and nc.captured_features == 2 * H
-    assert nc.error == "RuntimeError: captured 2 of 3 aux hidden states"
-    f = check_sglang_0523(trained, [-1, 2, 30])
-    c = codes(f)
-    for code in ("dropped-tap", "capture-error", "count-mismatch", "missing-embedding", "shifted-tap"):
-        assert code in c, (code, c)
-    assert all(x.severity == "error" for x in f)
-    shifted = [x.message for x in f if x.code == "shifted-tap"]
-    assert len(shifted) == 2
-    assert "LayerOutput(2)" in shifted[0] and "LayerOutput(1)" in shifted[0] and "-1 layer" in shifted[0]
-    assert "LayerOutput(30)" in shifted[1] and "LayerOutput(29)" in shifted[1]
-    dropped = next(x for x in f if x.code == "dropped-tap")
-    assert "-1" in dropped.message and "never matches" in dropped.message
-    # the fix names stock-SGLang ids that would work, and they really do
-    assert "[0, 3, 31]" in dropped.fix
-    assert sglang_0523_ids_for(trained) == [0, 3, 31]
-    assert check_sglang_0523(trained, [0, 3, 31]) == []
-
-
-def test_sglang_0523_given_specforge_ids_without_embedding():
-    trained = TapSpec.from_draft_ids([2, 30, 58], L61, H)
-    assert sglang_0523_layers_to_capture([2, 30, 58], L61) == [2, 30, 58]
-    nc = sglang_0523_native_capture([2, 30, 58], L61, H)
-    assert nc.captured_inputs == (2, 30, 58) and nc.dropped == () and nc.error is None
-    assert nc.captured_taps == (LayerOutput(1), LayerOutput(29), LayerOutput(57))
-    f = check_sglang_0523(trained, [2, 30, 58])
-    assert codes(f) == ["shifted-tap"] * 3
-    assert f[0].message == ("slot 0 captures LayerOutput(1) but the draft was trained on LayerOutput(2): "
-                            "shifted by -1 layer")
-    assert sglang_0523_ids_for(trained) == [3, 31, 59]
-    assert check_sglang_0523(trained, [3, 31, 59]) == []
-
-
-def test_sglang_0523_plus_one_only_when_first_id_is_1():
-    assert sglang_0523_layers_to_capture([1, 29, 57], L61) == [2, 30, 58]
-    assert sglang_0523_layers_to_capture([1], L61) == [2]
-    assert sglang_0523_layers_to_capture([0, 29, 57], L61) == [0, 29, 57]
-    assert sglang_0523_layers_to_capture([2, 1], L61) == [2, 1]
-    assert sglang_0523_layers_to_capture([], L61) == []
-    # ids starting with 1 are the only SpecForge ids served right on DeepseekV2
-    trained = TapSpec.from_draft_ids([1, 29, 57], L61, H)
-    assert check_sglang_0523(trained, [1, 29, 57]) == []
-
-
-def test_sglang_0523_default_ids():
-    assert sglang_0523_layers_to_capture(None, L61) == [2, 30, 58]
-    assert sglang_0523_default_layers_to_capture(61) == [2, 30, 58]
-    assert sglang_0523_layers_to_capture(None, 48, SGLANG_0523_QWEN_MOE) == [2, 24, 45]  # no +1 on the default
-    nc = sglang_0523_native_capture(None, L61, H)
-    assert nc.ids is None and nc.captured_taps == (LayerOutput(1), LayerOutput(29), LayerOutput(57))
-
-
-@given(st.lists(st.integers(-3, 70), max_size=6), st.integers(1, 80))
-def test_sglang_0523_rules_property(ids, L):
-    ds = sglang_0523_layers_to_capture(ids, L, SGLANG_0523_DEEPSEEK_V2)
-    assert ds == ([v + 1 for v in ids] if ids and ids[0] == 1 else ids)
-    assert sglang_0523_layers_to_capture(ids, L, SGLANG_0523_QWEN_MOE) == [v + 1 for v in ids]
-    nc = sglang_0523_native_capture(ids, L, 8, SGLANG_0523_DEEPSEEK_V2)
-    assert list(nc.captured_inputs) == sorted(set(i for i in ds if 0 <= i < L))
-    assert len(nc.captured_inputs) + len(nc.dropped) == len(ds)
-    assert (nc.error is None) == (len(nc.captured_inputs) == len(ds))
-
-
-def test_sglang_0523_qwen_moe_adds_one_always():
-    trained = TapSpec.from_draft_ids([-1, 2, 30], L61, H)
-    nc = sglang_0523_native_capture([-1, 2, 30], L61, H, SGLANG_0523_QWEN_MOE)
-    assert nc.stored == (0, 3, 31) and nc.captured_taps == trained.taps and nc.error is None
-    assert check_sglang_0523(trained, [-1, 2, 30], SGLANG_0523_QWEN_MOE) == []
-    assert sglang_0523_ids_for(trained, SGLANG_0523_QWEN_MOE) == [-1, 2, 30]
-    # a draft id L-1 becomes layers[L]: IndexError at startup
-    nc = sglang_0523_native_capture([2, 60], L61, H, SGLANG_0523_QWEN_MOE)
-    assert nc.error.startswith("IndexError") and nc.captured_inputs == ()
-    f = check_sglang_0523(TapSpec.from_draft_ids([2, 60], L61, H), [2, 60], SGLANG_0523_QWEN_MOE)
-    assert "final-boundary-dropped" in codes(f) and "startup-error" in codes(f)
-    # a negative stored index wraps around in python indexing: draft id -2 flags the last layer
-    nc = sglang_0523_native_capture([-2], L61, H, SGLANG_0523_QWEN_MOE)
-    assert nc.captured_inputs == (60,) and nc.error is None
-
-
-def test_sglang_0523_final_boundary_dropped_on_deepseek():
-    trained = TapSpec.from_draft_ids([-1, 2, 60], L61, H)
-    nc = sglang_0523_native_capture([0, 3, 61], L61, H)
-    assert nc.dropped == (61,) and nc.captured_inputs == (0, 3)
-    f = compare_taps(trained, nc)
-    assert "final-boundary-dropped" in codes(f)
-    msg = next(x for x in f if x.code == "final-boundary-dropped").message
-    assert "LayerOutput(60)" in msg and "61" in msg
-    with pytest.raises(ValueError, match=r"final boundary LayerOutput\(60\).*no id list"):
-        sglang_0523_ids_for(trained)
-
-
-def test_sglang_0523_layer0_first_is_unreachable_on_deepseek():
-    spec = TapSpec((LayerOutput(0), LayerOutput(5)), L61, H)
-    with pytest.raises(ValueError, match=r"LayerOutput\(0\).*ids\[0\] == 1|LayerOutput\(0\).*starting with 1"):
-        sglang_0523_ids_for(spec)
-    assert sglang_0523_ids_for(spec, SGLANG_0523_QWEN_MOE) == [0, 5]
-
-
-@settings(max_examples=300)
-@given(specs(min_layers=2))
-def test_sglang_0523_ids_for_reproduces_spec(spec):
-    for fam in (SGLANG_0523_DEEPSEEK_V2, SGLANG_0523_QWEN_MOE):
-        try:
-            ids = sglang_0523_ids_for(spec, fam)
-        except ValueError as e:
-            assert spec.includes_final_boundary or (fam == SGLANG_0523_DEEPSEEK_V2 and spec.taps[0] == LayerOutput(0))
-            assert "SGLang 0.5.23" in str(e)
-            continue
-        nc = sglang_0523_native_capture(ids, spec.num_layers, spec.hidden_size, fam)
-        assert nc.captured_taps == spec.taps and nc.error is None
-        assert compare_taps(spec, nc) == []
-
-
-def test_sglang_0523_family_lookup():
-    assert sglang_0523_family("deepseek_v3") == SGLANG_0523_DEEPSEEK_V2
-    assert sglang_0523_family("kimi_k25") == SGLANG_0523_DEEPSEEK_V2
-    assert sglang_0523_family("qwen3_moe") == SGLANG_0523_QWEN_MOE
-    assert sglang_0523_family("llama") is None and sglang_0523_family(None) is None
-    with pytest.raises(ValueError, match="family"):
-        sglang_0523_layers_to_capture([1], 10, "llama")
-
-
-# ------------------------------------------------------------------------------------------------ compare_taps
-def test_compare_identical_is_clean():
-    s = TapSpec.from_draft_ids([-1, 2, 30], L61, H)
-    assert compare_taps(s, s.taps) == []
-
-
-def test_compare_unexpected_embedding_and_missing_tap():
-    trained = TapSpec.from_draft_ids([2, 30, 58], L61, H)
-    f = compare_taps(trained, [EMBEDDING, LayerOutput(2)])
-    c = codes(f)
-    assert "count-mismatch" in c and "unexpected-embedding" in c and "missing-tap" in c
-    assert any("LayerOutput(30)" in x.message for x in f if x.code == "missing-tap")
-    f = compare_taps(trained, [LayerOutput(2), LayerOutput(30), LayerOutput(40), LayerOutput(58)])
-    assert codes(f) == ["count-mismatch", "unexpected-tap"]
-    assert "K=3" in f[0].message and "4 are captured" in f[0].message and "21504" in f[0].message
-
-
-def test_compare_shift_direction_and_plural():
-    trained = TapSpec.from_draft_ids([2, 30], L61, H)
-    f = compare_taps(trained, [LayerOutput(5), LayerOutput(30)])
-    assert len(f) == 1 and "shifted by +3 layers" in f[0].message and "slot 0" in f[0].message
-    assert isinstance(f[0], Finding) and f[0].fix and "[shifted-tap]" not in str(f[0])
-    assert str(f[0]).startswith("[error] shifted-tap: ")
-
-
-def test_compare_rejects_non_taps():
-    with pytest.raises(ValueError, match="not a tap"):
-        compare_taps(TapSpec.from_draft_ids([2], 10, 4), [2])
 
 
 # ------------------------------------------------------------------------------------------------ final boundary

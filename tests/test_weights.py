@@ -1,6 +1,7 @@
-"""weights.load_draft_fc on unusual checkpoints: fp8 fc weights dequantized by their per-tensor, per-channel or
-block scale (against a float64 reference, whole and as TP shards); every shape, dtype, scale or index problem a
-ValueError / FileNotFoundError naming the tensor or file, never a silent slice or a dropped tensor."""
+"""weights.load_draft_fc: plain checkpoints whole and as ColumnParallelLinear shards (fc names, legacy norm keys);
+fp8 fc weights dequantized by their per-tensor, per-channel or block scale (against a float64 reference, whole and
+as TP shards); every shape, dtype, scale or index problem a ValueError / FileNotFoundError naming the tensor or
+file, never a silent slice or a dropped tensor."""
 import json
 import os
 
@@ -35,6 +36,37 @@ def _save(d, tensors, config=None, name="model.safetensors"):
         with open(os.path.join(d, "config.json"), "w") as f:
             json.dump(config, f)
     return str(d)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# plain checkpoints: names, legacy norm keys, ColumnParallelLinear shards
+# ----------------------------------------------------------------------------------------------------------------
+
+def test_weights_shards_like_column_parallel_linear(tmp_path):
+    gen = torch.Generator().manual_seed(7)
+    n, k, h = 24, 3, 16
+    w, b = torch.randn(n, k * h, generator=gen), torch.randn(n, generator=gen)
+    norms = [torch.randn(h, generator=gen) for _ in range(k)]
+    tensors = {"model.fc.weight": w, "fc.bias": b, "aux_norm_low.weight": norms[0],
+               "aux_norm_mid.weight": norms[1], "model.fc_norm.2.weight": norms[2], "lm_head.weight": torch.ones(2)}
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    full = load_draft_fc(str(tmp_path))
+    assert torch.equal(full.weight, w) and torch.equal(full.bias, b) and torch.equal(full.norm_weight, torch.stack(norms))
+    for tp in (2, 4):
+        for r in range(tp):
+            s = load_draft_fc(str(tmp_path / "model.safetensors"), tp_rank=r, tp_size=tp, dtype=torch.bfloat16)
+            rows = slice(r * n // tp, (r + 1) * n // tp)
+            assert torch.equal(s.weight, w[rows].bfloat16()) and torch.equal(s.bias, b[rows].bfloat16())
+            assert s.out_features_total == n and s.weight.is_contiguous()
+    with pytest.raises(ValueError, match="not divisible by tp_size 5"):
+        load_draft_fc(str(tmp_path), tp_rank=0, tp_size=5)
+    with pytest.raises(ValueError, match="tp_rank"):
+        load_draft_fc(str(tmp_path), tp_rank=2, tp_size=2)
+    save_file({"x.weight": torch.ones(2, 2)}, str(tmp_path / "other.safetensors"))
+    with pytest.raises(ValueError, match="no fc weight"):
+        load_draft_fc(str(tmp_path / "other.safetensors"))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_draft_fc(str(tmp_path / "missing.safetensors"))
 
 
 # ----------------------------------------------------------------------------------------------------------------

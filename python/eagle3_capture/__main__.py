@@ -1,3 +1,4 @@
+"""`python -m eagle3_capture`: the `eagle3-capture` command line (cli.main)."""
 import sys
 
 from .cli import main

@@ -12,10 +12,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, List, Mapping, Optional, Tuple, Union
 
-from .spec import (
-    CONVENTIONS, DRAFT_IDS, HF_HIDDEN_STATES, LAYER_INPUTS, Finding, TapError, TapSpec, check_sglang_0523,
-    sglang_0523_default_layers_to_capture, sglang_0523_family,
-)
+from .sglang_rules import check_sglang_0523, sglang_0523_default_layers_to_capture, sglang_0523_family
+from .findings import Finding
+from .spec import CONVENTIONS, DRAFT_IDS, HF_HIDDEN_STATES, LAYER_INPUTS, TapError, TapSpec
 
 __all__ = [
     "TargetConfig", "DraftConfig", "read_target_config", "read_draft_config", "draft_taps",

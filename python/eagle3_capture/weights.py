@@ -61,7 +61,8 @@ class DraftFc:
 # where each tensor is
 # ----------------------------------------------------------------------------------------------------------------
 
-def _canonical(name: str) -> str:
+def canonical_name(name: str) -> str:
+    """A checkpoint tensor's name without the ``model.`` prefix, legacy aux_norm_{low,mid,high} as fc_norm.{k}."""
     name = name[len("model."):] if name.startswith("model.") else name
     for legacy, k in _LEGACY_NORMS.items():
         name = name.replace(legacy, f"fc_norm.{k}")
@@ -110,14 +111,19 @@ def checkpoint_files(path: str) -> List[str]:
     return files
 
 
+def _read_json(path: str, what: str):
+    """The parsed JSON of a file; ValueError naming it (``what``, e.g. "shard index") when it is not JSON."""
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            return json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{what} {path}: malformed JSON ({e})") from None
+
+
 def _from_index(index: str) -> Dict[str, Tuple[str, str]]:
     """canonical name -> (file, key) for the tensors this loader reads, as the index names them."""
     d = os.path.dirname(index)
-    try:
-        with open(index, "r", encoding="utf-8") as f:
-            data = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"shard index {index}: malformed JSON ({e})") from None
+    data = _read_json(index, "shard index")
     wm = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(wm, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
         raise ValueError(f"shard index {index}: expected an object with 'weight_map' {{tensor name: file name}}, got "
@@ -131,7 +137,7 @@ def _from_index(index: str) -> Dict[str, Tuple[str, str]]:
     found: Dict[str, Tuple[str, str]] = {}
     keys_in: Dict[str, set] = {}
     for key, fname in wm.items():
-        c = _canonical(key)
+        c = canonical_name(key)
         if not _wanted(c):
             continue
         if c in found:
@@ -162,7 +168,7 @@ def _locate(path: str) -> Tuple[Dict[str, Tuple[str, str]], str]:
     found: Dict[str, Tuple[str, str]] = {}
     for f in files:
         for key in _keys_of(f):
-            c = _canonical(key)
+            c = canonical_name(key)
             if _wanted(c):
                 if c in found:
                     raise ValueError(f"{path}: {c} appears twice ({found[c][1]} in {found[c][0]} and {key} in {f})")
@@ -211,11 +217,7 @@ def _block_size(d: str) -> Optional[Tuple[int, int]]:
     p = os.path.join(d, "config.json")
     if not os.path.isfile(p):
         return None
-    try:
-        with open(p, "r", encoding="utf-8") as f:
-            cfg = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"draft config {p}: malformed JSON ({e})") from None
+    cfg = _read_json(p, "draft config")
     q = cfg.get("quantization_config") if isinstance(cfg, dict) else None
     if not isinstance(q, dict) or q.get("weight_block_size") is None:
         return None

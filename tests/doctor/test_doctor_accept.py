@@ -45,7 +45,7 @@ def small_prompts(demo, tmp_path_factory):
 def test_draft_fc_through_the_op_equals_plain_torch(demo):
     """The draft's fc in doctor accept runs through ops.draft_fc; it must equal the plain-torch fc it was trained
     with."""
-    from eagle3_capture.doctor.draft_model import load_draft
+    from eagle3_capture.doctor.draft_checkpoint import load_draft
 
     res, out = demo
     d = load_draft(os.path.join(out, "draft"))
@@ -211,7 +211,7 @@ def test_load_draft_reads_what_the_index_names_and_refuses_raw_fp8(demo, tmp_pat
     from safetensors.torch import load_file, save_file
 
     from eagle3_capture.doctor.common import DoctorError
-    from eagle3_capture.doctor.draft_model import load_draft
+    from eagle3_capture.doctor.draft_checkpoint import load_draft
 
     res, out = demo
     src = os.path.join(out, "draft")

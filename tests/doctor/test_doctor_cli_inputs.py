@@ -155,8 +155,9 @@ def test_target_config_fields_of_the_wrong_type(tmp_path):
     one_line(*cli("doctor", "check", "--target-config", p, "--draft-config", DRAFT_OK), "'model_type' must be a string")
 
 
-def test_the_issues_examples_in_a_fresh_process(tmp_path, files):
-    """The inputs the issue lists, through `python -m eagle3_capture` (the whole interpreter's output)."""
+def test_bad_inputs_in_a_fresh_process(tmp_path, files):
+    """A bad value for each kind of input (a config field, an integer flag, an output path...), through
+    `python -m eagle3_capture`: the whole interpreter's output is one line naming the input."""
     p = _draft(tmp_path, ec_eagle_aux_hidden_state_convention=["draft_ids"])
     for argv, needle in (
             (["doctor", "check", "--target-config", DSV3_61, "--draft-config", p], "convention"),

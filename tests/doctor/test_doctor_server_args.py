@@ -1,7 +1,6 @@
 """The doctor's model of SGLang 0.5.23's speculative flag handling, on its own and against SGLang's own functions
 (`_handle_eagle_family` for the flags, `organize_draft_results` for the draft-tree size) where SGLang is installed."""
 import importlib.util
-import os
 import types
 
 import pytest

@@ -96,7 +96,7 @@ def _sglang_tree_one_anchor(draft, taps, seq, greedy, t, S, k, D):
 
 @pytest.mark.parametrize("S,k,D", [(3, 2, 6), (2, 3, 7), (4, 2, 8), (1, 4, 3)])
 def test_tree_matches_a_direct_rendering(S, k, D):
-    from eagle3_capture.doctor.draft_model import load_draft
+    from eagle3_capture.doctor.draft_checkpoint import load_draft
     from eagle3_capture.doctor.target_model import build_demo_target, greedy_continue, residual_stream
 
     res, out = demo_fast()

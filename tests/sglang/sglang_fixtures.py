@@ -8,7 +8,7 @@ imported would shadow tests/conftest.py for the modules that do `from conftest i
   which runs only test_hook_calls_cuda.py's `cuda` tests, which need no SGLang).
 - The in-process tests run with the plugin loaded through SGLang's own `load_plugins()` (once per process, and
   SGLang cannot undo it); what needs a process without the plugin, or another environment, runs in a subprocess
-  (harness.py as a script).
+  (scenarios.py).
 - SGLang's real model code runs on the CPU following ../shared/SGLANG_CPU.md (harness.py).
 """
 import importlib.metadata

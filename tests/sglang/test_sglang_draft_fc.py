@@ -7,6 +7,7 @@ import logging
 import pytest
 import torch
 
+from scenarios import run_ranks
 from sglang_fixtures import OpCounter, harness, require_sglang, sglang_plugin, tiny  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.sglang
@@ -117,7 +118,7 @@ def test_draft_fc_at_tp2_gathers_column_shards_with_the_projects_gatherer(harnes
     reference of the whole fc and SGLang's own path (its _fc_gatherer) on every rank."""
     import json
 
-    harness.run_ranks("draft_tp", tmp_path, 2)
+    run_ranks("draft_tp", tmp_path, 2)
     for rank in range(2):
         rep = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert rep["fc_shard"] == [32, 256], rep

@@ -4,6 +4,8 @@ import pkgutil
 
 import pytest
 
+from eagle3_capture.sglang.hook_chain import hook_in_place
+from scenarios import run_script
 from sglang_fixtures import harness, require_sglang, sglang_plugin, tiny  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.sglang
@@ -31,7 +33,7 @@ def test_load_plugins_puts_every_hook_in_place(sglang_plugin):
             obj, attr = _resolve(path)
             current = getattr(obj, attr)
             assert hasattr(current, "__wrapped__"), f"{path} is not wrapped by SGLang's HookRegistry"
-            assert plugin.hook_in_place(obj, attr, fn), f"{path}: our hook {fn.__name__} is not in its chain"
+            assert hook_in_place(obj, attr, fn), f"{path}: our hook {fn.__name__} is not in its chain"
         assert plugin.hook_status()[group] == "on", plugin.hook_status()
 
 
@@ -44,14 +46,14 @@ def test_hooks_reach_the_names_sglang_calls(sglang_plugin):
     plugin = sglang_plugin
     for cls in (deepseek_v2.DeepseekV2ForCausalLM, deepseek_v2.DeepseekV3ForCausalLM,
                 deepseek_v2.DeepseekV32ForCausalLM):
-        assert plugin.hook_in_place(cls, "set_eagle3_layers_to_capture", target.set_eagle3_layers_to_capture_hook)
-    assert plugin.hook_in_place(deepseek_v2.DeepseekV2Model, "forward", target.model_forward_hook)
+        assert hook_in_place(cls, "set_eagle3_layers_to_capture", target.set_eagle3_layers_to_capture_hook)
+    assert hook_in_place(deepseek_v2.DeepseekV2Model, "forward", target.model_forward_hook)
     # DeepseekV2Model.forward calls residual_batch.final_norm / .complete_output and AuxHiddenStatePacker(...)
-    assert plugin.hook_in_place(deepseek_v2.residual_batch, "final_norm", target.final_norm_hook)
-    assert plugin.hook_in_place(deepseek_v2.residual_batch, "complete_output", target.complete_output_hook)
+    assert hook_in_place(deepseek_v2.residual_batch, "final_norm", target.final_norm_hook)
+    assert hook_in_place(deepseek_v2.residual_batch, "complete_output", target.complete_output_hook)
     assert deepseek_v2.AuxHiddenStatePacker is aux_hidden_states.AuxHiddenStatePacker
-    assert plugin.hook_in_place(deepseek_v2.AuxHiddenStatePacker, "__init__", target.packer_init_hook)
-    assert plugin.hook_in_place(deepseek_v2.AuxHiddenStatePacker, "append", capture.packer_append_hook)
+    assert hook_in_place(deepseek_v2.AuxHiddenStatePacker, "__init__", target.packer_init_hook)
+    assert hook_in_place(deepseek_v2.AuxHiddenStatePacker, "append", capture.packer_append_hook)
     # Kimi-K2.5 delegates to its DeepseekV3ForCausalLM language model
     from sglang.srt.models import kimi_k25
     assert kimi_k25.DeepseekV3ForCausalLM is deepseek_v2.DeepseekV3ForCausalLM
@@ -86,7 +88,7 @@ def test_disable_switch_in_a_fresh_process(harness, tmp_path, disable):
     import json
 
     out = tmp_path / "hooks.json"
-    proc = harness.run_script("hooks", out, {"EAGLE3_CAPTURE_DISABLE": disable})
+    proc = run_script("hooks", out, {"EAGLE3_CAPTURE_DISABLE": disable})
     rep = json.loads(out.read_text())
     from eagle3_capture.sglang.plugin import HOOKS
 

@@ -6,6 +6,7 @@ process) records what stock SGLang 0.5.23 captures instead."""
 import pytest
 import torch
 
+from scenarios import run_script
 from sglang_fixtures import OpCounter, harness, require_sglang, sglang_plugin, tiny  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.sglang
@@ -58,7 +59,7 @@ def test_wiring_with_plugin_every_slot_is_the_declared_tap(harness, tiny, sglang
 @pytest.fixture(scope="module")
 def native(harness, tmp_path_factory):
     out = tmp_path_factory.mktemp("native") / "native.pt"
-    harness.run_script("native", out, {"SGLANG_PLUGINS": "none-eagle3-capture-test"})
+    run_script("native", out, {"SGLANG_PLUGINS": "none-eagle3-capture-test"})
     return torch.load(out)
 
 
@@ -66,7 +67,8 @@ def test_without_plugin_stock_sglang_drops_and_shifts(harness, tiny, native):
     """Stock 0.5.23 keeps [-1, 1, 3, 5] as layer inputs: -1 never matches (embedding dropped), 1/3/5 capture the
     inputs of layers 1/3/5 = outputs of layers 0/2/4 (each tap one layer early, the final boundary lost), and the
     packer then refuses the forward."""
-    from eagle3_capture.spec import LayerOutput, sglang_0523_native_capture
+    from eagle3_capture.sglang_rules import sglang_0523_native_capture
+    from eagle3_capture.spec import LayerOutput
 
     taps, H = tiny["taps"], tiny["cfg"].hidden_size
     rec = native[str(DECLARED)]

@@ -278,7 +278,7 @@ def served_walks(runs: Sequence[PromptRun], new_tokens: int) -> List[Served]:
 
 def load_pair(target_path: str, draft_path: str, taps: Optional[str], device: str, seed: int, progress: bool):
     """(target, draft, taps fed, declared taps, target config, notes) for ``accept`` and ``online``."""
-    from .draft_model import load_draft
+    from .draft_checkpoint import load_draft
     from .target_model import load_target
 
     target = load_target(target_path, device=device, seed=seed, quiet=not progress)

@@ -2,7 +2,7 @@
 every inconsistency of the configs, the server-flag traps, and -- when both dumps are given -- the fingerprint of
 what a server really captured.
 
-Each :class:`~eagle3_capture.spec.Finding` carries its fix; the exit code is non-zero when any finding is an
+Each :class:`~eagle3_capture.findings.Finding` carries its fix; the exit code is non-zero when any finding is an
 error. The pieces come from the rest of the package: config reading (``configs``), tap conventions and SGLang's
 capture model (``spec``), the flag rules (``doctor.server_args``) and the fingerprint (``doctor.fingerprint``).
 """
@@ -12,10 +12,9 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
 from .. import configs
-from ..spec import (
-    DRAFT_IDS, HF_HIDDEN_STATES, LAYER_INPUTS, Finding, NativeCapture, TapError, TapSpec,
-    compare_taps, convention_limits, sglang_0523_native_capture,
-)
+from ..sglang_rules import NativeCapture, compare_native_capture, sglang_0523_native_capture
+from ..findings import Finding
+from ..spec import DRAFT_IDS, HF_HIDDEN_STATES, LAYER_INPUTS, TapError, TapSpec, convention_limits
 from .common import DoctorError, read_json
 from .server_args import ServerFlags, SpecResolution, parallel_findings, parse_server_args, speculative_findings
 
@@ -219,7 +218,7 @@ def run_check(target_config: str, draft_config: str, server_args: Optional[str] 
         else:
             native = sglang_0523_native_capture(draft.sglang_0523_target_ids, target.num_layers,
                                                 target.hidden_size, fam)
-            stock = compare_taps(declared, native)
+            stock = compare_native_capture(declared, native)
             ids = draft.sglang_0523_target_ids
             if stock and fam == "deepseek_v2" and ids and ids[0] != 1 and draft.convention == DRAFT_IDS:
                 stock.insert(0, Finding(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 import types
+from typing import Optional
 
 from . import arg_types as at
 from .common import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_OK, DoctorError, write_json
@@ -136,6 +137,29 @@ def one_line_errors(parser) -> None:
     parser.error = types.MethodType(_one_line_error, parser)
 
 
+# Options several subcommands take, added in place (argparse parents would list them first in every --help).
+def _add_device_threads(s, threads_default=None, threads_help="CPU threads") -> None:
+    """--device and --threads of a subcommand that runs models."""
+    s.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda")
+    s.add_argument("--threads", type=at.THREADS, default=threads_default, help=threads_help)
+
+
+def _add_json(s, help: str) -> None:
+    s.add_argument("--json", metavar="OUT.json", type=at.output_file, help=help)
+
+
+def _add_no_progress(s, help: str = "no tqdm bars") -> None:
+    s.add_argument("--no-progress", action="store_true", help=help)
+
+
+def _add_seed(s, help: Optional[str] = None) -> None:
+    s.add_argument("--seed", type=at.seed, default=0, help=help)
+
+
+def _add_server_args(s, help: str = SERVER_ARGS_HELP) -> None:
+    s.add_argument("--server-args", metavar="\"FLAGS\"", help=help)
+
+
 def add_doctor_parser(sub) -> None:
     """Register ``doctor`` and its subcommands on the top-level subparsers."""
     doc = sub.add_parser(
@@ -153,13 +177,13 @@ def add_doctor_parser(sub) -> None:
                                   "--captured also fingerprints what a server captured. Exit 1 on an error finding.")
     s.add_argument("--target-config", required=True, metavar="PATH", help="target config.json (or its directory)")
     s.add_argument("--draft-config", required=True, metavar="PATH", help="EAGLE-3 draft config.json (or its directory)")
-    s.add_argument("--server-args", metavar="\"FLAGS\"", help=SERVER_ARGS_HELP)
+    _add_server_args(s)
     s.add_argument("--reference", metavar="REF.safetensors", help="reference hidden states (doctor dump-reference)")
     s.add_argument("--captured", metavar="CAP", help="what the server captured: the plugin's EAGLE3_CAPTURE_DUMP "
                                                      "directory or file, or a safetensors capture")
     s.add_argument("--with-plugin", action="store_true",
                    help="the server runs this project's SGLang plugin: stock SGLang's capture problems become info")
-    s.add_argument("--json", metavar="OUT.json", type=at.output_file, help="also write the report as JSON")
+    _add_json(s, "also write the report as JSON")
     s.set_defaults(func=_cmd_check)
 
     s = ds.add_parser("fingerprint", help="cosine table: every captured slot vs every reference index",
@@ -176,7 +200,7 @@ def add_doctor_parser(sub) -> None:
     s.add_argument("--taps", metavar="CONV:IDS", help="declared taps, e.g. draft_ids:-1,2,30 or layer_inputs:0,3,31")
     s.add_argument("--min-cos", type=at.finite_float(-1.0, 1.0), default=0.95,
                    help="below this a slot matches nothing (default 0.95)")
-    s.add_argument("--json", metavar="OUT.json", type=at.output_file, help="also write the table as JSON")
+    _add_json(s, "also write the table as JSON")
     s.set_defaults(func=_cmd_fingerprint)
 
     s = ds.add_parser("dump-reference", help="the training side's hidden states for some prompts (transformers)",
@@ -191,9 +215,8 @@ def add_doctor_parser(sub) -> None:
                    help="also append the model's greedy continuation of this many tokens (default 0)")
     s.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
                    help="storage dtype of the hidden states (computed in the model's dtype)")
-    s.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda")
-    s.add_argument("--threads", type=at.THREADS, default=None, help="CPU threads")
-    s.add_argument("--seed", type=at.seed, default=0, help="seed of the demo model (with --model demo)")
+    _add_device_threads(s)
+    _add_seed(s, "seed of the demo model (with --model demo)")
     s.set_defaults(func=_cmd_dump_reference)
 
     s = ds.add_parser("accept", help="offline draft accuracy per step and the predicted accept length",
@@ -205,7 +228,7 @@ def add_doctor_parser(sub) -> None:
     s.add_argument("--draft", required=True, metavar="PATH",
                    help="EAGLE-3 draft directory (config.json + *.safetensors, SpecForge / llama_eagle3 layout)")
     s.add_argument("--prompts", required=True, metavar="FILE", help="as for dump-reference")
-    s.add_argument("--server-args", metavar="\"FLAGS\"", help=SERVER_ARGS_HELP)
+    _add_server_args(s)
     s.add_argument("--taps", metavar="CONV:IDS",
                    help="feed these taps instead of the declared ones (predict a miswired server), e.g. "
                         "layer_inputs:3,31,59")
@@ -214,13 +237,12 @@ def add_doctor_parser(sub) -> None:
     s.add_argument("--steps", type=at.POSITIVE, default=None,
                    help="draft steps to measure (default: the chain length, >= 3; not fewer than the chain length)")
     s.add_argument("--batch-size", type=at.POSITIVE, default=8)
-    s.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda")
-    s.add_argument("--threads", type=at.THREADS, default=None, help="CPU threads")
-    s.add_argument("--json", metavar="OUT.json", type=at.output_file, help="write the report as JSON")
+    _add_device_threads(s)
+    _add_json(s, "write the report as JSON")
     s.add_argument("--tensors", metavar="OUT.safetensors", type=at.output_file,
                    help="write per-position results (correct [N, steps])")
-    s.add_argument("--no-progress", action="store_true", help="no tqdm bar")
-    s.add_argument("--seed", type=at.seed, default=0, help="seed of the demo target (with --target demo)")
+    _add_no_progress(s, "no tqdm bar")
+    _add_seed(s, "seed of the demo target (with --target demo)")
     s.set_defaults(func=_cmd_accept)
 
     s = ds.add_parser("online", help="a running server's accept length and per-step acceptance vs the offline replay",
@@ -236,8 +258,7 @@ def add_doctor_parser(sub) -> None:
     s.add_argument("--prompts", required=True, metavar="FILE", help="as for dump-reference")
     s.add_argument("--target", required=True, metavar="PATH|demo", help="the served target (transformers directory)")
     s.add_argument("--draft", required=True, metavar="PATH", help="the EAGLE-3 draft directory the server runs")
-    s.add_argument("--server-args", metavar="\"FLAGS\"",
-                   help=SERVER_ARGS_HELP + "; optional with a URL (the server's /server_info says), needed with a file")
+    _add_server_args(s, SERVER_ARGS_HELP + "; optional with a URL (the server's /server_info says), needed with a file")
     s.add_argument("--new-tokens", type=at.int_at_least(2), default=None,
                    help="max_new_tokens per request (needed with a URL; a file's completion tokens otherwise)")
     s.add_argument("--taps", metavar="CONV:IDS", help="replay with these taps instead of the draft's declared ones")
@@ -248,11 +269,10 @@ def add_doctor_parser(sub) -> None:
                    help="seconds to wait for each response (default 600)")
     s.add_argument("--concurrency", type=at.POSITIVE, default=8, help="requests in flight at once (default 8)")
     s.add_argument("--batch-size", type=at.POSITIVE, default=8, help="prompts per offline batch")
-    s.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda")
-    s.add_argument("--threads", type=at.THREADS, default=None, help="CPU threads")
-    s.add_argument("--json", metavar="OUT.json", type=at.output_file, help="write the report as JSON")
-    s.add_argument("--no-progress", action="store_true", help="no tqdm bars")
-    s.add_argument("--seed", type=at.seed, default=0, help="seed of the demo target (with --target demo)")
+    _add_device_threads(s)
+    _add_json(s, "write the report as JSON")
+    _add_no_progress(s)
+    _add_seed(s, "seed of the demo target (with --target demo)")
     s.set_defaults(func=_cmd_online)
 
     s = ds.add_parser("demo", help="the whole story on a tiny built-in DeepseekV3 target and a draft it trains",
@@ -264,13 +284,12 @@ def add_doctor_parser(sub) -> None:
     s.add_argument("--out", default="eagle3-demo", metavar="DIR", type=at.output_dir,
                    help="output directory (default ./eagle3-demo)")
     s.add_argument("--fast", action="store_true", help="smaller data and training (the test's path, ~1/3 the time)")
-    s.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda")
-    s.add_argument("--threads", type=at.THREADS, default=1,
-                   help="CPU threads (default 1: these tiny models are fastest on one, and the result is then the "
-                        "same on every machine count)")
-    s.add_argument("--seed", type=at.seed, default=0)
+    _add_device_threads(s, threads_default=1,
+                        threads_help="CPU threads (default 1: these tiny models are fastest on one, and the result is "
+                                     "then the same on every machine count)")
+    _add_seed(s)
     s.add_argument("--no-plot", action="store_true", help="skip the PNG")
-    s.add_argument("--no-progress", action="store_true", help="no tqdm bars")
+    _add_no_progress(s)
     s.set_defaults(func=_cmd_demo)
     for p in ds.choices.values():
         one_line_errors(p)

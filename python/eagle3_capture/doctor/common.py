@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 EXIT_OK = 0
 EXIT_FINDINGS = 1   # the doctor ran and found an error-severity problem
@@ -103,6 +103,27 @@ def meta_json(meta: Dict[str, str], key: str, what: str, default: Any = None) ->
 # prompts
 # ----------------------------------------------------------------------------------------------------------------
 
+def read_text(path: str, where: str) -> str:
+    """The UTF-8 text of a file, else a DoctorError naming it (``where``: e.g. ``"prompts file <path>"``)."""
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            return f.read()
+    except UnicodeDecodeError as e:
+        raise DoctorError(f"{where}: not UTF-8 text: {e}") from None
+
+
+def jsonl_records(text: str, where: str) -> Iterator[Tuple[int, Any]]:
+    """``(line number, parsed JSON)`` for each non-empty line of JSONL text; a malformed line is a DoctorError
+    naming ``where`` (the file) and the line."""
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            yield n, json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DoctorError(f"{where}, line {n}: malformed JSON: {e}") from None
+
+
 def read_prompts(path: str, tokenizer=None, *, vocab_size: Optional[int] = None) -> List[List[int]]:
     """Prompts as lists of token ids.
 
@@ -111,11 +132,7 @@ def read_prompts(path: str, tokenizer=None, *, vocab_size: Optional[int] = None)
     per non-empty line. Strings need a tokenizer (the target's); token ids are checked against ``vocab_size``.
     """
     p = require_file(path, "prompts file")
-    try:
-        with open(p, "r", encoding="utf-8") as f:
-            text = f.read()
-    except UnicodeDecodeError as e:
-        raise DoctorError(f"prompts file {p}: not UTF-8 text: {e}") from None
+    text = read_text(p, f"prompts file {p}")
     entries: List[Any]
     if p.endswith(".json"):
         try:
@@ -130,13 +147,7 @@ def read_prompts(path: str, tokenizer=None, *, vocab_size: Optional[int] = None)
         entries = data
     elif p.endswith(".jsonl"):
         entries = []
-        for n, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                e = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DoctorError(f"prompts file {p}, line {n}: malformed JSON: {err}") from None
+        for n, e in jsonl_records(text, f"prompts file {p}"):
             if isinstance(e, dict):
                 for key in ("input_ids", "prompt", "text"):
                     if key in e:

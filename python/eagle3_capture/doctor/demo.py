@@ -73,14 +73,15 @@ def run_demo(out_dir: str = "eagle3-demo", fast: bool = False, device: str = "au
 def _run(out_dir: str, fast: bool, dev: str, seed: int, plot: bool, progress: bool,
          draft_seed: Optional[int] = None) -> DemoResult:
     from . import checks, fingerprint as fpmod
-    from .draft_model import DraftArch, save_draft
+    from .draft_checkpoint import save_draft
+    from .draft_model import DraftArch
     from .fingerprint import save_captured
     from .reference_dump import reference_tensors, write_reference
     from .target_model import Target, build_demo_target, demo_target_config_dict, greedy_continue, residual_stream
     from .train import TrainConfig, init_draft_from_target, train_draft
 
-    S = _settings(fast)
-    run = S["run"]
+    settings = _settings(fast)
+    run = settings["run"]
     t0 = time.perf_counter()
     timings: Dict[str, float] = {}
     os.makedirs(out_dir, exist_ok=True)
@@ -100,7 +101,7 @@ def _run(out_dir: str, fast: bool, dev: str, seed: int, plot: bool, progress: bo
     n_train, n_eval = run["train_prompts"], run["eval_prompts"]
     g = torch.Generator().manual_seed(seed + 1)
     prompts = torch.randint(2, V, (n_train + n_eval, P), generator=g).to(dev)
-    a, b, c = S["taps"]["a"], S["taps"]["b"], S["taps"]["c"]
+    a, b, c = settings["taps"]["a"], settings["taps"]["b"], settings["taps"]["c"]
     trained = TapSpec.from_draft_ids([-1, a, b], L, H)
     mis_inputs = [a + 1, b + 1, c + 1]
     miswired = TapSpec.from_layer_inputs(mis_inputs, L, H)
@@ -110,23 +111,24 @@ def _run(out_dir: str, fast: bool, dev: str, seed: int, plot: bool, progress: bo
     seq = _batched(lambda sl: greedy_continue(model, prompts[sl], N), len(prompts), 256)
 
     def stream(sl):
-        st, _, gr = residual_stream(model, seq[sl])
-        return st[:, :, keep].contiguous(), gr
+        states, _, greedy_ids = residual_stream(model, seq[sl])
+        return states[:, :, keep].contiguous(), greedy_ids
 
     stack, greedy = _batched(stream, len(seq), 256)
     lap("target")
 
     # -- the draft, trained on [Embedding, LayerOutput(a), LayerOutput(b)] -------------------------------------------
-    d = S["draft"]
+    draft_size = settings["draft"]
     arch = DraftArch(hidden_size=H, target_hidden_size=H, num_aux=3, vocab_size=V, draft_vocab_size=V,
-                     num_attention_heads=d["num_attention_heads"], num_key_value_heads=d["num_key_value_heads"],
-                     head_dim=d["head_dim"], intermediate_size=d["intermediate_size"],
+                     num_attention_heads=draft_size["num_attention_heads"],
+                     num_key_value_heads=draft_size["num_key_value_heads"], head_dim=draft_size["head_dim"],
+                     intermediate_size=draft_size["intermediate_size"],
                      rms_norm_eps=tcfg.get("rms_norm_eps", 1e-6), max_position_embeddings=P + N + 8,
                      layer_ids=[-1, a, b])
-    dseed = seed + 2 if draft_seed is None else draft_seed
-    draft = init_draft_from_target(arch, target, dseed).to(dev)
+    draft_init_seed = seed + 2 if draft_seed is None else draft_seed
+    draft = init_draft_from_target(arch, target, draft_init_seed).to(dev)
     tc = TrainConfig(iters=run["train_iters"], batch=run["train_batch"], steps=run["train_steps"], lr=run["lr"],
-                     seed=dseed + 1)
+                     seed=draft_init_seed + 1)
     bar = None
     if progress:
         from tqdm import tqdm
@@ -142,9 +144,10 @@ def _run(out_dir: str, fast: bool, dev: str, seed: int, plot: bool, progress: bo
 
     # -- offline accuracy on held-out prompts, correct vs miswired --------------------------------------------------
     steps = run["eval_steps"]
-    ev = slice(n_train, None)
-    c_ok = chain_correct(draft, stack[ev], seq[ev], greedy[ev], idx_ok, steps, first_anchor=P - 1)
-    c_mis = chain_correct(draft, stack[ev], seq[ev], greedy[ev], idx_mis, steps, first_anchor=P - 1)
+    eval_rows = slice(n_train, None)
+    eval_inputs = (stack[eval_rows], seq[eval_rows], greedy[eval_rows])
+    c_ok = chain_correct(draft, *eval_inputs, idx_ok, steps, first_anchor=P - 1)
+    c_mis = chain_correct(draft, *eval_inputs, idx_mis, steps, first_anchor=P - 1)
     m_ok, m_mis = metrics(c_ok.reshape(-1, steps)), metrics(c_mis.reshape(-1, steps))
     lap("evaluate")
 
@@ -153,7 +156,7 @@ def _run(out_dir: str, fast: bool, dev: str, seed: int, plot: bool, progress: bo
     _save_target(model, tdir)
     save_draft(draft.cpu(), ddir)
     draft.to(dev)
-    eval_prompts = prompts[ev].cpu().tolist()
+    eval_prompts = prompts[eval_rows].cpu().tolist()
     write_json(os.path.join(out_dir, "prompts.json"), eval_prompts)
     ref_prompts = eval_prompts[: run["reference_prompts"]]
     ref = reference_tensors(target, ref_prompts)
@@ -162,21 +165,21 @@ def _run(out_dir: str, fast: bool, dev: str, seed: int, plot: bool, progress: bo
     # the "server": the same weights in bfloat16, capturing at layer inputs
     served = build_demo_target(seed).to(dev, torch.bfloat16)
     ids = ref["input_ids"].to(dev)
-    sstack = torch.cat([residual_stream(served, torch.tensor([p], device=dev))[0][0] for p in ref_prompts], 0)
+    served_stack = torch.cat([residual_stream(served, torch.tensor([p], device=dev))[0][0] for p in ref_prompts], 0)
     del served
     cap_mis = os.path.join(out_dir, "captured_miswired.safetensors")
     cap_ok = os.path.join(out_dir, "captured_correct.safetensors")
-    save_captured(cap_mis, sstack[:, mis_inputs].reshape(len(ids), -1).float(), ids.cpu(),
+    save_captured(cap_mis, served_stack[:, mis_inputs].reshape(len(ids), -1).float(), ids.cpu(),
                   layers_to_capture=mis_inputs, num_layers=L, hidden_size=H,
                   source=f"demo server (bfloat16), layers_to_capture {mis_inputs}: miswired")
-    save_captured(cap_ok, sstack[:, [0, a + 1, b + 1]].reshape(len(ids), -1).float(), ids.cpu(),
+    save_captured(cap_ok, served_stack[:, [0, a + 1, b + 1]].reshape(len(ids), -1).float(), ids.cpu(),
                   layers_to_capture=[0, a + 1, b + 1],
                   draft_ids=[-1, a, b], num_layers=L, hidden_size=H,
                   source="demo server (bfloat16) with the eagle3-capture plugin")
     lap("artifacts")
 
     # -- check and fingerprint ----------------------------------------------------------------------------------------
-    flags_text = S["server_args"]
+    flags_text = settings["server_args"]
     rep = checks.run_check(os.path.join(tdir, "config.json"), os.path.join(ddir, "config.json"), flags_text,
                            ref_path, cap_mis)
     fp_ok = fpmod.fingerprint(ref_path, cap_ok, declared=trained, declared_source="the draft config")
@@ -184,21 +187,21 @@ def _run(out_dir: str, fast: bool, dev: str, seed: int, plot: bool, progress: bo
 
     # -- predicted accept lengths: tau, and the served figure (SGLang's loop replayed, as doctor accept does) ---------
     flags = parse_server_args(flags_text)
-    res = resolve_speculative(flags, "DeepseekV3ForCausalLM")
+    resolved = resolve_speculative(flags, "DeepseekV3ForCausalLM")
     default = resolve_speculative(parse_server_args(""), "DeepseekV3ForCausalLM")
     taus = {
-        "correct": (m_ok.tau(res.steps), m_ok.tau(default.steps), m_ok.tau(steps)),
-        "miswired": (m_mis.tau(res.steps), m_mis.tau(default.steps), m_mis.tau(steps)),
+        "correct": (m_ok.tau(resolved.steps), m_ok.tau(default.steps), m_ok.tau(steps)),
+        "miswired": (m_mis.tau(resolved.steps), m_mis.tau(default.steps), m_mis.tau(steps)),
     }
     served = {}
     for name, spec in (("correct", trained), ("miswired", miswired)):
         served[name] = tuple(total(served_walks(evaluate(target, draft, eval_prompts, spec, r.steps, N, r, 256, dev,
-                                                         progress=False), N)) for r in (res, default))
+                                                         progress=False), N)) for r in (resolved, default))
     lap("served")
 
     # -- verdict ----------------------------------------------------------------------------------------------------
     failures = []
-    margin = S["assert"]["min_step1_margin"]
+    margin = settings["assert"]["min_step1_margin"]
     gap = m_ok.teacher_forced[0] - m_mis.teacher_forced[0]
     if gap < margin:
         failures.append(f"step-1 accuracy, correct {m_ok.teacher_forced[0]:.3f} vs miswired "
@@ -219,21 +222,21 @@ def _run(out_dir: str, fast: bool, dev: str, seed: int, plot: bool, progress: bo
         from .plots import accuracy_plot
 
         png = os.path.join(out_dir, "accuracy.png")
-        d = default
+        sglang_defaults = f"{default.steps}/{default.topk}/{default.draft_tokens}"
         accuracy_plot(png, {f"correct capture {list(trained.taps)}": m_ok,
                             f"miswired capture {list(miswired.taps)}": m_mis},
                       "EAGLE-3 demo draft: offline accuracy per draft step (held-out prompts)",
                       {f"correct capture {list(trained.taps)}":
                        f"served accept length {served['correct'][1].served_accept_length:.2f}, "
-                       f"tau {taus['correct'][1]:.2f} at SGLang's {d.steps}/{d.topk}/{d.draft_tokens}",
+                       f"tau {taus['correct'][1]:.2f} at SGLang's {sglang_defaults}",
                        f"miswired capture {list(miswired.taps)}":
                        f"served accept length {served['miswired'][1].served_accept_length:.2f}, "
-                       f"tau {taus['miswired'][1]:.2f} at SGLang's {d.steps}/{d.topk}/{d.draft_tokens}"})
+                       f"tau {taus['miswired'][1]:.2f} at SGLang's {sglang_defaults}"})
         lap("plot")
-    text = _report(S, trained, miswired, m_ok, m_mis, taus, served, res, default, rep, fp_ok, log, timings, out_dir,
-                   fast, dev, failures, notes)
+    text = _report(settings, trained, miswired, m_ok, m_mis, taus, served, resolved, default, rep, fp_ok, log,
+                   timings, out_dir, fast, dev, failures, notes)
     write_json(os.path.join(out_dir, "report.json"), {
-        "fast": fast, "device": dev, "seed": seed, "settings": S,
+        "fast": fast, "device": dev, "seed": seed, "settings": settings,
         "trained_taps": [repr(t) for t in trained.taps], "miswired_taps": [repr(t) for t in miswired.taps],
         "correct": m_ok.to_json(), "miswired": m_mis.to_json(),
         "tau": {k: {"server_flags": v[0], "sglang_defaults": v[1], f"chain_{steps}": v[2]} for k, v in taus.items()},
@@ -244,7 +247,7 @@ def _run(out_dir: str, fast: bool, dev: str, seed: int, plot: bool, progress: bo
     with open(os.path.join(out_dir, "report.txt"), "w", encoding="utf-8") as f:
         f.write(text + "\n")
     return DemoResult(not failures, text, m_ok, m_mis, trained, list(miswired.taps), rep, fp_ok, out_dir, timings,
-                      S, log, failures)
+                      settings, log, failures)
 
 
 def _have_matplotlib() -> bool:

@@ -4,7 +4,7 @@ The reference (``doctor dump-reference``) holds, for some tokens, every residual
 training side computed it: the HF ``hidden_states`` stack (index h: 0 = embedding output, h = k+1 = output of
 layer k; the last entry h = L is post-final-norm in most models) plus the final boundary LayerOutput(L-1) taken
 before the final norm. The captured file holds what a server packed for the same tokens: ``aux`` [T, K*H]
-(file formats: :mod:`.fingerprint_files`).
+(file formats: :mod:`.fingerprint_files`; the cosine sums: :mod:`.cosine_table`).
 
 For every slot and every reference column the table gives the mean over tokens of the cosine similarity; the
 column a slot matches names the tap the server really captured, whatever its config says. A one-layer shift
@@ -24,172 +24,17 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from ..spec import EMBEDDING, Finding, LayerOutput, TapError, TapSpec, compare_taps
+from ..findings import Finding, compare_taps
+from ..spec import EMBEDDING, LayerOutput, TapError, TapSpec
 from .common import DoctorError, fmt_table
+from .cosine_table import SlotRows, align_rows, row_findings, slot_rows, stream_cosines
 from .fingerprint_files import (
-    CAPTURE_FORMAT, POST_NORM, REFERENCE_FORMAT, Captured, Reference, column_label, load_captured, load_reference,
-    save_captured, short_label,
+    CAPTURE_FORMAT, POST_NORM, REFERENCE_FORMAT, Captured, Reference, load_captured, load_reference, save_captured,
+    short_label,
 )
 
 DEFAULT_MIN_COS = 0.95     # below this, a slot matches nothing in the reference
 DEFAULT_AMBIGUOUS = 0.005  # best - second best below this: the match is not trustworthy
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# alignment and the table
-# ----------------------------------------------------------------------------------------------------------------
-
-def _align(ref: Reference, cap: Captured) -> Tuple[int, str]:
-    """Start row in the reference of the captured rows, or DoctorError."""
-    Tc, T = cap.aux.shape[0], ref.num_tokens
-    if cap.input_ids is None:
-        if Tc != T:
-            raise DoctorError(f"captured {cap.path}: mismatched token counts: it has T={Tc} rows and no input_ids, "
-                              f"the reference {ref.path} has T={T} tokens; without token ids the rows must be the "
-                              "same tokens")
-        return 0, "no input_ids in the capture: rows assumed to be the reference's tokens"
-    if cap.input_ids.numel() != Tc:
-        raise DoctorError(f"captured {cap.path}: input_ids has {cap.input_ids.numel()} tokens but aux has {Tc} rows")
-    if Tc == 0:
-        raise DoctorError(f"captured {cap.path}: no rows")
-    if Tc > T:
-        raise DoctorError(f"captured {cap.path}: mismatched token counts: {Tc} captured tokens, but the reference "
-                          f"{ref.path} has only {T}; dump the reference for the same prompts")
-    r, c = ref.input_ids, cap.input_ids
-    starts = [s for s in range(T - Tc + 1) if torch.equal(r[s:s + Tc], c)]
-    if not starts:
-        same_len = " (same count, different tokens)" if Tc == T else ""
-        raise DoctorError(f"captured {cap.path}: its {Tc} tokens{same_len} do not occur as a run in the reference's "
-                          f"{T} tokens (first captured ids {c[:8].tolist()}, first reference ids "
-                          f"{r[:8].tolist()}); dump the reference for the prompts the server captured")
-    if len(starts) > 1 and cap.positions is not None and ref.positions is not None:
-        exact = [s for s in starts if torch.equal(ref.positions[s:s + Tc], cap.positions)]
-        starts = exact or starts
-    note = "" if starts[0] == 0 and Tc == T else f"rows {starts[0]}..{starts[0] + Tc - 1} of the reference"
-    return starts[0], note
-
-
-@dataclass
-class _Record:
-    """One aligned capture: its normalised slots and which of its rows can be compared."""
-
-    cap: Captured
-    start: int                     # row of the reference where its rows begin
-    normed: torch.Tensor           # [K, Tc, H] float32, unit rows (rows that are not valid: zero)
-    valid: torch.Tensor            # [K, Tc] bool: finite and not all zero
-    nonfinite: torch.Tensor        # [K, Tc] bool
-    zero: torch.Tensor             # [K, Tc] bool
-
-
-def _unit_rows(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(rows scaled to unit length as float32, finite [T], norm [T] float64) of x [T, H]; rows that are not finite
-    or all zero come back as zeros. The norm accumulates in float64 (a finite float32 row cannot overflow it), so a
-    row is finite exactly when its norm is, and no float64 copy of x is made."""
-    norm = torch.linalg.vector_norm(x, dim=-1, dtype=torch.float64)
-    finite = torch.isfinite(norm)
-    x = x.float()
-    if not bool(finite.all()):
-        x = torch.where(finite[:, None], x, torch.zeros((), dtype=x.dtype))
-        norm = torch.where(finite, norm, torch.zeros((), dtype=norm.dtype))
-    scale = torch.where(norm > 0, 1.0 / norm.clamp_min(1e-300), torch.zeros((), dtype=norm.dtype))
-    return x * scale.float()[:, None], finite, norm
-
-
-def _record(cap: Captured, start: int, K: int, H: int) -> _Record:
-    Tc = cap.aux.shape[0]
-    normed = torch.empty(K, Tc, H, dtype=torch.float32)
-    valid, nonfinite, zero = (torch.empty(K, Tc, dtype=torch.bool) for _ in range(3))
-    for k in range(K):  # one slot at a time: the temporaries stay one slot large
-        normed[k], finite, norm = _unit_rows(cap.aux[:, k * H:(k + 1) * H])
-        valid[k], nonfinite[k], zero[k] = finite & (norm > 0), ~finite, finite & (norm == 0)
-    return _Record(cap, start, normed, valid, nonfinite, zero)
-
-
-@dataclass
-class _Table:
-    cos_sum: torch.Tensor          # [K, C] float64
-    used: torch.Tensor             # [K, C] int64: rows compared
-    ref_nonfinite: List[int]       # per column: reference rows with a NaN or Inf
-    ref_zero: torch.Tensor         # [C, T] bool: all-zero reference rows
-
-
-def _stream_table(ref: Reference, records: List[_Record], K: int) -> _Table:
-    """Sums of cosines and row counts per (slot, column), reading the reference one column at a time. The dot
-    products of unit rows are float32 (error ~1e-6, far below the 0.005 that separates neighbouring layers), their
-    sums over rows float64."""
-    C, T = len(ref.columns), ref.num_tokens
-    cos_sum = torch.zeros(K, C, dtype=torch.float64)
-    used = torch.zeros(K, C, dtype=torch.int64)
-    ref_nonfinite = [0] * C
-    ref_zero = torch.zeros(C, T, dtype=torch.bool)
-    for c in range(C):
-        unit, finite, norm = _unit_rows(ref.column(c))
-        rvalid = finite & (norm > 0)
-        ref_nonfinite[c] = int((~finite).sum())
-        ref_zero[c] = finite & (norm == 0)
-        for rec in records:
-            Tc = rec.valid.shape[1]
-            rows = unit[rec.start:rec.start + Tc]
-            rv = rvalid[rec.start:rec.start + Tc]
-            cos = torch.einsum("kth,th->kt", rec.normed, rows).double()     # [K, Tc]
-            both = rec.valid & rv[None]
-            cos_sum[:, c] += torch.where(both, cos, torch.zeros((), dtype=cos.dtype)).sum(-1)
-            used[:, c] += both.sum(-1)
-        del unit
-    return _Table(cos_sum, used, ref_nonfinite, ref_zero)
-
-
-def _row_findings(ref: Reference, records: List[_Record], table: _Table, best: List[int], K: int
-                  ) -> Tuple[List[Finding], List[str]]:
-    """Findings for captured rows that are not finite or are all zero, and for a reference that is not finite."""
-    out, notes = [], []
-    total = sum(r.valid.shape[1] for r in records)
-    for k in range(K):
-        nf = sum(int(r.nonfinite[k].sum()) for r in records)
-        if nf:
-            first = next((r, int(r.nonfinite[k].nonzero()[0])) for r in records if r.nonfinite[k].any())
-            out.append(Finding(
-                "error", "fingerprint-nonfinite-rows",
-                f"captured slot {k}: {nf} of {total} rows hold NaN or Inf (first: {os.path.basename(first[0].cap.path)}"
-                f" row {first[1]}); they are left out of the cosines: a capture that is not finite is broken, "
-                "whatever tap it holds",
-                "find where the served model or the capture produces non-finite values (dtype overflow, an "
-                "uninitialised buffer)"))
-        # all-zero rows: a fault unless the reference row the slot matches is all zero too (a padding embedding)
-        unexplained, explained, first = 0, 0, None
-        for r in records:
-            rows = r.zero[k].nonzero().flatten()
-            if rows.numel() == 0:
-                continue
-            ref_zero = table.ref_zero[best[k], r.start + rows]
-            explained += int(ref_zero.sum())
-            bad = rows[~ref_zero]
-            unexplained += int(bad.numel())
-            if first is None and bad.numel():
-                first = (r, int(bad[0]))
-        if unexplained:
-            out.append(Finding(
-                "error", "fingerprint-zero-rows",
-                f"captured slot {k}: {unexplained} of {total} rows are all zero where the reference's "
-                f"{ref.labels[best[k]]} is not (first: {os.path.basename(first[0].cap.path)} row {first[1]}); "
-                "they are left out of the cosines: those rows were not captured",
-                "check that every tap is written for every token (a slot the capture skips keeps the buffer's "
-                "zeros)"))
-        if explained:
-            notes.append(f"slot {k}: {explained} all-zero row(s) where the reference's {ref.labels[best[k]]} is all "
-                         "zero too (left out of the cosines)")
-        if int(table.used[k].max()) == 0:
-            out.append(Finding("error", "fingerprint-no-rows",
-                               f"captured slot {k}: none of its {total} rows can be compared (non-finite or all "
-                               "zero): nothing is known about the tap it holds",
-                               "dump a capture with finite, non-zero rows"))
-    for c, n in enumerate(table.ref_nonfinite):
-        if n:
-            out.append(Finding("error", "fingerprint-reference-nonfinite",
-                               f"reference {ref.path}: {ref.labels[c]} has {n} of {ref.num_tokens} rows with NaN or "
-                               "Inf; they are left out of the cosines",
-                               "dump the reference again (in float32)"))
-    return out, notes
 
 
 @dataclass
@@ -291,7 +136,7 @@ def fingerprint(reference: str, captured: str, declared: Optional[TapSpec] = Non
     caps = load_captured(captured)
     L, H = ref.num_layers, ref.hidden_size
     K = None
-    aligned: List[_Record] = []
+    aligned: List[SlotRows] = []
     records, notes = [], []
     skipped = []
     served = None
@@ -308,7 +153,7 @@ def fingerprint(reference: str, captured: str, declared: Optional[TapSpec] = Non
         if K is not None and W // H != K:
             raise DoctorError(f"captured {cap.path}: K={W // H} slots, earlier records have K={K}")
         try:
-            start, note = _align(ref, cap)
+            start, note = align_rows(ref, cap)
         except DoctorError as e:
             if len(caps) == 1:
                 raise
@@ -317,7 +162,7 @@ def fingerprint(reference: str, captured: str, declared: Optional[TapSpec] = Non
         K = W // H
         if note:
             notes.append(f"{os.path.basename(cap.path)}: {note}")
-        aligned.append(_record(cap, start, K, H))
+        aligned.append(slot_rows(cap, start, K, H))
         records.append(cap.path)
         if declared is None:
             d, sv, src = _declared_from_record(cap, L, H)
@@ -334,7 +179,7 @@ def fingerprint(reference: str, captured: str, declared: Optional[TapSpec] = Non
                           + "; ".join(skipped[:3]))
     if skipped:
         notes.append(f"{len(skipped)} dump(s) skipped (tokens not in the reference)")
-    table = _stream_table(ref, aligned, K)
+    table = stream_cosines(ref, aligned, K)
     cos = torch.where(table.used > 0, table.cos_sum / table.used.clamp_min(1), torch.full((), float("nan"),
                                                                                             dtype=torch.float64))
     order_key = cos.nan_to_num(nan=-math.inf)
@@ -345,11 +190,11 @@ def fingerprint(reference: str, captured: str, declared: Optional[TapSpec] = Non
         dc = dcols[s] if dcols is not None and s < len(dcols) else None
         matches.append(SlotMatch(s, best, float(cos[s, best]), second, float(cos[s, second]), dc,
                                  None if dc is None else float(cos[s, dc])))
-    row_findings, row_notes = _row_findings(ref, aligned, table, [m.best for m in matches], K)
+    bad_rows, row_notes = row_findings(ref, aligned, table, [m.best for m in matches], K)
     res = FingerprintResult(ref, cos.float(), sum(r.valid.shape[1] for r in aligned), records, notes + row_notes,
                             declared, declared_source, served, matches, min_cos=min_cos,
                             rows_used=[int(table.used[m.slot, m.best]) for m in matches])
-    res.findings = row_findings + _findings(res, ambiguous)
+    res.findings = bad_rows + _findings(res, ambiguous)
     return res
 
 

@@ -28,7 +28,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .common import DoctorError, read_prompts, write_json
+from .common import DoctorError, jsonl_records, read_prompts, read_text, require_file, write_json
 from .serving import Served, step_acceptance, total
 
 DUMP_HINT = "run the server with EAGLE3_CAPTURE_DUMP=<dir> and `eagle3-capture doctor fingerprint`"
@@ -85,23 +85,10 @@ def parse_response(obj, what: str, input_ids: Optional[List[int]] = None) -> Res
 
 
 def read_recorded(path: str) -> List[Response]:
-    from .common import require_file
-
+    """Recorded /generate responses, one JSON object a line."""
     p = require_file(path, "--server recorded responses")
-    out = []
-    try:
-        with open(p, "r", encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except UnicodeDecodeError as e:
-        raise DoctorError(f"--server {p}: not UTF-8 text: {e}") from None
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DoctorError(f"--server {p}, line {n}: malformed JSON: {e}") from None
-        out.append(parse_response(obj, f"--server {p}, line {n}"))
+    out = [parse_response(obj, f"--server {p}, line {n}")
+           for n, obj in jsonl_records(read_text(p, f"--server {p}"), f"--server {p}")]
     if not out:
         raise DoctorError(f"--server {p}: no responses in it")
     return out

@@ -38,7 +38,8 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-from ..spec import Finding, TapSpec
+from ..findings import Finding
+from ..spec import TapSpec
 from .common import DoctorError
 
 # architectures -> SGLang 0.5.23 _auto_choose_speculative_params (steps, topk, draft tokens)

@@ -26,7 +26,7 @@ import torch
 
 from .switches import logger
 
-T_PACKER_APPEND = "sglang.srt.layers.aux_hidden_states.AuxHiddenStatePacker.append"
+PACKER_APPEND_PATH = "sglang.srt.layers.aux_hidden_states.AuxHiddenStatePacker.append"
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _ops = None
@@ -83,4 +83,4 @@ def packer_append_hook(original, self, hidden):
     return original(self, hidden)
 
 
-__all__ = ["T_PACKER_APPEND", "packer_append_hook", "write_slot", "load_ops"]
+__all__ = ["PACKER_APPEND_PATH", "packer_append_hook", "write_slot", "load_ops"]

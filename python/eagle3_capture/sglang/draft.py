@@ -29,31 +29,44 @@ from typing import Callable, List, Optional, Tuple
 
 import torch
 
+from . import switches
 from .switches import logger
 
-T_MLA_FORWARD = "sglang.srt.models.kimi_k25_eagle3.Eagle3MLAModel.forward"
-T_LLAMA_FORWARD = "sglang.srt.models.llama_eagle3.LlamaModel.forward"
+MLA_DRAFT_FORWARD_PATH = "sglang.srt.models.kimi_k25_eagle3.Eagle3MLAModel.forward"
+LLAMA_DRAFT_FORWARD_PATH = "sglang.srt.models.llama_eagle3.LlamaModel.forward"
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _fallback_logged = set()
 _CACHE_ATTR = "_eagle3_capture_fc_norm_stack"
 
 
-def unavailable() -> Optional[str]:
-    """Why the draft fc hooks cannot be installed here (None if they can)."""
-    try:
-        from .. import ops
-    except Exception as e:
-        return f"the extension does not load: {e}"
-    if not hasattr(ops, "draft_fc"):
-        return "this build of eagle3_capture has no ops.draft_fc"
-    return None
-
-
 def _ops():
     from .. import ops
 
     return ops
+
+
+def _tp():
+    from .. import tp
+
+    return tp
+
+
+def _import_problem(load: Callable[[], object], what: str) -> Optional[str]:
+    """None when ``load()`` (a module's lazy import) succeeds, else ``"<what>: <its error>"``."""
+    try:
+        load()
+    except Exception as e:
+        return f"{what}: {e}"
+    return None
+
+
+def unavailable() -> Optional[str]:
+    """Why the draft fc hooks cannot be installed here (None if they can)."""
+    problem = _import_problem(_ops, "the extension does not load")
+    if problem is None and not hasattr(_ops(), "draft_fc"):
+        return "this build of eagle3_capture has no ops.draft_fc"
+    return problem
 
 
 def _backends():
@@ -220,11 +233,8 @@ _GATHER_OFF = "off"
 
 
 def gather_unavailable() -> Optional[str]:
-    try:
-        from .. import tp  # noqa: F401
-    except Exception as e:
-        return f"eagle3_capture.tp does not import: {e}"
-    return None
+    """Why the project's column-shard gather cannot be used here (None if it can)."""
+    return _import_problem(_tp, "eagle3_capture.tp does not import")
 
 
 def _max_rows() -> int:
@@ -248,8 +258,6 @@ def gather_columns(model, fc, y: torch.Tensor) -> torch.Tensor:
     for more rows than the gatherer holds, or while a CUDA graph is being captured before the gatherer exists
     (building it is collective and cannot run inside a capture). Every TP rank runs the same batch, so every rank
     takes the same branch."""
-    from . import switches
-
     group = getattr(fc, "tp_group", None)
     world = int(getattr(group, "world_size", 1) or 1)
     if world <= 1 or not switches.enabled(switches.GATHER) or y.dim() != 2:
@@ -268,16 +276,15 @@ def gather_columns(model, fc, y: torch.Tensor) -> torch.Tensor:
 
 
 def _build_gatherer(model, group, y: torch.Tensor, world: int):
-    from ..tp import COLUMNS, PackedGatherer
-
+    tp = _tp()
     pg = getattr(group, "device_group", None)
     if pg is None:
         logger.warning("eagle3_capture: %s: TP group without a device group; the fc gather stays SGLang's",
                        type(model).__name__)
         return _GATHER_OFF
     try:
-        g = PackedGatherer(pg, num_taps=1, hidden_size=int(y.shape[1]) * world, dtype=y.dtype,
-                           max_rows_per_rank=_max_rows(), device=y.device, layout=COLUMNS)
+        g = tp.PackedGatherer(pg, num_taps=1, hidden_size=int(y.shape[1]) * world, dtype=y.dtype,
+                              max_rows_per_rank=_max_rows(), device=y.device, layout=tp.COLUMNS)
     except Exception as e:  # raised on every rank alike (its checks are collective)
         logger.warning("eagle3_capture: %s: the project's gatherer could not be set up (%s); the fc gather stays "
                        "SGLang's", type(model).__name__, e)
@@ -311,9 +318,9 @@ mla_forward_hook = _fc_forward_hook(_mla_fc)
 llama_forward_hook = _fc_forward_hook(_llama_fc)
 
 HOOKS: List[Tuple[str, Callable]] = [
-    (T_MLA_FORWARD, mla_forward_hook),
-    (T_LLAMA_FORWARD, llama_forward_hook),
+    (MLA_DRAFT_FORWARD_PATH, mla_forward_hook),
+    (LLAMA_DRAFT_FORWARD_PATH, llama_forward_hook),
 ]
 
-__all__ = ["T_MLA_FORWARD", "T_LLAMA_FORWARD", "HOOKS", "unavailable", "gather_unavailable", "fused_fc",
+__all__ = ["MLA_DRAFT_FORWARD_PATH", "LLAMA_DRAFT_FORWARD_PATH", "HOOKS", "unavailable", "gather_unavailable", "fused_fc",
            "gather_columns", "mla_forward_hook", "llama_forward_hook"]

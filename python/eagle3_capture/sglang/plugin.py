@@ -4,38 +4,39 @@ scheduler process) runs :func:`register`, which registers AROUND hooks in SGLang
 them right after. Nothing is patched outside the registry.
 
 SGLang only *logs* a hook it could not apply, so the plugin checks its own hooks when it reports
-(:func:`hook_status`), and the model-load log line says which are really in place.
+(:func:`hook_status`, through hook_chain.py), and the model-load log line (written by target.py, with the status
+text register() hands it) says which are really in place.
 """
 from __future__ import annotations
 
-import pkgutil
 from typing import Callable, Dict, List, Optional, Tuple
 
 from . import capture, draft, switches, target
+from .hook_chain import hook_path_in_place
 from .switches import logger
 
 # hook group (the EAGLE3_CAPTURE_DISABLE name) -> [(dotted target, hook function)]
 HOOKS: Dict[str, List[Tuple[str, Callable]]] = {
     switches.TAPS: [
-        (target.T_RESOLVE, target.resolve_eagle_aux_hidden_state_hook),
-        (target.T_SET_LAYERS, target.set_eagle3_layers_to_capture_hook),
+        (target.RESOLVE_AUX_IDS_PATH, target.resolve_eagle_aux_hidden_state_hook),
+        (target.SET_LAYERS_TO_CAPTURE_PATH, target.set_eagle3_layers_to_capture_hook),
     ],
     switches.FINAL_BOUNDARY: [
-        (target.T_MODEL_FORWARD, target.model_forward_hook),
-        (target.T_PACKER_INIT, target.packer_init_hook),
-        (target.T_FINAL_NORM, target.final_norm_hook),
-        (target.T_COMPLETE_OUTPUT, target.complete_output_hook),
+        (target.MODEL_FORWARD_PATH, target.model_forward_hook),
+        (target.PACKER_INIT_PATH, target.packer_init_hook),
+        (target.FINAL_NORM_PATH, target.final_norm_hook),
+        (target.COMPLETE_OUTPUT_PATH, target.complete_output_hook),
     ],
     switches.CAPTURE: [
-        (capture.T_PACKER_APPEND, capture.packer_append_hook),
+        (capture.PACKER_APPEND_PATH, capture.packer_append_hook),
     ],
     switches.DRAFT_FC: draft.HOOKS,
     # no hook of its own: used inside the draft fc hooks, for the column-shard gather at TP > 1
     switches.GATHER: [],
     # the declaration (also read with the taps hook off) and the forward whose output it checks
     switches.SELFTEST: [
-        (target.T_RESOLVE, target.resolve_eagle_aux_hidden_state_hook),
-        (target.T_MODEL_FORWARD, target.model_forward_hook),
+        (target.RESOLVE_AUX_IDS_PATH, target.resolve_eagle_aux_hidden_state_hook),
+        (target.MODEL_FORWARD_PATH, target.model_forward_hook),
     ],
 }
 
@@ -78,6 +79,7 @@ def register() -> None:
 
     registered.clear()
     skipped.clear()
+    target.report_hook_status_with(_status_text)  # the startup line at model load says which hooks are in place
     disabled = switches.disabled_hooks()  # raises on an unknown name: SGLang logs it and nothing is installed
     switches.selftest_raises()  # likewise for a bad EAGLE3_CAPTURE_SELFTEST
     for group in switches.HOOKS:
@@ -107,39 +109,6 @@ def register() -> None:
 # Is a hook really in place?
 # ----------------------------------------------------------------------------------------------------------------
 
-def _chain_has(fn_obj, hook: Callable) -> bool:
-    """Whether `hook` is in the HookRegistry wrapper chain of `fn_obj` (each wrapper keeps its hook in its
-    closure and the wrapped function in __wrapped__)."""
-    seen = 0
-    f = getattr(fn_obj, "__func__", fn_obj)
-    while f is not None and seen < 64:
-        for cell in getattr(f, "__closure__", None) or ():
-            try:
-                if cell.cell_contents is hook:
-                    return True
-            except ValueError:  # empty cell
-                pass
-        f = getattr(f, "__wrapped__", None)
-        seen += 1
-    return False
-
-
-def hook_in_place(obj, attr: str, hook: Callable) -> bool:
-    try:
-        return _chain_has(getattr(obj, attr), hook)
-    except AttributeError:
-        return False
-
-
-def hook_path_in_place(path: str, hook: Callable) -> bool:
-    obj_path, attr = path.rsplit(".", 1)
-    try:
-        obj = pkgutil.resolve_name(obj_path)
-    except Exception:
-        return False
-    return hook_in_place(obj, attr, hook)
-
-
 def hook_status() -> Dict[str, str]:
     """Per hook group: 'on' (every target hooked), 'off (<why>)', or 'NOT APPLIED (<targets>)'."""
     out = {}
@@ -160,12 +129,4 @@ def _status_text(pending: bool = False) -> str:
     return "hooks: " + " ".join(parts) + f" (turn off with {switches.ENV_DISABLE}=<names>)"
 
 
-def log_installed(resolution) -> str:
-    """The startup line, at model load: model class, taps in every convention, layers_to_capture, hooks."""
-    line = f"eagle3_capture: {target.describe_resolution(resolution)}; {_status_text()}"
-    switches.announce("info", line)
-    return line
-
-
-__all__ = ["register", "HOOKS", "registered", "skipped", "plan", "hook_in_place", "hook_path_in_place",
-           "hook_status", "log_installed"]
+__all__ = ["register", "HOOKS", "registered", "skipped", "plan", "hook_status"]

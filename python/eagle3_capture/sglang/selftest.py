@@ -92,7 +92,7 @@ def check(model, spec: Optional[TapSpec], input_ids, forward_batch, out) -> Opti
         declared, source = _declared(model, spec)
     except (TapError, ValueError) as e:
         return _skip(f"the declared taps cannot be read ({e})")
-    held = list(getattr(model, "layers_to_capture", []))  # what the capture loop was told to take, slot by slot
+    slot_inputs = list(getattr(model, "layers_to_capture", []))  # the layer input each slot is told to take
     H = int(model.config.hidden_size)
     K = aux.shape[1] // H if H else 0
     if H == 0 or aux.shape[1] != K * H:
@@ -116,7 +116,7 @@ def check(model, spec: Optional[TapSpec], input_ids, forward_batch, out) -> Opti
             bad = int((diff > 0).any(-1).sum())
             problems.append(f"slot {emb_slot} should hold Embedding (declared by {source}) but differs from the "
                             f"embedding of the batch's input ids in {bad} of {rows} rows (max |diff| "
-                            f"{float(diff.max()):.4g}); the slot holds {_held(held, emb_slot)}")
+                            f"{float(diff.max()):.4g}); the slot holds {_slot_source(slot_inputs, emb_slot)}")
     for i in range(K):
         for j in range(i + 1, K):
             if torch.equal(aux[:, i * H:(i + 1) * H], aux[:, j * H:(j + 1) * H]):
@@ -131,10 +131,11 @@ def check(model, spec: Optional[TapSpec], input_ids, forward_batch, out) -> Opti
     return line
 
 
-def _held(held: List, slot: int) -> str:
-    if slot >= len(held):
+def _slot_source(slot_inputs: List, slot: int) -> str:
+    """What the capture loop was told to put in `slot`, in words."""
+    if slot >= len(slot_inputs):
         return "nothing the capture names"
-    i = held[slot]
+    i = slot_inputs[slot]
     return "layer input 0 (the embedding)" if i == 0 else f"layer input {i} (LayerOutput({i - 1}))"
 
 

@@ -27,22 +27,24 @@ from __future__ import annotations
 import contextvars
 import threading
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 from .. import configs as _configs
-from ..spec import DRAFT_IDS, TapError, TapSpec, sglang_0523_native_capture
-from . import selftest, switches
+from ..sglang_rules import sglang_0523_native_capture
+from ..spec import DRAFT_IDS, TapError, TapSpec
+from . import dump, selftest, switches
 from .declaration import DraftDeclaration, current_declaration, set_declaration
+from .hook_chain import hook_in_place, hook_path_in_place
 from .switches import logger
 
 # Dotted paths of the hooked SGLang 0.5.23 attributes.
-T_RESOLVE = ("sglang.srt.model_executor.model_runner_components.spec_aux_hidden_state."
-             "_resolve_eagle_aux_hidden_state")
-T_SET_LAYERS = "sglang.srt.models.deepseek_v2.DeepseekV2ForCausalLM.set_eagle3_layers_to_capture"
-T_MODEL_FORWARD = "sglang.srt.models.deepseek_v2.DeepseekV2Model.forward"
-T_PACKER_INIT = "sglang.srt.layers.aux_hidden_states.AuxHiddenStatePacker.__init__"
-T_FINAL_NORM = "sglang.srt.layers.layer_boundary.residual.batch.final_norm"
-T_COMPLETE_OUTPUT = "sglang.srt.layers.layer_boundary.residual.batch.complete_output"
+RESOLVE_AUX_IDS_PATH = ("sglang.srt.model_executor.model_runner_components.spec_aux_hidden_state."
+                        "_resolve_eagle_aux_hidden_state")
+SET_LAYERS_TO_CAPTURE_PATH = "sglang.srt.models.deepseek_v2.DeepseekV2ForCausalLM.set_eagle3_layers_to_capture"
+MODEL_FORWARD_PATH = "sglang.srt.models.deepseek_v2.DeepseekV2Model.forward"
+PACKER_INIT_PATH = "sglang.srt.layers.aux_hidden_states.AuxHiddenStatePacker.__init__"
+FINAL_NORM_PATH = "sglang.srt.layers.layer_boundary.residual.batch.final_norm"
+COMPLETE_OUTPUT_PATH = "sglang.srt.layers.layer_boundary.residual.batch.complete_output"
 
 # Attribute set on the DeepseekV2Model instance by the taps hook (read by the forward hook and by tests).
 SPEC_ATTR = "_eagle3_capture_spec"
@@ -155,18 +157,16 @@ def _ids_and_convention(layer_ids, model, L: int, H: int):
 
 def _final_boundary_supported(model) -> Optional[str]:
     """None if this model's final boundary can be captured, else why not."""
-    from . import plugin
-
     if not switches.enabled(switches.FINAL_BOUNDARY):
         return f"its capture hook is turned off ({switches.ENV_DISABLE} includes '{switches.FINAL_BOUNDARY}')"
     inner = getattr(model, "model", None)
     if inner is None:
         return "the model has no .model to hook"
-    if not plugin.hook_in_place(type(inner), "forward", model_forward_hook):
+    if not hook_in_place(type(inner), "forward", model_forward_hook):
         return (f"{type(inner).__name__}.forward does not run through this plugin's DeepseekV2Model.forward "
                 "hook (not applied, or overridden by a subclass)")
-    for path, fn in ((T_PACKER_INIT, packer_init_hook), (T_FINAL_NORM, final_norm_hook)):
-        if not plugin.hook_path_in_place(path, fn):
+    for path, fn in ((PACKER_INIT_PATH, packer_init_hook), (FINAL_NORM_PATH, final_norm_hook)):
+        if not hook_path_in_place(path, fn):
             return f"the hook on {path} is not in place"
     return None
 
@@ -218,12 +218,23 @@ def _native_note(spec: TapSpec, sglang_ids) -> str:
     return txt + (f", then fail: {nat.error}" if nat.error else "")
 
 
-def _record(r: ResolvedTaps) -> None:
-    from . import plugin
+# The "hooks: ..." part of the startup line (which hook groups are really in place), handed down by the entry
+# point's register(), which owns the hook table; these hooks run only once register() has installed them.
+_hook_status_text: Callable[[], str] = lambda: "hooks: not registered"
 
+
+def report_hook_status_with(status_text: Callable[[], str]) -> None:
+    """Set the function that gives the startup line's hook status (called by plugin.register())."""
+    global _hook_status_text
+    _hook_status_text = status_text
+
+
+def _record(r: ResolvedTaps) -> None:
+    """Keep a resolution and log the startup line: model class, taps in every convention, layers_to_capture,
+    hooks."""
     with _resolved_lock:
         _resolved.append(r)
-    plugin.log_installed(r)
+    switches.announce("info", f"eagle3_capture: {describe_resolution(r)}; {_hook_status_text()}")
 
 
 def describe_resolution(r: ResolvedTaps) -> str:
@@ -256,8 +267,6 @@ _scope: contextvars.ContextVar[Optional[_FinalScope]] = contextvars.ContextVar("
 def model_forward_hook(original, self, input_ids, positions, forward_batch, *args, **kwargs):
     """AROUND ``DeepseekV2Model.forward``: a final-boundary scope when this model declared that tap, the capture
     self-test on the first capturing forward, and the capture dump when it is switched on."""
-    from . import dump
-
     spec = getattr(self, SPEC_ATTR, None)
     want_final = (spec is not None and spec.includes_final_boundary and self.pp_group.is_last_rank
                   and switches.enabled(switches.FINAL_BOUNDARY))
@@ -330,8 +339,9 @@ def complete_output_hook(original, hidden_states, forward_batch, *args, **kwargs
 
 
 __all__ = [
-    "T_RESOLVE", "T_SET_LAYERS", "T_MODEL_FORWARD", "T_PACKER_INIT", "T_FINAL_NORM", "T_COMPLETE_OUTPUT",
-    "SPEC_ATTR", "DraftDeclaration", "current_declaration", "set_declaration", "ResolvedTaps", "resolved_taps",
+    "RESOLVE_AUX_IDS_PATH", "SET_LAYERS_TO_CAPTURE_PATH", "MODEL_FORWARD_PATH", "PACKER_INIT_PATH", "FINAL_NORM_PATH",
+    "COMPLETE_OUTPUT_PATH", "SPEC_ATTR", "report_hook_status_with", "DraftDeclaration", "current_declaration",
+    "set_declaration", "ResolvedTaps", "resolved_taps",
     "resolve_eagle_aux_hidden_state_hook", "set_eagle3_layers_to_capture_hook", "model_forward_hook",
     "packer_init_hook", "final_norm_hook", "complete_output_hook", "describe_resolution",
 ]

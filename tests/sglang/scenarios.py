@@ -1,0 +1,219 @@
+"""What the SGLang plugin tests run in a fresh process (SGLang's `load_plugins()` runs once per process and its
+patches cannot be undone, and a TP run needs one process a rank), on harness.py's CPU setup:
+
+    python tests/sglang/scenarios.py native OUT.pt     stock SGLang (plugin not loaded): what it captures
+    python tests/sglang/scenarios.py hooks OUT.json    load_plugins() under the caller's environment: which hooks
+    python tests/sglang/scenarios.py draft_tp OUT_DIR RANK WORLD PORT    one TP rank of the draft fc (gloo)
+
+The tests call them through :func:`run_script` and :func:`run_ranks`.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Dict, List, Optional
+
+from harness import (
+    DECODE_TOKEN, DRAFT_IDS, PROMPT, SglangRunner, free_port, bare_model, build_hf, build_mla_draft, build_sglang,
+    setup_process, target_features, tiny_config,
+)
+
+import torch  # noqa: E402  (after harness, which sets TORCHDYNAMO_DISABLE first)
+
+
+def _native(out_path: str) -> None:
+    """Stock SGLang: for each id list, what its packer received (slots, in order) and how the forward ended."""
+    from unittest import mock
+
+    setup_process()
+    from sglang.srt.layers.aux_hidden_states import AuxHiddenStatePacker
+    from sglang.srt.models.deepseek_v2 import DeepseekV2ForCausalLM
+
+    assert not hasattr(DeepseekV2ForCausalLM.set_eagle3_layers_to_capture, "__wrapped__"), "plugin loaded"
+    cfg = tiny_config()
+    hf = build_hf(cfg)
+    model = build_sglang(cfg, hf)
+    original_finalize = AuxHiddenStatePacker.finalize
+    seen: List[torch.Tensor] = []
+
+    def spy_finalize(self):  # test instrumentation: record what stock SGLang packed before its own check
+        n = len(self)
+        width = 0 if self._feature_size is None else n * self._feature_size
+        seen.append(self._buffer[:, :width].clone() if self._buffer is not None else None)
+        return original_finalize(self)
+
+    results: Dict[str, dict] = {}
+    with mock.patch.object(AuxHiddenStatePacker, "finalize", spy_finalize):
+        for ids in ([-1, 1, 3, 5], [0, 2, 4]):
+            model.set_eagle3_layers_to_capture(list(ids))
+            rec = {"layers_to_capture": list(model.model.layers_to_capture), "steps": []}
+            r = SglangRunner(cfg)
+            for toks in (PROMPT, [DECODE_TOKEN]):
+                seen.clear()
+                try:
+                    out = r.forward(model, torch.tensor(toks))
+                    rec["steps"].append({"aux": out.hidden_states.clone(), "error": None, "packed": seen[-1]})
+                except RuntimeError as e:
+                    rec["steps"].append({"aux": None, "error": str(e), "packed": seen[-1] if seen else None})
+                    r.seq_len += len(toks)  # the KV cache was written before the failing check
+            results[str(ids)] = rec
+    torch.save(results, out_path)
+
+
+def _hooks(out_path: str) -> None:
+    """load_plugins() under this process's environment; report which of the plugin's hooks are in place."""
+    import json
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(name)s|%(message)s", stream=sys.stderr)
+    setup_process()
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    from eagle3_capture.sglang import plugin
+    from eagle3_capture.sglang.hook_chain import hook_path_in_place
+
+    in_place = {group: {path: hook_path_in_place(path, fn) for path, fn in hooks}
+                for group, hooks in plugin.HOOKS.items()}
+    set_layers = {}
+    for ids in ([-1, 2, 30], [-1, 2, 30, 60]):
+        m = bare_model()
+        try:
+            m.set_eagle3_layers_to_capture(list(ids))
+            set_layers[str(ids)] = list(m.model.layers_to_capture)
+        except Exception as e:
+            set_layers[str(ids)] = f"{type(e).__name__}: {e}"
+    with open(out_path, "w") as f:
+        json.dump({"in_place": in_place, "registered": plugin.registered, "skipped": plugin.skipped,
+                   "status": plugin.hook_status(), "set_layers": set_layers}, f)
+
+
+def _draft_tp_rank(out_dir: str, rank: str, world: str, port: str) -> None:
+    """One TP rank of the draft fc at TP = world on CPU (gloo): SGLang's Eagle3MLAModel with its fc column-sharded,
+    full weights loaded through the parameters' own weight loaders, run with the plugin (fused fc + the project's
+    gatherer) and with SGLang's own forward, up to the draft layer's input (the fc output: everything after it is
+    SGLang's attention, unchanged by the plugin)."""
+    import json
+
+    rank, world = int(rank), int(world)
+    setup_process(world_size=world, rank=rank, port=int(port))
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    from eagle3_capture import reference
+    from eagle3_capture.sglang import draft
+    from eagle3_capture.tp import PackedGatherer
+
+    cfg, model = build_mla_draft(fc_norm=True, fill=False)
+    K, H = len(DRAFT_IDS), cfg.hidden_size
+    g = torch.Generator().manual_seed(21)  # same full weights on every rank; each rank's loader takes its shard
+    full = {}
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            loader = getattr(p, "weight_loader", None)
+            if name == "model.fc.weight":
+                w = torch.randn(H, K * H, generator=g) / (K * H) ** 0.5
+            elif name == "model.embed_tokens.weight":
+                w = 0.05 * torch.randn(cfg.vocab_size, H, generator=g)
+            elif "norm" in name:
+                w = 1.0 + 0.2 * torch.randn(p.shape, generator=g)
+            else:
+                p.copy_(0.05 * torch.randn(p.shape, generator=g))
+                continue
+            full[name] = w
+            loader(p, w) if loader is not None else p.copy_(w)
+    model.post_load_weights()
+    assert tuple(model.model.fc.weight.shape) == (H // world, K * H), tuple(model.model.fc.weight.shape)
+    x = target_features(len(PROMPT), H, K)
+    seen = {}
+
+    def pre(module, args):
+        seen["h"] = args[2].clone()
+        raise _StopAtDraftLayer
+
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+    from sglang.srt.speculative.eagle_info import EagleDraftInput
+
+    handle = model.model.midlayer.register_forward_pre_hook(pre)
+    results = {}
+    try:
+        for label, fwd in (("plugin", type(model.model).forward), ("sglang", type(model.model).forward.__wrapped__)):
+            ids = torch.tensor(PROMPT)
+            n = len(PROMPT)
+            fb = ForwardBatch(forward_mode=ForwardMode.EXTEND, batch_size=1, input_ids=ids,
+                              req_pool_indices=torch.zeros(1, dtype=torch.int32),
+                              seq_lens=torch.tensor([n], dtype=torch.int32),
+                              seq_lens_cpu=torch.tensor([n], dtype=torch.int32), out_cache_loc=torch.arange(n),
+                              seq_lens_sum=n, positions=torch.arange(n))
+            fb.spec_info = EagleDraftInput(hidden_states=x)
+            try:
+                with torch.no_grad():
+                    fwd(model.model, ids, fb.positions, fb)
+            except _StopAtDraftLayer:
+                pass
+            results[label] = seen.pop("h")
+    finally:
+        handle.remove()
+    g_norm = torch.stack([full[f"model.fc_norm.{k}.weight"] for k in range(K)]).double()
+    want = reference.draft_fc(x.double(), full["model.fc.weight"].double(), g_norm, cfg.rms_norm_eps)
+    gatherer = model.model.__dict__.get(draft._GATHER_ATTR)
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump({
+            "plugin_vs_reference": float((results["plugin"].double() - want).abs().max()),
+            "sglang_vs_reference": float((results["sglang"].double() - want).abs().max()),
+            "plugin_vs_sglang": float((results["plugin"] - results["sglang"]).abs().max()),
+            "shape": list(results["plugin"].shape),
+            "gatherer": type(gatherer).__name__ if isinstance(gatherer, PackedGatherer) else repr(gatherer),
+            "backend": getattr(gatherer, "backend", None),
+            "fc_shard": list(model.model.fc.weight.shape),
+        }, f)
+
+
+class _StopAtDraftLayer(Exception):
+    pass
+
+
+def run_ranks(scenario: str, out_dir, world: int, env_extra: Optional[Dict[str, str]] = None, timeout: int = 300):
+    """Run `scenarios.py SCENARIO OUT_DIR RANK WORLD PORT` for every rank at once; raise with stderr on failure."""
+    import subprocess
+
+    env = dict(os.environ)
+    env.update(env_extra or {})
+    env["TORCHDYNAMO_DISABLE"] = "1"
+    port = str(free_port())
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), scenario, str(out_dir), str(r), str(world),
+                               port], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(world)]
+    outs = []
+    for r, p in enumerate(procs):
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise AssertionError(f"scenarios.py {scenario} rank {r} timed out after {timeout} s")
+        outs.append((p.returncode, err))
+    bad = [(r, rc, err) for r, (rc, err) in enumerate(outs) if rc != 0]
+    if bad:
+        r, rc, err = bad[0]
+        raise AssertionError(f"scenarios.py {scenario} rank {r} failed (rc {rc}):\n{err[-6000:]}")
+
+
+def run_script(scenario: str, out_path, env_extra: Optional[Dict[str, str]] = None, timeout: int = 300):
+    """Run this file as `scenarios.py SCENARIO OUT` in a fresh process (the caller's environment plus env_extra);
+    returns the CompletedProcess, raising with its stderr if it failed."""
+    import subprocess
+
+    env = dict(os.environ)
+    env.update(env_extra or {})
+    env["TORCHDYNAMO_DISABLE"] = "1"
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), scenario, str(out_path)], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise AssertionError(f"scenarios.py {scenario} failed (rc {proc.returncode}):\n{proc.stderr[-6000:]}")
+    return proc
+
+
+if __name__ == "__main__":
+    scenario, args = sys.argv[1], sys.argv[2:]
+    {"native": _native, "hooks": _hooks, "draft_tp": _draft_tp_rank}[scenario](*args)
