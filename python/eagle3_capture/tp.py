@@ -1,5 +1,8 @@
 """TP-aware gathering of the packed capture buffer over a torch.distributed process group.
 
+One file over 400 lines: PackedGatherer's backends (p2p, NCCL, gloo), its probe and its agreement round share the
+gatherer's state and one public gather(); split, each part would reach into the others' private fields.
+
 Under tensor parallelism with scattered rows (attention data parallel, a reduce-scattered residual) each rank holds
 only its own tokens' taps, yet the draft's fc needs every token's. `PackedGatherer` puts every rank's rows into
 every rank's packed [rows, K*H] buffer:

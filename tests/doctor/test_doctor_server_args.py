@@ -138,7 +138,7 @@ def _sglang_available():
 def sglang_resolve(fl, architecture):
     """SGLang's own `_handle_eagle_family` on the same flags: (steps, topk, draft) or the exception type name.
 
-    ServerArgs is built with device="cpu" (SGLANG_CPU.md: then the function runs on a CPU machine); the model
+    ServerArgs is built with device="cpu" (then the function runs on a CPU-only machine); the model
     config it reads for the architecture is supplied through the record's memo, which `model_config_of` hands back
     when no build key is recorded. page_size is given explicitly (the post-process pass that defaults it to 1 on
     this platform does not run here)."""

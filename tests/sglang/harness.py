@@ -1,8 +1,8 @@
 """Run SGLang 0.5.23's real DeepseekV3 model code on a CPU, for the plugin tests.
 
-Follows ../shared/SGLANG_CPU.md: a single-process gloo parallel state, the ForwardBatch test kit shipped in the
-sglang wheel, and the few workarounds a CPU-only machine needs. Nothing here imitates an SGLang class: the model,
-its layers, the packer, the attention backend and the batch are SGLang's own; this module only wires them.
+A single-process gloo parallel state, the ForwardBatch test kit shipped in the sglang wheel, and the few workarounds
+a CPU-only machine needs. Nothing here imitates an SGLang class: the model, its layers, the packer, the attention
+backend and the batch are SGLang's own; this module only wires them.
 
 Used in-process by the tests (after `setup_process()`); what needs a fresh process runs through scenarios.py.
 """

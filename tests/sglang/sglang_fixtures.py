@@ -9,7 +9,7 @@ imported would shadow tests/conftest.py for the modules that do `from conftest i
 - The in-process tests run with the plugin loaded through SGLang's own `load_plugins()` (once per process, and
   SGLang cannot undo it); what needs a process without the plugin, or another environment, runs in a subprocess
   (scenarios.py).
-- SGLang's real model code runs on the CPU following ../shared/SGLANG_CPU.md (harness.py).
+- SGLang's real model code runs on the CPU as harness.py sets it up (gloo parallel state, SGLang's ForwardBatch kit).
 """
 import importlib.metadata
 import importlib.util

@@ -1,8 +1,8 @@
 """Test-only SGLang 0.5.23 plugin: what its real serving loop needs to run on a machine with no GPU.
 
 Active only with ``E3_SGLANG_CPU_STANDINS=1`` (the engine tests set it; ``TRITON_INTERPRET=1`` must be set too, so
-SGLang's Triton kernels run in Triton's interpreter on CPU tensors). Each stand-in answers one blocker listed in
-../shared/SGLANG_CPU.md ("The real serving loop on CPU"):
+SGLang's Triton kernels run in Triton's interpreter on CPU tensors). Each stand-in answers one thing that stops
+SGLang's loop on a CPU-only host:
 
 * ``vllm._custom_ops``: ``RotaryEmbedding.__init__`` imports it when there is no GPU; it is never called in the
   forward, so an empty module (whose function raises if it ever is) suffices.
