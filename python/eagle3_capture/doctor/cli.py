@@ -219,11 +219,14 @@ def add_doctor_parser(sub) -> None:
     _add_seed(s, "seed of the demo model (with --model demo)")
     s.set_defaults(func=_cmd_dump_reference)
 
-    s = ds.add_parser("accept", help="offline draft accuracy per step and the predicted accept length",
+    s = ds.add_parser("accept", help="offline draft accuracy per step and the accept length SGLang will serve",
                       description="Runs the target's greedy continuation of each prompt and the draft's chain at "
                                   "every position, as a server would (draft fc through the project's op): top-1 "
-                                  "agreement per draft step, teacher-forced and conditional on the earlier steps, and "
-                                  "tau = 1 + sum_k prod_(i<=k) acc_i for the server flags.")
+                                  "agreement per draft step, teacher-forced and conditional on the earlier steps; "
+                                  "the served accept length (completion tokens / verifies along SGLang 0.5.23's own "
+                                  "loop, chain or tree, per prompt and in total: the figure to compare with a "
+                                  "server's); and tau = 1 + sum_k prod_(i<=k) acc_i over every position (not a "
+                                  "served figure).")
     s.add_argument("--target", required=True, metavar="PATH|demo", help="transformers model directory, or 'demo'")
     s.add_argument("--draft", required=True, metavar="PATH",
                    help="EAGLE-3 draft directory (config.json + *.safetensors, SpecForge / llama_eagle3 layout)")
