@@ -80,3 +80,39 @@ def test_reference_gather_columns_layout():
     b = 100 + torch.arange(2 * 4).view(2, 4).float()  # rank 1
     out = reference_gather([a, b], "columns", 2, 4)
     assert out[0].tolist() == [0, 1, 100, 101, 2, 3, 102, 103]
+
+
+def test_timeout_defaults_to_torchs_nccl_timeout_and_is_checked():
+    """The p2p gather's timeout is fatal when it fires (the kernel traps), so its default is the scale of NCCL's
+    watchdog: torch's default NCCL process-group timeout, 10 minutes. Bad values are refused before anything
+    collective runs."""
+    from datetime import timedelta
+
+    from torch.distributed.constants import default_pg_nccl_timeout
+
+    from eagle3_capture.tp import PackedGatherer, default_timeout_s
+
+    assert default_pg_nccl_timeout == timedelta(minutes=10)
+    assert default_timeout_s() == 600.0
+    for bad in (0, -1.0, float("nan"), float("inf"), 2e6, True, "10"):
+        with pytest.raises(ValueError, match=r"timeout_s must be a number of seconds in \(0, 1e6\]"):
+            PackedGatherer(None, num_taps=1, hidden_size=8, dtype=torch.bfloat16, max_rows_per_rank=1,
+                           timeout_s=bad)
+
+
+def _default_timeout_entry(rank, world, port, queue):
+    try:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        from eagle3_capture.tp import PackedGatherer
+
+        g = PackedGatherer(None, num_taps=1, hidden_size=8, dtype=torch.bfloat16, max_rows_per_rank=1, device="cpu")
+        queue.put((rank, "ok", (g.timeout_s, g._agreement.timeout_s)))
+        dist.destroy_process_group()
+    except BaseException:
+        queue.put((rank, "error", traceback.format_exc()))
+
+
+def test_a_gatherer_without_timeout_uses_the_default_for_the_kernel_and_the_agreement():
+    res = spawn(2, _default_timeout_entry)
+    assert {r: v for r, v in res.items()} == {0: ("ok", (600.0, 600.0)), 1: ("ok", (600.0, 600.0))}

@@ -19,8 +19,9 @@ from eagle3_capture.tp import COLUMNS, ROWS, reference_gather
 pytestmark = pytest.mark.cuda
 
 SIGNALS = {"atomic": 0, "flags": 1}
-ENTERED, ARRIVED, COMPLETED, SLOTS = 0, 16, 32, 64   # word offsets in a flag area (gather.h)
+ENTERED, ARRIVED, COMPLETED, TICKET, SLOTS = 0, 16, 32, 33, 64   # word offsets in a flag area (gather.h)
 MAX_BLOCKS, SLOT_SHIFT, ARRIVE_UNIT = 1024, 16, 1 << 20
+BROKEN = -(1 << 63)  # the ticket's broken bit, as an int64
 
 
 def local_rows(rank: int, rows: int, cols: int, seed: int) -> torch.Tensor:
@@ -46,13 +47,20 @@ class Ranks:
             o.fill_(float("nan"))
 
     def launch(self, r: int, local: torch.Tensor, offset: int, src, dst, seg_len: int, blocks: int, signal: str,
-               timeout_s: float = 20.0) -> None:
+               timeout_s: float = 20.0, trap: bool = False) -> None:
+        """Rank r's gather on its stream. trap=False (report mode) by default: a timeout here must leave the process
+        usable for the assertions; the served mode (trap) runs in test_gather_graphs_cuda.py's subprocesses."""
         s = self.streams[r]
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
-            torch.ops.eagle3_capture.gather_p2p_(self.outs[r], local, self.out_ptrs, self.flag_ptrs, self.flags[r],
-                                                 self.errors[r], r, offset, list(src), list(dst), seg_len, blocks,
-                                                 timeout_s, SIGNALS[signal])
+            self.gather(r, local, offset, src, dst, seg_len, blocks, signal, timeout_s, trap)
+
+    def gather(self, r: int, local: torch.Tensor, offset: int, src, dst, seg_len: int, blocks: int, signal: str,
+               timeout_s: float = 20.0, trap: bool = False) -> None:
+        """Rank r's gather on the current stream (inside a CUDA-graph capture, too)."""
+        torch.ops.eagle3_capture.gather_p2p_(self.outs[r], local, self.out_ptrs, self.flag_ptrs, self.flags[r],
+                                             self.errors[r], r, offset, list(src), list(dst), seg_len, blocks,
+                                             timeout_s, SIGNALS[signal], trap)
 
     def sync(self) -> None:
         for s in self.streams:
@@ -162,6 +170,7 @@ def test_peer_never_enters_times_out(signal):
     code, peer, step, n = ranks.errors[0].tolist()
     assert (code, peer, step, n) == (1, 1, 1, 1)
     assert int(ranks.flags[0][COMPLETED]) == 0  # the gather did not complete
+    assert int(ranks.flags[0][TICKET]) == BROKEN + ARRIVE_UNIT  # its number taken, the rank marked broken
 
 
 @pytest.mark.parametrize("signal", ["atomic", "flags"])

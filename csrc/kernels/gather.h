@@ -10,10 +10,16 @@
 //               into this rank's output, added to by every block of rank r with system-scope reductions
 //   slot[r][b]  (signal kGatherSignalFlags) (n << 16) | B: block b of rank r's grid of B blocks finished writing
 //               gather n into this rank's output; one writer per word, plain stores
-// and a local word (completed gathers). Counters only grow, so nothing is reset between calls and replays of a
-// captured graph keep counting.
+// and two local words: ticket (kGatherArriveUnit times the gathers this rank's launches have started, plus a
+// broken bit) and completed (gathers completed, a record for tests and diagnostics, never read by the kernel).
+// Counters only grow, so nothing is reset between calls and replays of a captured graph keep counting.
 //
 // Protocol of gather n on rank me (grid of B blocks; B may differ across ranks and calls):
+//   0. every block adds its share of kGatherArriveUnit to ticket (atomic, local) and takes n = old / unit + 1 from
+//      the value it read: the B shares of one launch sum to exactly one unit and launches on a stream do not
+//      overlap, so every block of a launch gets the same n whatever order its blocks start in, even when some start
+//      only after others have finished (SMs held by another stream's kernels, MPS). Reading a "completed" word
+//      written by block 0 at the end instead would give a block that starts after block 0 ended gather n+1.
 //   1. block 0 tells every peer it entered gather n (atomic signal: adds 1 to entered[me]; flags signal: stores n,
 //      the same value, since rank me is that word's only writer); every block with rows to copy issues its first
 //      loads, then waits until entered[p] >= n for all peers p, i.e. every peer has started gather n and so finished
@@ -24,14 +30,23 @@
 //      written); flags: stores (n << 16) | B into slot[me][b].
 //   3. block 0 waits for every peer's blocks: atomic: arrived[p] >= n * kGatherArriveUnit; flags: its threads read
 //      B_p from slot[p][0] and poll slot[p][0..B_p) in parallel until each holds n (a slot already past n means
-//      rank p has finished gather n and started a later one). Then it records n.
+//      rank p has finished gather n and started a later one). Then it records n in completed.
 // The atomic signal needs native peer atomics on every link (system-scope reductions over PCIe are not guaranteed:
 // cudaDevP2PAttrNativeAtomicSupported can be 0, and arrivals would be lost); the flags signal needs only ordered
 // stores, at the price of B words per peer for the receiver to poll. eagle3_capture.gather_backend picks one from
 // what the devices report.
 // No block waits for another block of its own rank: the last store to land is followed by one fence round trip and
 // one one-way signal (funnelling every block through a local counter would add a second fence to the critical path).
-// A wait longer than the timeout stops the kernel and writes {code, peer, step, n} to a host-mapped error word.
+//
+// A wait longer than the timeout writes {code, peer, step, n} to a host-mapped error word. A timed-out gather cannot
+// be completed or undone from the device (a late peer may still write into this rank's output; the ranks' gather
+// numbers no longer pair up), so it must never turn into rows that look gathered:
+//   - trap (GatherParams::trap, what eagle3_capture.tp uses for every served gather): the kernel then executes a
+//     trap. The CUDA context is lost and the next synchronising call of the process fails, as a collective timeout
+//     under NCCL's watchdog ends the process; the error word, in host memory, still says which peer and step.
+//   - report (the probe gather, and tests): the kernel gives up and sets ticket's broken bit; every later launch on
+//     this rank then does nothing at all (no signal, no store) and the caller must read the error word (the probe
+//     does, and moves every rank to NCCL).
 #pragma once
 
 #include <cstdint>
@@ -46,11 +61,14 @@ constexpr int kGatherMaxBlocks = 1024;  // the largest grid (the flags signal ke
 // Flag area layout (u64 words) inside each rank's registered buffer.
 constexpr int kGatherFlagEntered = 0;                     // [kGatherMaxRanks]
 constexpr int kGatherFlagArrived = kGatherMaxRanks;       // [kGatherMaxRanks]
-constexpr int kGatherFlagCompleted = 2 * kGatherMaxRanks; // local: gathers completed
+constexpr int kGatherFlagCompleted = 2 * kGatherMaxRanks; // local: gathers completed (a record, never read)
+constexpr int kGatherFlagTicket = 2 * kGatherMaxRanks + 1; // local: kGatherArriveUnit x gathers started | broken
 constexpr int kGatherFlagSlots = 64;                      // [kGatherMaxRanks][kGatherMaxBlocks], 512-byte aligned
 constexpr int kGatherFlagWords = kGatherFlagSlots + kGatherMaxRanks * kGatherMaxBlocks;
 // One gather's worth of arrival: the blocks of a grid split it among themselves (any grid of up to 2^20 blocks).
 constexpr unsigned long long kGatherArriveUnit = 1ull << 20;
+// The ticket's broken bit: a gather of this rank gave up in report mode; later launches do nothing.
+constexpr unsigned long long kGatherTicketBroken = 1ull << 63;
 // A flags-signal slot: the gather number above kGatherSlotShift bits, the sender's grid size below.
 constexpr int kGatherSlotShift = 16;
 static_assert(kGatherMaxBlocks < (1 << kGatherSlotShift), "a slot holds the grid size in its low bits");
@@ -63,6 +81,7 @@ constexpr int kGatherSignalFlags = 1;   // one plain-store flag per block and pe
 constexpr int kGatherErrEnterTimeout = 1;   // a peer did not enter the gather
 constexpr int kGatherErrArriveTimeout = 2;  // a peer entered but its rows did not arrive
 constexpr int kGatherErrBadSlot = 3;        // a flags-signal slot names a grid outside 1..kGatherMaxBlocks
+constexpr int kGatherErrBroken = 4;         // (report mode) launched after an earlier gather of this rank gave up
 
 struct GatherParams {
   int world;
@@ -83,6 +102,7 @@ struct GatherParams {
   int blocks;                                 // at most this many blocks (fewer when there are fewer work units)
   int signal;                                 // kGatherSignalAtomic or kGatherSignalFlags, the same on every rank
   unsigned long long timeout_ns;
+  int trap;                                   // 1: a timeout ends in a device trap; 0: report mode (see above)
   int* error;                                 // host-mapped int[4]: code, peer, step, gather number
 };
 

@@ -30,8 +30,11 @@ __device__ __forceinline__ void store_relaxed_sys(unsigned long long* p, unsigne
 // writes next. acq_rel rather than __threadfence_system()'s sc: same guarantee for a release pattern, lighter barrier.
 __device__ __forceinline__ void fence_release_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
 
-// Writes the error word once (the first failure wins; the fields before the code, so a host that sees the code
-// sees them). Threads that fail together may each get here: every write is a value a failure could report.
+// Gives up gather n after a failed wait: writes the error word once (the first failure wins; the fields before the
+// code, so a host that sees the code sees them), then either traps (g.trap: the context is lost, so nothing this
+// rank computed afterwards can be mistaken for gathered rows) or sets this rank's broken bit, after which every
+// launch on this rank does nothing (gather.h). Threads that fail together may each get here: every write is a value
+// a failure could report.
 __device__ void report_timeout(const GatherParams& g, int code, int peer, unsigned long long n) {
   volatile int* e = g.error;
   if (e[0] == 0) {
@@ -41,6 +44,9 @@ __device__ void report_timeout(const GatherParams& g, int code, int peer, unsign
     __threadfence_system();
     e[0] = code;
   }
+  __threadfence_system();  // the error word is in host memory before the trap ends the context
+  if (g.trap) __trap();
+  atomicOr(g.flags[g.rank] + kGatherFlagTicket, kGatherTicketBroken);
 }
 
 // Spins until *p >= target; false on timeout. The short sleep keeps the poll from hammering L2 while adding at most
@@ -132,15 +138,27 @@ __host__ __device__ inline GatherUnits gather_units(const GatherParams& g, int64
 template <typename Vec, bool kFlags>
 __global__ void __launch_bounds__(kGatherThreads) gather_p2p_kernel(GatherParams g, int64_t vec_elems) {
   __shared__ unsigned long long n_shared;
+  __shared__ int go_shared;
   unsigned long long* my_flags = g.flags[g.rank];
-  // Gather number n: one more than the gathers this rank completed (a local word, no wait).
-  const unsigned long long n =
-      *reinterpret_cast<volatile unsigned long long*>(my_flags + kGatherFlagCompleted) + 1;
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
-    for (int p = 0; p < g.world; ++p) {
-      if (p == g.rank) continue;
-      if (kFlags) store_relaxed_sys(g.flags[p] + kGatherFlagEntered + g.rank, n);
-      else red_add_sys(g.flags[p] + kGatherFlagEntered + g.rank, 1ull);
+  // Step 0 (gather.h): the gather number from this block's share of the ticket, the same for every block of this
+  // launch whatever their start order; 0 when an earlier gather of this rank gave up. Only thread 0 holds n until
+  // the block's first __syncthreads (in the first unit, or before the signals) shares it.
+  unsigned long long n = 0;
+  if (threadIdx.x == 0) {
+    const unsigned long long share = kGatherArriveUnit / gridDim.x + (blockIdx.x < kGatherArriveUnit % gridDim.x);
+    const unsigned long long old = atomicAdd(my_flags + kGatherFlagTicket, share);
+    if (old & kGatherTicketBroken) {
+      if (g.trap) report_timeout(g, kGatherErrBroken, g.rank, 0);  // traps
+    } else {
+      n = old / kGatherArriveUnit + 1;
+    }
+    n_shared = n;
+    if (blockIdx.x == 0 && n != 0) {
+      for (int p = 0; p < g.world; ++p) {
+        if (p == g.rank) continue;
+        if (kFlags) store_relaxed_sys(g.flags[p] + kGatherFlagEntered + g.rank, n);
+        else red_add_sys(g.flags[p] + kGatherFlagEntered + g.rank, 1ull);
+      }
     }
   }
 
@@ -167,13 +185,13 @@ __global__ void __launch_bounds__(kGatherThreads) gather_p2p_kernel(GatherParams
       // The first unit's loads are in flight while thread 0 waits for the peers to enter gather n (until then a
       // peer may still be reading its output of gather n-1).
       if (threadIdx.x == 0) {
-        bool ok = true;
+        bool ok = n != 0;
         for (int p = 0; p < g.world && ok; ++p)
           if (p != g.rank) ok = wait_or_report(my_flags + kGatherFlagEntered + p, n, g, kGatherErrEnterTimeout, p, n);
-        n_shared = ok ? 1ull : 0ull;
+        go_shared = ok ? 1 : 0;
       }
       __syncthreads();
-      if (n_shared == 0) return;
+      if (go_shared == 0) return;
       entered = true;
     }
     // Peers first (rank + 1, rank + 2, ...) so the ranks do not all aim at the same GPU at once; self last.
@@ -193,6 +211,8 @@ __global__ void __launch_bounds__(kGatherThreads) gather_p2p_kernel(GatherParams
   // Flags: its own slot, (n << 16) | B.
   fence_release_sys();
   __syncthreads();
+  n = n_shared;
+  if (n == 0) return;  // this rank is broken (report mode): nothing was written, nothing is signalled
   if (threadIdx.x == 0) {
     const unsigned long long share = kGatherArriveUnit / gridDim.x + (blockIdx.x < kGatherArriveUnit % gridDim.x);
     const unsigned long long slot = (n << kGatherSlotShift) | gridDim.x;
@@ -203,8 +223,8 @@ __global__ void __launch_bounds__(kGatherThreads) gather_p2p_kernel(GatherParams
     }
   }
   if (blockIdx.x != 0) return;
-  // Block 0 ends the gather on this rank: every peer's blocks have all written into this rank's output. The next
-  // kernel on this stream reads `completed` after this one ends, so no fence is needed after it.
+  // Block 0 ends the gather on this rank: every peer's blocks have all written into this rank's output. `completed`
+  // is a record (tests, diagnostics): the gather number comes from the ticket.
   bool ok = true;
   if (kFlags) {
     ok = wait_flag_slots(g, n);

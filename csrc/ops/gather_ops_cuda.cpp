@@ -19,7 +19,7 @@ const char* kOp = "gather_p2p_";
 void gather_p2p_cuda(at::Tensor& out, const at::Tensor& local, c10::IntArrayRef out_ptrs,
                      c10::IntArrayRef flag_ptrs, at::Tensor& flags, at::Tensor& error, int64_t rank,
                      int64_t dst_row_offset, c10::IntArrayRef src_cols, c10::IntArrayRef dst_cols, int64_t seg_len,
-                     int64_t blocks, double timeout_s, int64_t signal) {
+                     int64_t blocks, double timeout_s, int64_t signal, bool trap_on_timeout) {
   check_dim(out, 2, kOp, "out", "[rows, K*H]");
   check_dim(local, 2, kOp, "local", "[rows, cols]");
   E3_CHECK(out.is_cuda(), "eagle3_capture.gather_p2p_: expected out on a CUDA device, got ", out.device());
@@ -61,8 +61,8 @@ void gather_p2p_cuda(at::Tensor& out, const at::Tensor& local, c10::IntArrayRef 
   E3_CHECK(signal == e3::kGatherSignalAtomic || signal == e3::kGatherSignalFlags,
            "eagle3_capture.gather_p2p_: signal must be ", e3::kGatherSignalAtomic, " (atomic) or ",
            e3::kGatherSignalFlags, " (flags), got ", signal);
-  E3_CHECK(std::isfinite(timeout_s) && timeout_s > 0, "eagle3_capture.gather_p2p_: timeout must be > 0 s, got ",
-              timeout_s);
+  E3_CHECK(std::isfinite(timeout_s) && timeout_s > 0 && timeout_s <= 1e6,
+           "eagle3_capture.gather_p2p_: timeout must be in (0, 1e6] s, got ", timeout_s);
 
   e3::GatherParams p{};
   p.world = static_cast<int>(world);
@@ -86,6 +86,7 @@ void gather_p2p_cuda(at::Tensor& out, const at::Tensor& local, c10::IntArrayRef 
   p.blocks = static_cast<int>(blocks);
   p.signal = static_cast<int>(signal);
   p.timeout_ns = static_cast<unsigned long long>(timeout_s * 1e9);
+  p.trap = trap_on_timeout ? 1 : 0;
   p.error = static_cast<int*>(error.data_ptr());
   const c10::cuda::CUDAGuard guard(out.device());
   C10_CUDA_CHECK(static_cast<cudaError_t>(e3::gather_p2p_cuda(p, c10::cuda::getCurrentCUDAStream().stream())));

@@ -34,11 +34,13 @@ TORCH_LIBRARY(eagle3_capture, m) {
       "draft_fc_out(Tensor[] x, Tensor weight, Tensor? norm_weight, float eps, Tensor? bias, Tensor(a!) out) -> ()");
   // One rank's part of a TP gather into every rank's registered packed buffer over peer-mapped memory
   // (eagle3_capture.tp.PackedGatherer drives it; CUDA only). signal: 0 atomic (needs native peer atomics on every
-  // link), 1 flags (plain stores only); the same on every rank.
+  // link), 1 flags (plain stores only); the same on every rank. trap_on_timeout: a wait past timeout_s writes the
+  // error word and traps (the CUDA context is lost: never rows that look gathered); False: it writes the error word
+  // and every later call on this flag area does nothing (the probe; the caller reads the error word).
   m.def(
       "gather_p2p_(Tensor(a!) out, Tensor local, int[] out_ptrs, int[] flag_ptrs, Tensor(b!) flags, "
       "Tensor(c!) error, int rank, int dst_row_offset, int[] src_cols, int[] dst_cols, int seg_len, int blocks, "
-      "float timeout_s, int signal=0) -> ()");
+      "float timeout_s, int signal=0, bool trap_on_timeout=True) -> ()");
 }
 
 namespace {

@@ -10,8 +10,15 @@ every rank's packed [rows, K*H] buffer:
 - backend "p2p" (CUDA, every pair of GPUs peer-accessible): one kernel per rank pushes its rows into every rank's
   registered output over peer-mapped memory (torch symmetric memory, multicast never used) and orders ranks with
   signals in peer memory, not host syncs: atomic counters where every link has native peer atomics (NVLink), one
-  plain-store flag per block otherwise (PCIe); CUDA-graph capturable; a peer that does not arrive within
-  `timeout_s` makes the kernel give up and `check()` raise, naming the rank and the step.
+  plain-store flag per block otherwise (PCIe); CUDA-graph capturable. A peer that does not arrive within
+  `timeout_s` is fatal, as a collective timeout under NCCL's watchdog is: the kernel writes the error word (which
+  peer, which step) and executes a device trap, so the CUDA context is lost and no rank ever goes on with rows that
+  only look gathered (a timed-out gather cannot be undone from the device: the ranks' gather numbers no longer pair
+  up). `check()` and `failure()` turn the error word into a GatherTimeout naming the rank and the step, and
+  `raise_if_a_gather_failed()` polls every live p2p gatherer of the process without a CUDA call (the SGLang plugin
+  runs it around the EAGLE worker's draft extend, outside the captured region, since a graph replay runs no
+  Python). The default timeout is torch's default NCCL process-group timeout (10 minutes; SGLang passes its
+  `--dist-timeout` when set).
 - backend "nccl" (CUDA otherwise) and "gloo" (CPU tensors): the same API and results through all_gather.
 Which CUDA backend and signal a machine gets is `gather_backend.plan`'s decision (logged once), from what every
 rank's devices report; EAGLE3_CAPTURE_GATHER_BACKEND / EAGLE3_CAPTURE_GATHER_SIGNAL override it. A p2p gatherer
@@ -33,6 +40,7 @@ from __future__ import annotations
 import importlib
 import operator
 import os
+import weakref
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -45,10 +53,38 @@ ROWS = "rows"
 COLUMNS = "columns"
 _STEPS = {1: "waiting for the peer to enter the gather", 2: "waiting for the peer's rows to arrive",
           3: "reading a malformed arrival flag of the peer"}
+_ERR_BROKEN = 4  # e3::kGatherErrBroken
 
 
 class GatherTimeout(RuntimeError):
     """A peer did not reach the gather within the timeout; the gatherer cannot be used again."""
+
+
+def default_timeout_s() -> float:
+    """torch's default NCCL process-group timeout in seconds (10 minutes): the scale at which NCCL's watchdog ends a
+    collective that does not complete, and what SGLang's groups get unless `--dist-timeout` says otherwise."""
+    try:
+        from torch.distributed.constants import default_pg_nccl_timeout
+
+        if default_pg_nccl_timeout is not None:
+            return float(default_pg_nccl_timeout.total_seconds())
+    except ImportError:
+        pass
+    return 600.0
+
+
+# Every p2p gatherer in use in this process (its probe passed), for raise_if_a_gather_failed().
+_LIVE_P2P: "weakref.WeakSet[PackedGatherer]" = weakref.WeakSet()
+
+
+def raise_if_a_gather_failed() -> None:
+    """Raises GatherTimeout if a p2p gather of this process gave up (its kernel wrote the error word). Reads only
+    the host-mapped error words: no CUDA call, no sync, so it costs microseconds and works after the kernel's trap
+    has lost the CUDA context. Run it where Python runs between graph replays that contain gathers."""
+    for g in list(_LIVE_P2P):
+        why = g.failure()
+        if why:
+            raise GatherTimeout(why)
 
 
 @dataclass(frozen=True)
@@ -74,15 +110,17 @@ class PackedGatherer:
 
     def __init__(self, group: Optional[dist.ProcessGroup], *, num_taps: int, hidden_size: int, dtype: torch.dtype,
                  max_rows_per_rank: int, device: Optional[torch.device] = None, layout: str = ROWS,
-                 timeout_s: float = 10.0, backend: str = "auto", blocks: Optional[int] = None,
+                 timeout_s: Optional[float] = None, backend: str = "auto", blocks: Optional[int] = None,
                  signal: str = "auto"):
         if layout not in (ROWS, COLUMNS):
             raise ValueError(f"layout must be {ROWS!r} or {COLUMNS!r}, got {layout!r}")
         if num_taps < 1 or hidden_size < 1 or max_rows_per_rank < 0:
             raise ValueError(f"num_taps and hidden_size must be >= 1 and max_rows_per_rank >= 0, got "
                              f"{num_taps}, {hidden_size}, {max_rows_per_rank}")
-        if timeout_s <= 0:
-            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        if timeout_s is None:
+            timeout_s = default_timeout_s()
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s <= 1e6:
+            raise ValueError(f"timeout_s must be a number of seconds in (0, 1e6], got {timeout_s!r}")
         if signal not in gather_backend.SIGNALS:
             raise ValueError(f"signal must be one of {list(gather_backend.SIGNALS)}, got {signal!r}")
         self.group = group
@@ -203,7 +241,9 @@ class PackedGatherer:
         counts = [rows] * self.world
         total = rows if self.layout == COLUMNS else rows * self.world
         self._out[:total].fill_(float("nan"))
-        got = self._gather_p2p(local, None, counts, total, timeout_s=min(self.timeout_s, self._PROBE_TIMEOUT_S))
+        # Report mode: a probe that times out writes the error word and leaves this flag area inert (no trap).
+        got = self._gather_p2p(local, None, counts, total, timeout_s=min(self.timeout_s, self._PROBE_TIMEOUT_S),
+                               trap=False)
         torch.cuda.current_stream(self.device).synchronize()
         code, peer, step, n = (int(v) for v in self._error.tolist())
         if code:
@@ -220,6 +260,7 @@ class PackedGatherer:
         dist.all_gather_object(votes, why, group=self.group)
         failed = [v for v in votes if v]
         if not failed:
+            _LIVE_P2P.add(self)
             return
         # NCCL gives the same results. The p2p buffers stay referenced: a late peer write must not land in freed
         # memory.
@@ -274,12 +315,11 @@ class PackedGatherer:
         rows_per_rank: every rank's row count (layout "rows"); None means all equal to this rank's. With p2p,
         `out` must be None or `output(...)`: peers write straight into the registered buffer.
         """
-        if self.backend == "p2p" and not self._broken and int(self._error[0]) != 0:
-            try:
-                self.check()  # an earlier gather gave up: raise now rather than hang on a broken protocol
-            except GatherTimeout:
-                self._agreement.give_up(self._broken)  # the peers' next gather ends with this reason too
-                raise
+        if not self._broken:
+            why = self.failure()  # an earlier gather gave up: raise now rather than hang on a broken protocol
+            if why:
+                self._agreement.give_up(why)  # the peers' next gather ends with this reason too
+                raise GatherTimeout(why)
         if self._broken:
             raise GatherTimeout(f"this gatherer is unusable after an earlier failure: {self._broken}")
         self._agree(local, out, rows_per_rank)
@@ -345,7 +385,8 @@ class PackedGatherer:
         return ([k * hs for k in range(self.num_taps)],
                 [k * self.hidden_size + self.rank * hs for k in range(self.num_taps)], hs)
 
-    def _gather_p2p(self, local, out, rows, total, timeout_s: Optional[float] = None) -> torch.Tensor:
+    def _gather_p2p(self, local, out, rows, total, timeout_s: Optional[float] = None,
+                    trap: bool = True) -> torch.Tensor:
         view = self._out[:total]
         if out is not None and (out.data_ptr() != view.data_ptr() or out.shape != view.shape):
             raise ValueError("with the p2p backend, out must be gatherer.output(total_rows): peers write into the "
@@ -359,7 +400,7 @@ class PackedGatherer:
         torch.ops.eagle3_capture.gather_p2p_(self._out, local, self._out_ptrs, self._flag_ptrs, self._flags,
                                              self._error, self.rank, offset, src, dst, seg_len, self.blocks,
                                              self.timeout_s if timeout_s is None else timeout_s,
-                                             gather_backend.SIGNAL_CODES[self.signal])
+                                             gather_backend.SIGNAL_CODES[self.signal], trap)
         return view
 
     def _gather_collective(self, local, out, rows) -> torch.Tensor:
@@ -388,18 +429,41 @@ class PackedGatherer:
                 parts.view(self.world, m, self.num_taps, hs).permute(1, 2, 0, 3))
         return out
 
+    def failure(self) -> Optional[str]:
+        """Why a p2p gather of this gatherer gave up (None if none did), from the host-mapped error word: no CUDA
+        call, so it answers after the kernel's trap too. Once it has answered, the gatherer refuses further use."""
+        error = getattr(self, "_error", None)
+        if self.backend != "p2p" or error is None:
+            return None
+        code, peer, step, n = (int(v) for v in error.tolist())
+        if not code:
+            return None
+        if not self._broken:
+            what = (f"{_STEPS.get(step, f'step {step}')} (rank {peer})" if code != _ERR_BROKEN else
+                    "launched after an earlier gather of this rank gave up")
+            self._broken = (f"rank {self.rank} timed out after {self.timeout_s:g} s in gather #{n}, {what}; the "
+                            "gather kernel trapped, so this process's CUDA context is lost: restart the server (a "
+                            "peer that hangs for longer than the timeout ends every rank, as NCCL's watchdog does)")
+        return self._broken
+
     def check(self) -> None:
-        """Waits for this rank's gathers so far and raises GatherTimeout if one gave up (p2p)."""
+        """Waits for this rank's gathers so far and raises GatherTimeout if one gave up (p2p). After the kernel's
+        trap the wait itself fails with a CUDA error: the GatherTimeout then says why, chained to it."""
         if self.backend != "p2p":
             return
-        torch.cuda.current_stream(self.device).synchronize()
-        code, peer, step, n = (int(v) for v in self._error.tolist())
-        if code:
-            self._broken = (f"rank {self.rank} timed out after {self.timeout_s:g} s in gather #{n}, "
-                            f"{_STEPS.get(step, f'step {step}')} (rank {peer})")
-            raise GatherTimeout(self._broken)
+        try:
+            torch.cuda.current_stream(self.device).synchronize()
+        except RuntimeError as e:
+            why = self.failure()
+            if why:
+                raise GatherTimeout(why) from e
+            raise
+        why = self.failure()
+        if why:
+            raise GatherTimeout(why)
 
     def close(self) -> None:
+        _LIVE_P2P.discard(self)
         if self.backend == "p2p":
             torch.cuda.synchronize(self.device)
             self._handle = None
