@@ -4,6 +4,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
@@ -18,21 +19,21 @@
 namespace e3ops {
 namespace {
 
-// Decode workspaces, one per device: a buffer that is zero at rest (zero-filled here once; the kernel re-zeroes
-// what it used after every call). Buffers that grow are retired, never freed, so CUDA graphs that captured an older
-// pointer stay valid. Concurrent decode calls on two streams of one device would share them: the draft runs on one
-// stream in SGLang.
+// Decode workspaces, one per device: a buffer that is zero at rest (zero-filled once at allocation; the kernel
+// re-zeroes what it used after every call). Buffers that grow are retired, never freed, so CUDA graphs that captured
+// an older pointer stay valid. Concurrent decode calls on two streams of one device would share them: the draft runs
+// on one stream in SGLang.
 //
-// A buffer first needed during CUDA-graph capture is allocated on the capture stream: its zero fill is recorded
-// into the graph (replays re-zero it, harmless), and it is zero-filled again eagerly before its first use outside
-// the graph (`needs_eager_zero`).
-struct DeviceWorkspace {
-  at::Tensor buffer;  // zero at rest
-  bool needs_eager_zero = false;
-};
+// Every buffer is allocated and zero-filled eagerly, outside every CUDA graph, even when it is first needed during
+// a capture: every graph that uses it (captured in any order, replayed in any order, sharing one memory pool or
+// not) then starts from zero. A buffer allocated on the capturing stream would come from the graph's private pool
+// with its zero fill only recorded into that graph: a graph captured later that reuses it, replayed first, would
+// start from garbage counters and never write its output, and an earlier graph of the same pool whose freed
+// scratch the buffer took over would overwrite it at every replay.
 struct Workspaces {
   std::mutex mu;
-  std::vector<DeviceWorkspace> by_device;
+  std::vector<at::Tensor> by_device;  // zero at rest
+  std::vector<cudaStream_t> side;     // per device: a stream of our own for allocations made during a capture
   std::vector<at::Tensor> retired;
 };
 Workspaces& workspaces() {
@@ -40,26 +41,41 @@ Workspaces& workspaces() {
   return w;
 }
 
+// `bytes` of zeros on `device`, filled before this returns when `capturing` (in stream order on the current stream
+// otherwise). During a capture the allocation and the fill go to a non-blocking stream of our own, which is not
+// capturing, so the caching allocator serves the ordinary pool (a capture's pool serves only the capturing stream)
+// and the fill runs now; the capture mode is relaxed meanwhile, since a global-mode capture forbids the
+// synchronisation. Caller holds w.mu.
+at::Tensor zeros_outside_graphs(Workspaces& w, const at::Device& device, int64_t bytes, bool capturing) {
+  const auto opts = at::TensorOptions().dtype(at::kByte).device(device);
+  if (!capturing) return at::zeros({bytes}, opts);
+  const c10::cuda::CUDAStreamCaptureModeGuard relaxed(cudaStreamCaptureModeRelaxed);
+  const size_t idx = static_cast<size_t>(device.index());
+  if (w.side.size() <= idx) w.side.resize(idx + 1, nullptr);
+  if (w.side[idx] == nullptr) C10_CUDA_CHECK(cudaStreamCreateWithFlags(&w.side[idx], cudaStreamNonBlocking));
+  at::Tensor t;
+  {
+    const c10::cuda::CUDAStreamGuard on_side(c10::cuda::getStreamFromExternal(w.side[idx], device.index()));
+    t = at::zeros({bytes}, opts);
+  }
+  C10_CUDA_CHECK(cudaStreamSynchronize(w.side[idx]));
+  return t;
+}
+
 e3::DraftFcWorkspace decode_workspace(const at::Device& device, const e3::DraftFcParams& p, cudaStream_t stream) {
   const int64_t buffer_bytes = e3::draft_fc_decode_workspace_bytes(p.taps, p.out_features);
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
-  const bool capturing = status != cudaStreamCaptureStatusNone;
-  const auto opts = at::TensorOptions().dtype(at::kByte).device(device);
   Workspaces& w = workspaces();
   std::lock_guard<std::mutex> lock(w.mu);
   const size_t idx = static_cast<size_t>(device.index());
   if (w.by_device.size() <= idx) w.by_device.resize(idx + 1);
-  DeviceWorkspace& d = w.by_device[idx];
-  if (!d.buffer.defined() || d.buffer.numel() < buffer_bytes) {
-    if (d.buffer.defined()) w.retired.push_back(d.buffer);
-    d.buffer = at::zeros({buffer_bytes}, opts);
-    d.needs_eager_zero = capturing;
-  } else if (d.needs_eager_zero && !capturing) {
-    d.buffer.zero_();
-    d.needs_eager_zero = false;
+  at::Tensor& buffer = w.by_device[idx];
+  if (!buffer.defined() || buffer.numel() < buffer_bytes) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+    if (buffer.defined()) w.retired.push_back(buffer);
+    buffer = zeros_outside_graphs(w, device, buffer_bytes, status != cudaStreamCaptureStatusNone);
   }
-  return e3::draft_fc_decode_workspace_view(d.buffer.data_ptr(), p.taps, p.out_features);
+  return e3::draft_fc_decode_workspace_view(buffer.data_ptr(), p.taps, p.out_features);
 }
 
 void check_vector_aligned(const void* ptr, int64_t row_stride, const char* what) {
