@@ -91,8 +91,8 @@ def _hooks(out_path: str) -> None:
 def _draft_tp_rank(out_dir: str, rank: str, world: str, port: str) -> None:
     """One TP rank of the draft fc at TP = world on CPU (gloo): SGLang's Eagle3MLAModel with its fc column-sharded,
     full weights loaded through the parameters' own weight loaders, run with the plugin (fused fc + the project's
-    gatherer) and with SGLang's own forward, up to the draft layer's input (the fc output: everything after it is
-    SGLang's attention, unchanged by the plugin)."""
+    gatherer where its p2p kernel runs, SGLang's _fc_gatherer elsewhere) and with SGLang's own forward, up to the
+    draft layer's input (the fc output: everything after it is SGLang's attention, unchanged by the plugin)."""
     import json
 
     rank, world = int(rank), int(world)

@@ -111,18 +111,134 @@ def test_draft_decode_inputs_skip_the_fc(harness, draft_hooks_on):
     assert torch.equal(got, x) and spec_info.hidden_states is x
 
 
-def test_draft_fc_at_tp2_gathers_column_shards_with_the_projects_gatherer(harness, tmp_path):
+def test_draft_fc_at_tp2_gathers_column_shards_with_sglangs_communicator_off_p2p(harness, tmp_path):
     """TP = 2 on the CPU (two processes, gloo): SGLang's Eagle3MLAModel with its fc column-sharded ([N/2, K*H] per
     rank, full weights loaded through the parameters' own weight loaders). With the plugin, the fused fc's [T, N/2]
-    shards are gathered by eagle3_capture.tp.PackedGatherer (layout "columns"); the result equals the float64
-    reference of the whole fc and SGLang's own path (its _fc_gatherer) on every rank."""
+    shards are gathered by SGLang's own _fc_gatherer: the project's gatherer replaces it only where its p2p kernel
+    runs (gloo here, like NCCL on a GPU box without peer access, leaves SGLang's communicator in charge, which is
+    what SGLang captures in its graphs). The result equals the float64 reference of the whole fc and SGLang's own
+    path on every rank."""
     import json
 
     run_ranks("draft_tp", tmp_path, 2)
     for rank in range(2):
         rep = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert rep["fc_shard"] == [32, 256], rep
-        assert rep["gatherer"] == "PackedGatherer" and rep["backend"] == "gloo", rep
+        assert rep["gatherer"] == "'off'" and rep["backend"] is None, rep
         assert rep["shape"] == [len(harness.PROMPT), 64], rep
         assert rep["plugin_vs_reference"] < 2e-5 and rep["sglang_vs_reference"] < 2e-5, rep
         assert rep["plugin_vs_sglang"] < 2e-5, rep
+
+
+@pytest.mark.parametrize("kind, kw", [pytest.param("mla", dict(fc_norm=True), id="Eagle3MLAModel-fc_norm"),
+                                      pytest.param("mha", dict(fc_norm=True), id="LlamaEagle3-fc_norm")])
+def test_fc_norm_weights_loaded_in_place_reach_the_fused_fc(harness, draft_hooks_on, kind, kw):
+    """RL weight sync: SGLang's update-weights paths load new weights into the existing parameters through the
+    model's own load_weights (`param.data.copy_`, which leaves the parameter's version counter alone). The fused fc
+    must then use the new fc_norm weights, as SGLang's own forward does; the stack it reads is the parameters'
+    storage, which is what CUDA graphs bake in (tests/test_graphs_draft_fc_cuda.py replays graphs across such an
+    update)."""
+    cfg, model = _build(harness, kind, kw, torch.float32)
+    K, H = 4, cfg.hidden_size
+    x = harness.target_features(len(harness.PROMPT), H, K)
+    before, _, _ = _fc_input_of_layer(harness, model, cfg, x, kind)
+    g = torch.Generator().manual_seed(77)
+    model.load_weights([(f"fc_norm.{k}.weight", 0.5 + torch.rand(H, generator=g)) for k in range(K)])
+    counter = OpCounter()
+    with counter:
+        got, _, _ = _fc_input_of_layer(harness, model, cfg, x, kind)
+    assert counter.counts["eagle3_capture.draft_fc.default"] == 1, counter.counts
+    want, _, _ = _fc_input_of_layer(harness, model, cfg, x, kind, forward=type(model.model).forward.__wrapped__)
+    assert (want - before).abs().max() > 0.05, "the update must change the fc output for this test to mean anything"
+    assert (got - want).abs().max() <= 2e-5 * max(1.0, want.abs().max().item())
+    stack = model.model.__dict__[draft_hooks_on._CACHE_ATTR]
+    assert all(n.weight.data_ptr() == stack[k].data_ptr() for k, n in enumerate(model.model.fc_norm))
+
+
+class _Gatherer:
+    """Stands in for a PackedGatherer whose backend the plan and probe decided (what _build_gatherer reads)."""
+
+    def __init__(self, backend, reason):
+        from types import SimpleNamespace
+
+        self.backend, self.plan, self.closed = backend, SimpleNamespace(reason=reason), False
+        self.signal, self.hidden_size, self.max_rows_per_rank, self.timeout_s = "atomic", 64, 512, 600.0
+
+    def close(self):
+        self.closed = True
+
+
+@pytest.mark.parametrize("backend", ["nccl", "gloo", "p2p"])
+def test_only_a_p2p_gatherer_replaces_sglangs_communicator(draft_hooks_on, monkeypatch, backend):
+    """Where the plan or the probe leaves NCCL (or gloo), SGLang's own _fc_gatherer does the gather: under SGLang's
+    graph_capture that is its GroupCoordinator / pynccl, never torch's ProcessGroupNCCL recorded into its graphs."""
+    from types import SimpleNamespace
+
+    from eagle3_capture import tp
+
+    made = []
+
+    def fake(*args, **kwargs):
+        made.append(kwargs)
+        return _Gatherer(backend, "p2p probe failed: rank 1: simulated")
+
+    monkeypatch.setattr(tp, "PackedGatherer", fake)
+    model = SimpleNamespace()
+    group = SimpleNamespace(device_group=object(), world_size=2)
+    state = draft_hooks_on._build_gatherer(model, group, torch.zeros(4, 32), 2)
+    assert made and made[0]["timeout_s"] == tp.default_timeout_s() == 600.0
+    if backend == "p2p":
+        assert isinstance(state, _Gatherer) and not state.closed
+    else:
+        assert state == draft_hooks_on._GATHER_OFF
+
+
+class _FailedGather:
+    def __init__(self, why):
+        self.why = why
+
+    def failure(self):
+        return self.why
+
+
+def test_gather_poll_hook_raises_a_gather_timeout_around_the_draft_extend(draft_hooks_on, monkeypatch):
+    """The poll AROUND the EAGLE worker's draft extend: nothing failed -> the call runs; a gather of an earlier
+    replay timed out -> GatherTimeout before the call; a CUDA error from inside the call while a gather's error word
+    is set -> the GatherTimeout that explains it, chained to the CUDA error."""
+    import weakref
+
+    from eagle3_capture import tp
+
+    monkeypatch.setattr(tp, "_LIVE_P2P", weakref.WeakSet())
+    calls = []
+    assert draft_hooks_on.gather_poll_hook(lambda self, *a: calls.append(a) or "out", None, 1, 2) == "out"
+    failed = _FailedGather("rank 0 timed out after 600 s in gather #9, waiting for the peer to enter the gather "
+                           "(rank 3)")
+    tp._LIVE_P2P.add(failed)
+    with pytest.raises(tp.GatherTimeout, match="gather #9.*rank 3"):
+        draft_hooks_on.gather_poll_hook(lambda self, *a: calls.append(a), None, 3)
+    assert calls == [(1, 2)]
+    tp._LIVE_P2P.discard(failed)
+    late = _FailedGather(None)
+    tp._LIVE_P2P.add(late)
+
+    def replay_fails(self):
+        late.why = "rank 0 timed out after 600 s in gather #10, waiting for the peer's rows to arrive (rank 1)"
+        raise RuntimeError("CUDA error: unspecified launch failure")
+
+    with pytest.raises(tp.GatherTimeout, match="gather #10") as info:
+        draft_hooks_on.gather_poll_hook(replay_fails, None)
+    assert "unspecified launch failure" in str(info.value.__cause__)
+    tp._LIVE_P2P.discard(late)
+
+
+def test_gather_hooks_target_sglangs_draft_extend():
+    """The poll's dotted paths name methods SGLang 0.5.23 has (the load test checks they are hooked)."""
+    import pkgutil
+
+    from eagle3_capture.sglang import draft
+
+    for path, hook in draft.GATHER_HOOKS:
+        obj_path, attr = path.rsplit(".", 1)
+        assert callable(getattr(pkgutil.resolve_name(obj_path), attr)), path
+        assert hook is draft.gather_poll_hook

@@ -21,7 +21,7 @@ def _expected_groups(plugin):
 
     groups = [switches.TAPS, switches.FINAL_BOUNDARY, switches.CAPTURE]
     if draft.unavailable() is None:
-        groups += [switches.DRAFT_FC, switches.GATHER]  # gather: no hook of its own, used by the draft fc hooks
+        groups += [switches.DRAFT_FC, switches.GATHER]  # gather: its error poll around the draft extend
     return groups
 
 

@@ -20,8 +20,15 @@ and weights, H not a multiple of 8, a device the extension was not built for. ``
 ``fc_norm`` applies SGLang's ``input_norm`` module first, then the fused fc with the per-tap norms.
 
 At TP > 1 the fc's column shards ([T, N/tp] per rank) are gathered by the project's ``tp.PackedGatherer``
-(layout "columns": peer-to-peer kernel on CUDA where every GPU pair has peer access, NCCL otherwise, gloo on CPU)
-instead of SGLang's ``_fc_gatherer`` (NVLink multicast, else NCCL); switch ``gather`` turns that off.
+(layout "columns", its peer-to-peer kernel) where every GPU pair has peer access and its probe passes, instead of
+SGLang's ``_fc_gatherer`` (NVLink multicast, else NCCL); elsewhere SGLang's own gather stays (switch ``gather``
+turns the project's off everywhere). The gatherer is built at the first eager draft extend (SGLang's warm-up), so
+every draft-extend CUDA graph records its kernel; ``gather_poll_hook`` (AROUND the EAGLE worker's draft extend)
+turns a gather timeout into a GatherTimeout in SGLang's loop.
+
+CUDA graphs bake in pointers: the fc weight, bias and input_norm weight are the parameters themselves, and the
+fc_norm stack the op needs is made the storage of the fc_norm parameters (``_norm_stack``), so an in-place weight
+update of the draft (RL weight sync) reaches every replay.
 """
 from __future__ import annotations
 
@@ -135,16 +142,35 @@ def _tensor_problem(x, weight, what_h: int) -> Optional[str]:
 
 
 def _norm_stack(model, norms, dtype) -> torch.Tensor:
-    """The per-tap norm weights as one [K, H] tensor, cached on the model while the weights are unchanged
-    (never stored from inside a CUDA-graph capture, whose memory pool it would outlive)."""
-    key = tuple((n.weight.data_ptr(), n.weight._version) for n in norms) + (dtype,)
-    cached = model.__dict__.get(_CACHE_ATTR)
-    if cached is not None and cached[0] == key:
-        return cached[1]
-    stack = torch.stack([n.weight.detach().to(dtype) for n in norms])
-    capturing = stack.is_cuda and torch.cuda.is_current_stream_capturing()
-    if not capturing:
-        model.__dict__[_CACHE_ATTR] = (key, stack)
+    """The per-tap fc_norm weights as one [K, H] tensor for the op, whose pointer CUDA graphs bake in.
+
+    Where the weights allow it (already `dtype`, one device, [H] each), the stack is built once, outside any capture,
+    and each norm's weight is made a view of its row of it: the parameters keep their names, values and weight
+    loaders, and an in-place update of a weight (SGLang's update-weights paths copy into the parameters, as they do
+    for every weight its graphs read) lands in the stack every graph reads. A weight that was replaced by another
+    tensor since is copied into its row and re-pointed at the next eager call. Otherwise (other dtypes, or the
+    first call inside a capture) the stack is built at every call, in the graph too, so replays read the weights
+    as they are then."""
+    weights = [n.weight for n in norms]
+    stack = model.__dict__.get(_CACHE_ATTR)
+    if stack is not None and stack.dtype == dtype and stack.shape[0] == len(weights):
+        if all(w.data_ptr() == stack[k].data_ptr() and w.shape == stack[k].shape for k, w in enumerate(weights)):
+            return stack
+    aliasable = (all(w.dtype == dtype and w.dim() == 1 and w.shape == weights[0].shape and w.device == weights[0].device
+                     for w in weights) and not (weights[0].is_cuda and torch.cuda.is_current_stream_capturing()))
+    if not aliasable:
+        return torch.stack([w.detach().to(dtype) for w in weights])
+    with torch.no_grad():
+        if stack is None or stack.dtype != dtype or stack.shape != (len(weights),) + tuple(weights[0].shape) \
+                or stack.device != weights[0].device:
+            stack = torch.stack([w.detach() for w in weights])
+        else:  # same stack (graphs hold it): copy what changed in
+            for k, w in enumerate(weights):
+                if w.data_ptr() != stack[k].data_ptr():
+                    stack[k].copy_(w.detach())
+        for k, n in enumerate(norms):
+            n.weight.data = stack[k]
+    model.__dict__[_CACHE_ATTR] = stack
     return stack
 
 
@@ -275,7 +301,25 @@ def gather_columns(model, fc, y: torch.Tensor) -> torch.Tensor:
     return state.gather(y if y.stride(-1) == 1 else y.contiguous())
 
 
+def _dist_timeout_s() -> float:
+    """SGLang's `--dist-timeout` when set (its process groups' timeout), else torch's default NCCL timeout."""
+    try:
+        from sglang.srt.runtime_context import get_parallel
+
+        t = get_parallel().dist_timeout
+        if t:
+            return float(t)
+    except Exception:
+        pass
+    return _tp().default_timeout_s()
+
+
 def _build_gatherer(model, group, y: torch.Tensor, world: int):
+    """The project's gatherer where its p2p kernel runs; _GATHER_OFF (SGLang's own `_fc_gatherer`) otherwise. Built
+    at the first eager call, i.e. in SGLang's eager warm-up before the first draft-extend capture, so every
+    draft-extend graph records the p2p kernel. Where only NCCL would be left (the probe failed, no peer access,
+    NCCL_P2P_DISABLE, gloo on CPU) SGLang's own communicator does the gather: under its graph_capture that is its
+    GroupCoordinator's all_gather (pynccl), not torch's ProcessGroupNCCL recorded into SGLang's graphs."""
     tp = _tp()
     pg = getattr(group, "device_group", None)
     if pg is None:
@@ -284,14 +328,57 @@ def _build_gatherer(model, group, y: torch.Tensor, world: int):
         return _GATHER_OFF
     try:
         g = tp.PackedGatherer(pg, num_taps=1, hidden_size=int(y.shape[1]) * world, dtype=y.dtype,
-                              max_rows_per_rank=_max_rows(), device=y.device, layout=tp.COLUMNS)
+                              max_rows_per_rank=_max_rows(), device=y.device, layout=tp.COLUMNS,
+                              timeout_s=_dist_timeout_s())
     except Exception as e:  # raised on every rank alike (its checks are collective)
         logger.warning("eagle3_capture: %s: the project's gatherer could not be set up (%s); the fc gather stays "
                        "SGLang's", type(model).__name__, e)
         return _GATHER_OFF
-    logger.info("eagle3_capture: %s fc column shards gathered by PackedGatherer (backend %s, tp=%d, N=%d, up to "
-                "%d rows)", type(model).__name__, g.backend, world, g.hidden_size, g.max_rows_per_rank)
+    if g.backend != "p2p":  # the same decision on every rank (the plan and the probe's vote are collective)
+        reason = g.plan.reason if g.plan is not None else f"backend {g.backend}"
+        g.close()
+        logger.info("eagle3_capture: %s fc column shards gathered by SGLang's own communicator (the p2p kernel is "
+                    "not used here: %s)", type(model).__name__, reason)
+        return _GATHER_OFF
+    logger.info("eagle3_capture: %s fc column shards gathered by PackedGatherer (p2p kernel, %s signal, tp=%d, "
+                "N=%d, up to %d rows, timeout %g s)", type(model).__name__, g.signal, world, g.hidden_size,
+                g.max_rows_per_rank, g.timeout_s)
     return g
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The gather's error poll, outside the captured region
+# ----------------------------------------------------------------------------------------------------------------
+
+DRAFT_EXTEND_DECODE_PATH = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._draft_extend_for_decode"
+DRAFT_EXTEND_PREFILL_PATH = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._draft_extend_for_prefill"
+
+
+def gather_poll_hook(original, self, *args, **kwargs):
+    """AROUND the EAGLE worker's draft extend (decode and prefill), the only forwards whose fc is wide enough to
+    gather: its draft-extend graph replay (or eager forward) runs the p2p gather, and no Python runs inside a
+    replay. Before and after it, the host-mapped error words of this process's p2p gatherers are read (no CUDA call):
+    a gather that timed out in an earlier step raises GatherTimeout here, naming the peer and the step. Its kernel
+    has also trapped, so a CUDA error may surface first anywhere in SGLang's loop; raised from inside the draft
+    extend, it is re-raised as the GatherTimeout that explains it."""
+    tp = _tp()
+    tp.raise_if_a_gather_failed()
+    try:
+        out = original(self, *args, **kwargs)
+    except Exception as e:
+        try:
+            tp.raise_if_a_gather_failed()
+        except tp.GatherTimeout as why:
+            raise why from e
+        raise
+    tp.raise_if_a_gather_failed()
+    return out
+
+
+GATHER_HOOKS: List[Tuple[str, Callable]] = [
+    (DRAFT_EXTEND_DECODE_PATH, gather_poll_hook),
+    (DRAFT_EXTEND_PREFILL_PATH, gather_poll_hook),
+]
 
 
 def _fc_forward_hook(compute: Callable):
@@ -322,5 +409,6 @@ HOOKS: List[Tuple[str, Callable]] = [
     (LLAMA_DRAFT_FORWARD_PATH, llama_forward_hook),
 ]
 
-__all__ = ["MLA_DRAFT_FORWARD_PATH", "LLAMA_DRAFT_FORWARD_PATH", "HOOKS", "unavailable", "gather_unavailable", "fused_fc",
-           "gather_columns", "mla_forward_hook", "llama_forward_hook"]
+__all__ = ["MLA_DRAFT_FORWARD_PATH", "LLAMA_DRAFT_FORWARD_PATH", "DRAFT_EXTEND_DECODE_PATH", "DRAFT_EXTEND_PREFILL_PATH",
+           "HOOKS", "GATHER_HOOKS", "unavailable", "gather_unavailable", "fused_fc", "gather_columns",
+           "mla_forward_hook", "llama_forward_hook", "gather_poll_hook"]

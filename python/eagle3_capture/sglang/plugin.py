@@ -31,8 +31,8 @@ HOOKS: Dict[str, List[Tuple[str, Callable]]] = {
         (capture.PACKER_APPEND_PATH, capture.packer_append_hook),
     ],
     switches.DRAFT_FC: draft.HOOKS,
-    # no hook of its own: used inside the draft fc hooks, for the column-shard gather at TP > 1
-    switches.GATHER: [],
+    # the column-shard gather at TP > 1 runs inside the draft fc hooks; its error poll is AROUND the draft extend
+    switches.GATHER: draft.GATHER_HOOKS,
     # the declaration (also read with the taps hook off) and the forward whose output it checks
     switches.SELFTEST: [
         (target.RESOLVE_AUX_IDS_PATH, target.resolve_eagle_aux_hidden_state_hook),
