@@ -14,7 +14,8 @@
 #    add + rms_norm + copy_) -> capture.json, capture.png
 # 4. the bench binaries: bench_draft_fc (auto, with --probe 1: a plain streaming read of the same weight bytes) and
 #    bench_capture -> bench_binaries.txt
-# 5. bench_gather.py (two GPUs: p2p gather against NCCL all_gather) -> gather.json; with one GPU a SKIP line says so
+# 5. bench_gather.py (two GPUs: p2p gather against NCCL all_gather at T = 1..8192, powers of two) -> gather.json; with
+#    one GPU a SKIP line says so
 # Success: exit status 0, no summary line starts with FAIL; compare the figures with docs/performance.md.
 set -euo pipefail
 source "$(dirname "$0")/device_env.sh"
@@ -95,7 +96,7 @@ fi
 
 if [ "$GPUS" -ge 2 ]; then
   bench_py "bench gather" 150 "$LOGS/bench_gather.log" \
-    python3 benchmarks/bench_gather.py --out "$RESULTS/gather.json"
+    python3 benchmarks/bench_gather.py --T 1,2,4,8,16,32,64,128,256,512,1024,2048,4096,8192 --out "$RESULTS/gather.json"
 else
   step bench gather
   result "SKIP bench gather (one GPU here; bench_gather.py needs two: run this script on nvidia-h200-x2)"
