@@ -2,7 +2,8 @@
 with tests/ on PYTHONPATH. Each prints one JSON line last (the test reads it).
 
 - workspace (test_graphs_draft_fc_cuda.py): the draft fc decode workspace first needed inside a capture, shared by a
-  graph captured later and replayed first, in a pool whose earlier graph scribbles over the scratch it freed.
+  graph captured later and replayed first, on memory the process used before (filled with 0xff, freed, returned to
+  the driver) in a pool whose earlier graph scribbles over the scratch it freed.
 - gather_trap SIGNAL (test_gather_graphs_cuda.py): two pretend ranks' gathers captured in graphs with the served
   (trap) mode, replayed together, then one rank's graph replayed alone: the kernel must trap (the context is lost,
   the next synchronising call raises) and the host-mapped error word must name the peer and the step.
@@ -30,6 +31,11 @@ def workspace() -> dict:
     b = torch.randn(N, generator=g, device="cuda").to(dt)
     gw = (1 + 0.2 * torch.randn(K, H, generator=g, device="cuda")).to(dt)
     x = {bs: torch.randn(bs, K * H, generator=g, device="cuda").to(dt) for bs in (2, 4)}
+    # Memory that held other data earlier in the process: the driver zeroes fresh memory only across processes.
+    dirt = torch.full((256 << 20,), 0xFF, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    del dirt
+    torch.cuda.empty_cache()
     pool, stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream()
     graphs, outs = {}, {}
     stream.wait_stream(torch.cuda.current_stream())
@@ -62,7 +68,7 @@ def workspace() -> dict:
             raise AssertionError(f"replay {i} (bs {key}, order {order[:i + 1]}): the output was never written")
         err = float((got - want).norm() / want.norm())
         worst, replays = max(worst, err), replays + 1
-    return {"replays": replays, "max_rel": worst}
+    return {"replays": replays, "expected": sum(1 for k in order if k != "scratch"), "max_rel": worst}
 
 
 def gather_trap(signal: str) -> dict:

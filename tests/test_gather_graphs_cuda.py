@@ -46,20 +46,21 @@ def _worker(*args: str, timeout: int = 240) -> dict:
 @pytest.mark.parametrize("signal", ["atomic", "flags"])
 def test_blocks_starting_after_block_0_ended_run_the_same_gather(signal):
     """Rank 1 alone, its peer's gather 1 pre-seeded (so the kernels do not wait on each other: this test also runs
-    under compute-sanitizer); a busy kernel holds all SMs but one, so its 64 blocks run a few at a time and most start
-    after block 0 finished. Every block must run gather 1: a block that took gather 2 would wait for rank 0 to enter
+    under compute-sanitizer); a busy kernel holds all SMs but one, so its 256 blocks run a few at a time and most start
+    after block 0 finished. Before the fix such a block read the `completed` word block 0 had just written and took
+    gather 2. Every block must run gather 1: a block that took gather 2 would wait for rank 0 to enter
     it, time out, and leave its rows unwritten."""
-    k, h, t = 3, 512, 64
+    k, h, t = 3, 512, 256
     rows = [t, t]
     ranks = Ranks(2, 2 * t, k * h)
     mine = local_rows(1, t, k * h, 11)
     ranks.poison()
     seed_peer_done(ranks.flags[1], 0, signal)
     busy = torch.cuda.Stream()
-    busy_sms.launch(busy, busy_sms.sm_count() - 1, spin_ns=400_000_000)
+    busy_sms.launch(busy, 2 * (busy_sms.sm_count() - 1), spin_ns=400_000_000)
     time.sleep(0.02)  # the busy blocks take their SMs first
     off, src, dst, seg = layout_args(ROWS, 1, 2, rows, k, h)
-    ranks.launch(1, mine.cuda(), off, src, dst, seg, 64, signal, timeout_s=2.0)
+    ranks.launch(1, mine.cuda(), off, src, dst, seg, 256, signal, timeout_s=2.0)  # one block per row
     ranks.sync()
     busy.synchronize()
     assert ranks.errors[1].tolist() == [0, 0, 0, 0]

@@ -152,21 +152,22 @@ def test_norm_stack_is_rebuilt_per_call_when_it_cannot_alias():
     x_buf = features(8, 3)
     runner = GraphRunner()
     runner.capture_all([4, 8], lambda bs: (lambda: model.fc(x_buf[:bs])))
-    assert draft._CACHE_ATTR not in model.__dict__
     for norm in model.fc_norm:
         norm.weight.data.mul_(1.5)
     _replay_and_compare(model, runner, x_buf, [8, 4, 8], seed=400)
+    assert draft._CACHE_ATTR not in model.__dict__
 
 
 def test_workspace_first_needed_inside_a_capture_later_graph_replayed_first():
     """The split decode kernel's workspace first needed inside a capture (no eager warm-up, or a larger (K, N) than
     any eager call), in a fresh process: a graph of the same pool captured before it frees scratch that it fills with
     0xff at every replay; graph A allocates the workspace; graph B, captured later, shares it; B is replayed first,
-    right after the scratch graph, then every graph in random order. Each replay must equal the reference."""
+    right after the scratch graph, then every graph in random order; the process filled and freed memory before, so
+    a fresh pool segment is not zero. Each replay must equal the reference."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([HERE] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     proc = subprocess.run([sys.executable, os.path.join(HERE, "graph_workers.py"), "workspace"], env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rep = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert rep["replays"] >= 20 and rep["max_rel"] <= REL, rep
+    assert rep["replays"] == rep["expected"] >= 10 and rep["max_rel"] <= REL, rep
