@@ -61,6 +61,14 @@ def config_table(pair: dict, out: str) -> Dict[str, dict]:
 CPU_DRY_RUN_ENV = {"E3_SGLANG_CPU_STANDINS": "1", "TRITON_INTERPRET": "1", "TORCHDYNAMO_DISABLE": "1"}
 
 
+# On the GPU machine (torch 2.11): the sglang-kernel version check off (stand-ins), SGLang's own Python radix-tree
+# core instead of its Rust one (mem_cache.*.so links torch 2.14's libtorch through tch and panics on torch 2.11 at
+# the first cache insert: "Rust TreeCore panicked: ... UnknownKind(31)"), and fewer inductor compile workers per
+# server (servers start side by side).
+CUDA_ENV = {"SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK": "1", "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND": "python",
+            "TORCHINDUCTOR_COMPILE_THREADS": "4"}
+
+
 def config_graph(name: str) -> str:
     return "off" if name.endswith("_eager") else "on"
 
@@ -71,7 +79,7 @@ def child_env(extra: Dict[str, str], device: str = "cuda") -> Dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("EAGLE3_CAPTURE")}
     if device == "cuda":
         env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), STANDINS) if p)
-        env["SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK"] = "1"
+        env.update(CUDA_ENV)
     else:
         env.update(CPU_DRY_RUN_ENV)
     env["PYTHONUNBUFFERED"] = "1"
@@ -80,62 +88,139 @@ def child_env(extra: Dict[str, str], device: str = "cuda") -> Dict[str, str]:
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# reading a run
-# ------------------------------------------------------------------------------------------------------------------
 # running
 # ------------------------------------------------------------------------------------------------------------------
 
-def run_config(name: str, cfg: dict, pair: dict, out: str, timeout_s: float, timed_repeats: int,
-               new_tokens: int, log, device: str = "cuda") -> dict:
-    odir = os.path.join(out, "runs", name)
-    os.makedirs(odir, exist_ok=True)
-    s, k, d = CHAIN
-    cmd = [sys.executable, os.path.join(HERE, "serve_gpu.py"), "--target", pair["target"], "--draft", cfg["draft"],
-           "--prompts", pair["prompts"], "--out-dir", odir, "--cuda-graph", cfg["graph"], "--steps", str(s),
-           "--topk", str(k), "--draft-tokens", str(d), "--new-tokens", str(new_tokens),
-           "--timed-repeats", str(timed_repeats), "--device", device]
-    log(f"--- {name}: cuda graphs {cfg['graph']}, env {cfg['env']}, timeout {timeout_s:.0f} s")
-    t0 = time.time()
-    logpath = os.path.join(odir, "server.log")
-    rc = None
-    with open(logpath, "w") as lf:
+class Server:
+    """One serve_gpu.py process. Side by side (``gated``), it waits after round 1 for ``release()`` before its
+    timed round, so the servers can start together and still time alone."""
+
+    def __init__(self, name: str, cfg: dict, pair: dict, out: str, timed_repeats: int, new_tokens: int,
+                 device: str, gated: bool):
+        self.name, self.cfg = name, cfg
+        self.odir = os.path.join(out, "runs", name)
+        os.makedirs(self.odir, exist_ok=True)
+        self.go, self.ready_file = os.path.join(self.odir, "go"), os.path.join(self.odir, "ready")
+        s, k, d = CHAIN
+        self.cmd = [sys.executable, os.path.join(HERE, "serve_gpu.py"), "--target", pair["target"], "--draft",
+                    cfg["draft"], "--prompts", pair["prompts"], "--out-dir", self.odir, "--cuda-graph", cfg["graph"],
+                    "--steps", str(s), "--topk", str(k), "--draft-tokens", str(d), "--new-tokens", str(new_tokens),
+                    "--timed-repeats", str(timed_repeats), "--device", device]
+        if gated and timed_repeats:
+            self.cmd += ["--go-file", self.go, "--ready-file", self.ready_file]
+        self.device = device
+        self.proc = None
+        self.rc = None
+        self.t0 = None
+        self.timeout_note = None
+        self.logpath = os.path.join(self.odir, "server.log")
+
+    def start(self, log) -> None:
+        log(f"--- {self.name}: cuda graphs {self.cfg['graph']}, env {self.cfg['env']}")
+        self.t0 = time.time()
         try:
-            p = subprocess.Popen(cmd, stdout=lf, stderr=subprocess.STDOUT, env=child_env(cfg["env"], device),
-                                 cwd=REPO, start_new_session=True)
-            try:
-                rc = p.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, 9)
-                p.wait()
-                rc = "timeout"
+            with open(self.logpath, "w") as lf:
+                self.proc = subprocess.Popen(self.cmd, stdout=lf, stderr=subprocess.STDOUT,
+                                             env=child_env(self.cfg["env"], self.device), cwd=REPO,
+                                             start_new_session=True)
         except OSError as e:
-            rc = f"could not start: {e}"
-    seconds = round(time.time() - t0, 1)
-    with open(logpath, errors="replace") as f:
-        text = f.read()
-    summary = {}
-    spath = os.path.join(odir, "summary.json")
-    if os.path.exists(spath):
-        with open(spath) as f:
-            summary = json.load(f)
-    r1, r2 = read_jsonl(os.path.join(odir, "round1.jsonl")), read_jsonl(os.path.join(odir, "round2.jsonl"))
-    res = {"name": name, "cuda_graph": cfg["graph"], "draft": os.path.basename(cfg["draft"]), "env": cfg["env"],
-           "rc": rc, "seconds": seconds, "ok": rc == 0 and bool(r1), "error": summary.get("error"),
-           "engine_start_s": summary.get("engine_start_s"), "round1": summary.get("round1"),
-           "round2": summary.get("round2"), "server_info": summary.get("server_info"),
-           "log": log_checks(text), "round1_rows": r1, "round2_rows": r2}
-    if rc == "timeout":
-        res["error"] = f"timed out after {timeout_s:.0f} s (at: {_last_stage(text)})"
-    if not res["ok"]:
-        res["log_tail"] = text[-6000:]
-        res["first_error_lines"] = _first_errors(text)
-    if r2 and r1:
-        reps = len(r2) // len(r1)
-        res["round2_equals_round1"] = compare_requests(per_request(r1) * reps, per_request(r2),
-                                                       fields=("output_ids",))
-    log(f"    {name}: rc {rc} in {seconds} s; start {res['engine_start_s']} s; round1 {res['round1']}; "
-        f"round2 {res['round2']}; error {res['error']}")
-    return res
+            self.rc = f"could not start: {e}"
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def ready(self) -> bool:
+        return os.path.exists(self.ready_file)
+
+    def release(self) -> None:
+        with open(self.go, "w") as f:
+            f.write(str(time.time()))
+
+    def wait(self, timeout_s: float, why: str = "") -> None:
+        if self.proc is None:
+            return
+        try:
+            self.rc = self.proc.wait(timeout=max(0.0, timeout_s))
+        except subprocess.TimeoutExpired:
+            self.kill(why or f"timed out after {timeout_s:.0f} s")
+
+    def kill(self, why: str) -> None:
+        if self.alive():
+            os.killpg(self.proc.pid, 9)
+            self.proc.wait()
+        self.rc = "timeout"
+        self.timeout_note = why
+
+    def result(self, log) -> dict:
+        seconds = round(time.time() - (self.t0 or time.time()), 1)
+        text = ""
+        if os.path.exists(self.logpath):
+            with open(self.logpath, errors="replace") as f:
+                text = f.read()
+        summary = {}
+        spath = os.path.join(self.odir, "summary.json")
+        if os.path.exists(spath):
+            with open(spath) as f:
+                summary = json.load(f)
+        r1 = read_jsonl(os.path.join(self.odir, "round1.jsonl"))
+        r2 = read_jsonl(os.path.join(self.odir, "round2.jsonl"))
+        cfg, rc = self.cfg, self.rc
+        res = {"name": self.name, "cuda_graph": cfg["graph"], "draft": os.path.basename(cfg["draft"]),
+               "env": cfg["env"], "rc": rc, "seconds": seconds, "ok": rc == 0 and bool(r1),
+               "error": summary.get("error"), "engine_start_s": summary.get("engine_start_s"),
+               "round1": summary.get("round1"), "round2": summary.get("round2"),
+               "waited_for_timed_round_s": summary.get("waited_for_timed_round_s"),
+               "server_info": summary.get("server_info"), "windows": summary.get("windows"),
+               "log": log_checks(text), "round1_rows": r1, "round2_rows": r2}
+        if rc == "timeout":
+            res["error"] = f"{self.timeout_note} (at: {_last_stage(text)})"
+        if not res["ok"]:
+            res["log_tail"] = text[-6000:]
+            res["first_error_lines"] = _first_errors(text)
+        if r2 and r1:
+            reps = len(r2) // len(r1)
+            res["round2_equals_round1"] = compare_requests(per_request(r1) * reps, per_request(r2),
+                                                           fields=("output_ids",))
+        log(f"    {self.name}: rc {rc} in {seconds} s; start {res['engine_start_s']} s; round1 {res['round1']}; "
+            f"round2 {res['round2']}; error {res['error']}")
+        return res
+
+
+def run_in_turn(servers: List[Server], deadline: float, per_config_s: float, min_s: float, log) -> Dict[str, str]:
+    """One server after the other, each inside the deadline; returns the ones not started."""
+    skipped = {}
+    for s in servers:
+        left = deadline - time.time()
+        if left < min_s:
+            skipped[s.name] = f"not started: {left:.0f} s left of the budget"
+            log(f"--- {s.name}: {skipped[s.name]}")
+            continue
+        s.start(log)
+        s.wait(min(per_config_s, left))
+    return skipped
+
+
+def run_side_by_side(servers: List[Server], deadline: float, per_round_s: float, log) -> None:
+    """Start every server at once (their imports, compiles and CUDA-graph captures overlap), wait until each has
+    served round 1 or exited, then release the timed rounds one at a time, so no two servers run a timed round,
+    and no start-up or round 1 runs beside one."""
+    for s in servers:
+        s.start(log)
+    gate = deadline - per_round_s * len(servers)
+    while time.time() < gate and any(s.alive() and not s.ready() for s in servers):
+        time.sleep(0.5)
+    for s in servers:
+        if s.alive() and not s.ready():
+            s.kill(f"not through round 1 by the deadline ({gate - s.t0:.0f} s after its start)")
+    log("    side by side: " + ", ".join(f"{s.name} {'ready' if s.ready() else 'rc ' + str(s.proc.poll() if s.proc else s.rc)}"
+                                         for s in servers))
+    for i, s in enumerate(servers):
+        if not s.alive():
+            s.wait(0)
+            continue
+        s.release()
+        left = deadline - time.time() - per_round_s * (len(servers) - i - 1) / 2
+        s.wait(max(per_round_s, left), why="its timed round and shutdown outran the deadline")
 
 
 def _last_stage(text: str) -> str:
@@ -189,6 +274,10 @@ def main(argv=None) -> int:
     p.add_argument("--budget-s", type=float, default=400, help="one deadline for every server (seconds)")
     p.add_argument("--per-config-s", type=float, default=200, help="at most this long per server")
     p.add_argument("--min-s", type=float, default=45, help="do not start a server with less time left than this")
+    p.add_argument("--side-by-side", choices=("on", "off"), default=None,
+                   help="on (default on cuda): start every server at once, time them one at a time (round 2); "
+                        "off (default on cpu): one after another")
+    p.add_argument("--per-round-s", type=float, default=30, help="side by side: time kept for each timed round")
     p.add_argument("--only", default=",".join(ORDER), help=f"comma-separated subset of {','.join(ORDER)}")
     p.add_argument("--timed-repeats", type=int, default=4)
     p.add_argument("--result", default=None, help="write the result JSON here too")
@@ -224,24 +313,21 @@ def main(argv=None) -> int:
         with open(pair["reference"]) as f:
             reference = json.load(f)["outputs"]
     table = config_table(pair, a.out)
-    runs: Dict[str, dict] = {}
+    side = (a.side_by_side or ("on" if a.device == "cuda" else "off")) == "on"
+    servers = [Server(n, table[n], pair, a.out, a.timed_repeats, pair["new_tokens"], a.device, side) for n in names]
     skipped = {}
-    for n in names:
-        left = deadline - time.time()
-        if left < a.min_s:
-            skipped[n] = f"not started: {left:.0f} s left of the budget"
-            log(f"--- {n}: {skipped[n]}")
+    if side:
+        run_side_by_side(servers, deadline, a.per_round_s, log)
+    else:
+        skipped = run_in_turn(servers, deadline, a.per_config_s, a.min_s, log)
+    runs: Dict[str, dict] = {}
+    for s in servers:
+        if s.name in skipped:
             continue
-        r = run_config(n, table[n], pair, a.out, min(a.per_config_s, left), a.timed_repeats, pair["new_tokens"], log,
-                       a.device)
-        if "EAGLE3_CAPTURE_DUMP" in table[n]["env"]:
-            summ = {}
-            sp = os.path.join(a.out, "runs", n, "summary.json")
-            if os.path.exists(sp):
-                with open(sp) as f:
-                    summ = json.load(f)
-            r["dump"] = dump_index(table[n]["env"]["EAGLE3_CAPTURE_DUMP"], prompts, summ.get("windows"))
-        runs[n] = r
+        r = s.result(log)
+        if "EAGLE3_CAPTURE_DUMP" in s.cfg["env"]:
+            r["dump"] = dump_index(s.cfg["env"]["EAGLE3_CAPTURE_DUMP"], prompts, r.get("windows"))
+        runs[s.name] = r
     comp = comparisons(runs, reference)
     result = {
         "what": "SGLang 0.5.23's real serving loop (sglang.Engine, EAGLEWorkerV2) on one GPU with the demo pair "
@@ -250,8 +336,9 @@ def main(argv=None) -> int:
                 "own convention; sgl_kernel / flash_mla / cutlass stood in by tests/gpu_sglang/standins",
         "command": a.command or " ".join(sys.argv), "machine": machine(), "pair": pair,
         "prompts": len(prompts), "new_tokens": pair["new_tokens"], "timed_repeats": a.timed_repeats,
-        "device": a.device,
-        "environment": {k: os.environ.get(k) for k in ("TORCHDYNAMO_DISABLE", "CUDA_VISIBLE_DEVICES")},
+        "device": a.device, "side_by_side": side,
+        "environment": {**{k: os.environ.get(k) for k in ("TORCHDYNAMO_DISABLE", "CUDA_VISIBLE_DEVICES")},
+                        **(CUDA_ENV if a.device == "cuda" else CPU_DRY_RUN_ENV)},
         "configs": {n: {k: v for k, v in r.items() if k not in ("round1_rows", "round2_rows")}
                     for n, r in runs.items()},
         "accept": {n: accept_figures(r["round1_rows"]) for n, r in runs.items() if r.get("ok")},

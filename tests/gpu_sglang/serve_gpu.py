@@ -7,7 +7,8 @@ an Engine owns scheduler and detokenizer processes, and SGLang's ``load_plugins(
 
 Two rounds on one engine: round 1 serves every prompt once (its responses are what the comparisons read, and a
 first round pays the Triton / JIT compiles); then the radix cache is flushed and round 2 serves the prompts
-``--timed-repeats`` times over, timed (tokens/s). Writes ``round1.jsonl`` / ``round2.jsonl`` (one line per
+``--timed-repeats`` times over, timed (tokens/s). With ``--go-file`` the server writes ``--ready-file`` after
+round 1 and waits for the go file before round 2, so servers started side by side time one at a time. Writes ``round1.jsonl`` / ``round2.jsonl`` (one line per
 response: input_ids, output_ids, meta_info) and ``summary.json`` (timings, token counts, server info), or on a
 failure ``summary.json`` with ``"error"`` and exit status 3. The caller's environment chooses what loads: this
 project's plugin (``EAGLE3_CAPTURE_DISABLE``, ``EAGLE3_CAPTURE_DUMP``), and the compiled-package stand-ins
@@ -91,6 +92,10 @@ def main(argv=None) -> int:
     p.add_argument("--context-length", type=int, default=56)
     p.add_argument("--max-total-tokens", type=int, default=8192)
     p.add_argument("--mem-fraction", type=float, default=0.2)
+    p.add_argument("--go-file", default=None,
+                   help="after round 1, write --ready-file and wait for this file before the timed round")
+    p.add_argument("--ready-file", default=None)
+    p.add_argument("--go-timeout", type=float, default=600)
     p.add_argument("--decode-bs", type=_int_list, default=[1, 2, 4, 8, 12, 16, 24, 32],
                    help="decode batch sizes captured in CUDA graphs (comma-separated)")
     p.add_argument("--prefill-bs", type=_int_list, default=[64, 128, 256, 512],
@@ -145,6 +150,17 @@ def main(argv=None) -> int:
         if a.timed_repeats:
             stage = "flush cache"
             engine.flush_cache()
+            if a.go_file:
+                # servers started side by side: the caller releases one timed round at a time
+                stage = "waiting for the timed round"
+                with open(a.ready_file or a.go_file + ".ready", "w") as f:
+                    f.write(str(time.time()))
+                waited = time.time()
+                while not os.path.exists(a.go_file):
+                    if time.time() - waited > a.go_timeout:
+                        raise TimeoutError(f"not released for the timed round within {a.go_timeout:.0f} s")
+                    time.sleep(0.1)
+                summary["waited_for_timed_round_s"] = round(time.time() - waited, 1)
             stage = "round 2"
             timed = prompts * a.timed_repeats
             w3, t3 = time.time(), time.perf_counter()

@@ -128,6 +128,7 @@ def test_child_env_puts_the_stand_ins_on_the_path_only_for_cuda(monkeypatch):
     env = compare.child_env({"EAGLE3_CAPTURE_DUMP": "/d"})
     assert env["PYTHONPATH"] == "/x" + os.pathsep + compare.STANDINS
     assert env["SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK"] == "1" and "EAGLE3_CAPTURE_DISABLE" not in env
+    assert env["SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"] == "python"
     assert env["EAGLE3_CAPTURE_DUMP"] == "/d"
     cpu = compare.child_env({}, "cpu")
     assert cpu["PYTHONPATH"] == "/x" and cpu["E3_SGLANG_CPU_STANDINS"] == "1" and cpu["TRITON_INTERPRET"] == "1"
