@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# SGLang 0.5.23's real serving loop on ONE GPU (an H200: kind nvidia-h200), CUDA graphs on against off, about 7 min.
+# SGLang 0.5.23's real serving loop on ONE GPU (an H200: kind nvidia-h200), CUDA graphs on against off, ~4 minutes.
 #   usage: bash scripts/gpu_sglang.sh [--help]      (from the repository root or anywhere)
 # Needs SGLang and its light deps as wheels in $WHEELS (default .whl in the repository root): run
 # `bash scripts/fetch_device_wheels.sh` where pip works and name .whl in the device call's carry (about 58 MB).
@@ -9,14 +9,15 @@
 #    (pip install -e .), write the demo pair (tests/gpu_sglang/make_pair.py: doctor demo --fast, on CUDA with a
 #    CPU fallback, plus the target's greedy continuations), build SGLang's JIT kernels on the path (tvm-ffi + nvcc,
 #    tests/gpu_sglang/jit_warmup.py) and test the stand-ins on this GPU (CUDA graphs too)
-# 2. tests/gpu_sglang/compare.py: sglang.Engine with the plugin, --disable-cuda-graph, then CUDA graphs on; stock
-#    SGLang (plugin off, the draft's ids in stock's convention) with graphs on, then off if time is left; each
-#    server in its own process, one deadline for all
+# 2. tests/gpu_sglang/compare.py: four sglang.Engine servers, started side by side and timed one at a time: the
+#    plugin with --disable-cuda-graph and with CUDA graphs on, stock SGLang (plugin off, the draft's ids in stock's
+#    convention) likewise; one deadline for all
 # $OUT/gpu_sglang.json: machine, torch, command, per server the timings, errors and log checks, the comparisons
 # (greedy outputs, per-request verify counts and histograms, graphs on vs off, plugin vs stock, vs the target's
 # own greedy continuation), the plugin's startup / self-test lines, what the capture dump holds, tokens/s.
-# $OUT/summary.txt: one PASS / FAIL / SKIP line per step; $OUT/logs.tar.gz: every log, response and dump.
-# Success: exit status 0, every summary line starts with PASS. Environment: OUT (default /tmp/e3out), BUDGET_S
+# $OUT/summary.txt: one PASS / FAIL / SKIP / INFO line per check (INFO: a difference stock SGLang shows too);
+# $OUT/logs.tar.gz: every log, response and dump (tests/gpu_sglang/compare.py --rejudge re-reads them).
+# Success: exit status 0, no summary line starts with FAIL or SKIP. Environment: OUT (default /tmp/e3out), BUDGET_S
 # (default 460), WHEELS, TORCHDYNAMO_DISABLE (passed to the servers; unset: SGLang's torch.compile runs).
 set -euo pipefail
 source "$(dirname "$0")/device_env.sh"
@@ -84,27 +85,7 @@ rc=0
 python3 tests/gpu_sglang/compare.py --pair "$WORK/pair" --out "$WORK/compare" --budget-s "$left" \
   --result "$LOGS/gpu_sglang.json" --command "bash scripts/gpu_sglang.sh" 2>&1 | tee "$WORK/compare.out" || rc=$?
 if [ -f "$LOGS/gpu_sglang.json" ]; then
-  python3 - "$LOGS/gpu_sglang.json" >> "$SUMMARY" <<'EOF'
-import json, sys
-r = json.load(open(sys.argv[1]))
-for n, c in r["configs"].items():
-    word = "PASS" if c.get("ok") else "FAIL"
-    extra = f"tokens/s {(c.get('round2') or {}).get('tokens_per_s')}" if c.get("ok") else f"{c.get('error')}"
-    print(f"{word} serve {n} (cuda graphs {c['cuda_graph']}): {extra}")
-for n, why in r.get("skipped", {}).items():
-    print(f"SKIP serve {n}: {why}")
-for key, c in r["comparisons"].items():
-    if key.startswith("vs the target"):
-        for n, ref in c.items():
-            if ref is not None:
-                print(f"{'PASS' if ref['all'] else 'FAIL'} {n} vs the target's greedy continuation: "
-                      f"{ref['equal']}/{ref['of']} equal")
-    else:
-        print(f"{'PASS' if c['equal'] else 'FAIL'} {key}: outputs, verify counts and histograms "
-              f"({c.get('mismatch_count', 0)} differences over {c['n']} requests)")
-print(f"{'PASS' if r['ok'] else 'FAIL'} verdict: {'; '.join(r['failures']) or 'every comparison held'}")
-print(f"INFO speed: {r['speed']}")
-EOF
+  python3 tests/gpu_sglang/report.py "$LOGS/gpu_sglang.json" >> "$SUMMARY"
 else
   result "FAIL compare (rc=$rc): no result JSON"
 fi

@@ -46,12 +46,15 @@ DUMP_MAX = 32
 
 def config_table(pair: dict, out: str) -> Dict[str, dict]:
     dumps = os.path.join(out, "dumps")
-    plugin_env = {"EAGLE3_CAPTURE_DUMP_MAX": str(DUMP_MAX)}
     return {
+        # eager: every forward runs the hooks, DUMP_MAX reaches past the first prefills into served traffic
         "plugin_eager": {"graph": "off", "draft": pair["draft"],
-                         "env": {**plugin_env, "EAGLE3_CAPTURE_DUMP": os.path.join(dumps, "plugin_eager")}},
+                         "env": {"EAGLE3_CAPTURE_DUMP_MAX": str(DUMP_MAX),
+                                 "EAGLE3_CAPTURE_DUMP": os.path.join(dumps, "plugin_eager")}},
+        # graphs: the plugin's default DUMP_MAX (8), which the start-up's eager capture warm-ups use up, so the timed
+        # round writes none (what a default deployment with graphs on dumps: warm-ups only)
         "plugin_graphs": {"graph": "on", "draft": pair["draft"],
-                          "env": {**plugin_env, "EAGLE3_CAPTURE_DUMP": os.path.join(dumps, "plugin_graphs")}},
+                          "env": {"EAGLE3_CAPTURE_DUMP": os.path.join(dumps, "plugin_graphs")}},
         "stock_graphs": {"graph": "on", "draft": pair["draft_stock"], "env": {"EAGLE3_CAPTURE_DISABLE": "all"}},
         "stock_eager": {"graph": "off", "draft": pair["draft_stock"], "env": {"EAGLE3_CAPTURE_DISABLE": "all"}},
     }
@@ -126,6 +129,12 @@ class Server:
         except OSError as e:
             self.rc = f"could not start: {e}"
 
+    def reread(self) -> None:
+        """--rejudge: the exit status a finished run had (0 when its summary holds no error)."""
+        spath = os.path.join(self.odir, "summary.json")
+        summary = json.load(open(spath)) if os.path.exists(spath) else {"error": "no summary.json"}
+        self.rc = 3 if summary.get("error") else 0
+
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
@@ -152,7 +161,7 @@ class Server:
         self.timeout_note = why
 
     def result(self, log) -> dict:
-        seconds = round(time.time() - (self.t0 or time.time()), 1)
+        seconds = round(time.time() - self.t0, 1) if self.t0 else None  # None: --rejudge
         text = ""
         if os.path.exists(self.logpath):
             with open(self.logpath, errors="replace") as f:
@@ -165,8 +174,11 @@ class Server:
         r1 = read_jsonl(os.path.join(self.odir, "round1.jsonl"))
         r2 = read_jsonl(os.path.join(self.odir, "round2.jsonl"))
         cfg, rc = self.cfg, self.rc
+        # the plugin switches the server really had (its summary records them; --rejudge reads older runs)
+        env = ({k: v for k, v in summary["env"].items() if k.startswith("EAGLE3_CAPTURE")}
+               if isinstance(summary.get("env"), dict) else cfg["env"])
         res = {"name": self.name, "cuda_graph": cfg["graph"], "draft": os.path.basename(cfg["draft"]),
-               "env": cfg["env"], "rc": rc, "seconds": seconds, "ok": rc == 0 and bool(r1),
+               "env": env, "rc": rc, "seconds": seconds, "ok": rc == 0 and bool(r1),
                "error": summary.get("error"), "engine_start_s": summary.get("engine_start_s"),
                "round1": summary.get("round1"), "round2": summary.get("round2"),
                "waited_for_timed_round_s": summary.get("waited_for_timed_round_s"),
@@ -284,6 +296,9 @@ def main(argv=None) -> int:
     p.add_argument("--command", default=None, help="the command line to record in the result")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cpu: a dry run of the pipeline on SGLang's CPU path (the *_eager configurations only)")
+    p.add_argument("--rejudge", action="store_true",
+                   help="serve nothing: read the runs already under --out (e.g. a GPU run's logs.tar.gz, unpacked) "
+                        "and judge them with this code")
     a = p.parse_args(argv)
     names = [n for n in a.only.split(",") if n]
     unknown = [n for n in names if n not in ORDER]
@@ -306,6 +321,9 @@ def main(argv=None) -> int:
     if "target" not in pair:
         log(f"no pair: {pair}")
         return 1
+    for key, name in (("prompts", "prompts.json"), ("reference", "reference_greedy.json")):
+        if pair.get(key) and not os.path.exists(pair[key]):  # an unpacked copy of another machine's run
+            pair[key] = os.path.join(a.pair, name)
     with open(pair["prompts"]) as f:
         prompts = json.load(f)
     reference = None
@@ -316,7 +334,10 @@ def main(argv=None) -> int:
     side = (a.side_by_side or ("on" if a.device == "cuda" else "off")) == "on"
     servers = [Server(n, table[n], pair, a.out, a.timed_repeats, pair["new_tokens"], a.device, side) for n in names]
     skipped = {}
-    if side:
+    if a.rejudge:
+        for s in servers:
+            s.reread()
+    elif side:
         run_side_by_side(servers, deadline, a.per_round_s, log)
     else:
         skipped = run_in_turn(servers, deadline, a.per_config_s, a.min_s, log)
@@ -327,26 +348,35 @@ def main(argv=None) -> int:
         r = s.result(log)
         if "EAGLE3_CAPTURE_DUMP" in s.cfg["env"]:
             r["dump"] = dump_index(s.cfg["env"]["EAGLE3_CAPTURE_DUMP"], prompts, r.get("windows"))
+            if a.rejudge:
+                r["dump"]["dir"] = os.path.relpath(r["dump"]["dir"], a.out)
         runs[s.name] = r
+    served_on = None
+    earlier = os.path.join(a.out, "gpu_sglang.json")
+    if a.rejudge and os.path.exists(earlier):  # the machine the runs were served on, not this one
+        with open(earlier) as f:
+            served_on = json.load(f).get("machine")
     comp = comparisons(runs, reference)
     result = {
         "what": "SGLang 0.5.23's real serving loop (sglang.Engine, EAGLEWorkerV2) on one GPU with the demo pair "
                 "(tiny DeepseekV3 target + trained LlamaForCausalLMEagle3 draft, float32, triton attention, chain "
                 f"{CHAIN[0]}/{CHAIN[1]}/{CHAIN[2]}): CUDA graphs on vs off, plugin vs stock SGLang given ids in its "
                 "own convention; sgl_kernel / flash_mla / cutlass stood in by tests/gpu_sglang/standins",
-        "command": a.command or " ".join(sys.argv), "machine": machine(), "pair": pair,
+        "command": a.command or " ".join(sys.argv), "machine": served_on or machine(), "pair": pair,
         "prompts": len(prompts), "new_tokens": pair["new_tokens"], "timed_repeats": a.timed_repeats,
         "device": a.device, "side_by_side": side,
+        "rejudged_on": {"platform": platform.platform(), "python": platform.python_version()} if a.rejudge else None,
         "environment": {**{k: os.environ.get(k) for k in ("TORCHDYNAMO_DISABLE", "CUDA_VISIBLE_DEVICES")},
                         **(CUDA_ENV if a.device == "cuda" else CPU_DRY_RUN_ENV)},
         "configs": {n: {k: v for k, v in r.items() if k not in ("round1_rows", "round2_rows")}
                     for n, r in runs.items()},
         "accept": {n: accept_figures(r["round1_rows"]) for n, r in runs.items() if r.get("ok")},
-        "comparisons": comp, "speed": speed(runs), "skipped": skipped, "findings": findings(runs),
+        "comparisons": comp, "speed": speed(runs), "skipped": skipped, "findings": findings(runs, comp),
     }
     result["failures"] = verdict(runs, comp) + [f"{n}: {why}" for n, why in skipped.items()]
     result["ok"] = not result["failures"]
-    for path in filter(None, (os.path.join(a.out, "gpu_sglang.json"), a.result)):
+    # --rejudge keeps the served run's own result beside its runs and writes only --result
+    for path in filter(None, (None if a.rejudge else os.path.join(a.out, "gpu_sglang.json"), a.result)):
         with open(path, "w") as f:
             json.dump(result, f, indent=1)
     log(f"speed: {result['speed']}")

@@ -112,6 +112,33 @@ def test_verdict_and_speed():
     assert "stock_graphs: 0/1 outputs equal the target's greedy continuation" in text
 
 
+def test_a_graphs_difference_stock_shows_too_is_sglangs_own():
+    """Graphs on vs off differing in the same request with and without the plugin (SGLang's own numerics: its
+    graphed prefill takes MLA, the eager one MHA) is a finding; the same difference with the plugin only fails."""
+    runs = {n: _run(n, graph="off" if n.endswith("eager") else "on") for n in compare.ORDER}
+    for n in ("plugin_graphs", "stock_graphs"):
+        runs[n]["round1_rows"] = [_row([1, 3], 2, [0])]
+    comp = report.comparisons(runs, [[1, 2]])
+    assert report.verdict(runs, comp) == []
+    own = report.attributed(comp)
+    assert set(own["pairs"]) == {"plugin_graphs vs plugin_eager", "stock_graphs vs stock_eager"}
+    assert set(own["reference"]) == {"plugin_graphs", "stock_graphs"}
+    lines = report.findings(runs, comp)
+    assert any("SGLang's own graphs-on vs off numerics" in ln for ln in lines)
+    result = {"configs": {n: {k: v for k, v in r.items() if k != "round1_rows"} for n, r in runs.items()},
+              "comparisons": comp, "ok": True, "failures": [], "speed": report.speed(runs)}
+    summary = report.summary_lines(result)
+    assert [ln.split()[0] for ln in summary].count("FAIL") == 0
+    assert any(ln.startswith("INFO plugin_graphs vs plugin_eager") for ln in summary)
+    # the plugin alone differing: a failure, and nothing is attributed to SGLang
+    runs["stock_graphs"]["round1_rows"] = [_row([1, 2], 1, [1])]
+    comp = report.comparisons(runs, [[1, 2]])
+    bad = "\n".join(report.verdict(runs, comp))
+    assert "plugin_graphs vs plugin_eager: 3 differences" in bad and "plugin_graphs vs stock_graphs: 3" in bad
+    assert "plugin_graphs: 0/1 outputs equal the target's greedy continuation" in bad
+    assert report.attributed(comp) == {"pairs": {}, "reference": {}}
+
+
 def test_findings_say_what_the_dump_and_self_test_saw():
     r = _run("plugin_graphs")
     r["dump"] = {"files": 32, "with_served_prompts": 0, "modes": ["DECODE"], "written_in_round2": 0}
@@ -173,6 +200,41 @@ def test_engine_kwargs_graphs_on_and_off():
         serve_gpu.engine_kwargs(_ns(device="cpu"))
     with pytest.raises(argparse.ArgumentTypeError):
         serve_gpu._int_list("1,x")
+
+
+def test_rejudge_reads_finished_runs_and_keeps_where_they_were_served(tmp_path):
+    """--rejudge: the runs of another machine, unpacked, judged by this code; its machine stays the served one."""
+    pair = tmp_path / "pair"
+    pair.mkdir()
+    (pair / "prompts.json").write_text(json.dumps([[5, 6]]))
+    (pair / "reference_greedy.json").write_text(json.dumps({"outputs": [[1, 2]]}))
+    (pair / "pair.json").write_text(json.dumps({"target": "/elsewhere/t", "draft": "/elsewhere/d",
+                                                "draft_stock": "/elsewhere/ds", "prompts": "/elsewhere/p.json",
+                                                "reference": "/elsewhere/r.json", "new_tokens": 2}))
+    out = tmp_path / "cmp"
+    for n in compare.ORDER:
+        d = out / "runs" / n
+        d.mkdir(parents=True)
+        (d / "round1.jsonl").write_text(json.dumps(_row([1, 2], 1, [1])) + "\n")
+        (d / "round2.jsonl").write_text(json.dumps(_row([1, 2], 1, [1])) + "\n")
+        env = {"EAGLE3_CAPTURE_DUMP": "/x"} if n.startswith("plugin") else {"EAGLE3_CAPTURE_DISABLE": "all"}
+        (d / "summary.json").write_text(json.dumps({"env": env, "engine_start_s": 1.0, "round2": {"tokens_per_s": 9.0},
+                                                    "round1": {"tokens": 2}}))
+        log = ("eagle3_capture: DeepseekV3ForCausalLM: taps [Embedding, LayerOutput(0), LayerOutput(3)]\n"
+               "capture self-test passed\n" if n.startswith("plugin") else "") + "Capture cuda graph begin\n"
+        (d / "server.log").write_text(log)
+        if n.startswith("plugin"):
+            (out / "dumps" / n).mkdir(parents=True)
+            torch.save({"input_ids": torch.tensor([5, 6]), "aux": torch.zeros(2, 3), "forward_mode": "EXTEND"},
+                       out / "dumps" / n / "eagle3_capture_pid1_0000.pt")
+    (out / "gpu_sglang.json").write_text(json.dumps({"machine": {"gpu": "NVIDIA H200"}}))
+    res = tmp_path / "result.json"
+    assert compare.main(["--pair", str(pair), "--out", str(out), "--rejudge", "--result", str(res)]) == 0
+    r = json.loads(res.read_text())
+    assert r["ok"] and r["machine"] == {"gpu": "NVIDIA H200"} and r["rejudged_on"]["platform"]
+    assert r["configs"]["plugin_eager"]["env"] == {"EAGLE3_CAPTURE_DUMP": "/x"}
+    assert r["configs"]["plugin_graphs"]["dump"]["with_served_prompts"] == 1
+    assert json.loads((out / "gpu_sglang.json").read_text()) == {"machine": {"gpu": "NVIDIA H200"}}
 
 
 @pytest.mark.parametrize("script", ["scripts/gpu_sglang.sh", "scripts/fetch_device_wheels.sh"])
