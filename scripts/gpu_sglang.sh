@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# SGLang 0.5.23's real serving loop on ONE GPU (an H200: kind nvidia-h200), CUDA graphs on against off, ~4 minutes.
+#   usage: bash scripts/gpu_sglang.sh [--help]      (from the repository root or anywhere)
+# Needs SGLang and its light deps as wheels in $WHEELS (default .whl in the repository root): run
+# `bash scripts/fetch_device_wheels.sh` where pip works and name .whl in the device call's carry (about 58 MB).
+# sglang-kernel cannot travel: tests/gpu_sglang/standins stands in for sgl_kernel, flash_mla, cutlass and IPython
+# (torch versions of what the tested path calls, an error naming any other name that gets called).
+# 1. install the wheels into /tmp/e3site (cleared first); in the background: build the extension for the GPU's arch
+#    (pip install -e .), write the demo pair (tests/gpu_sglang/make_pair.py: doctor demo --fast, on CUDA with a
+#    CPU fallback, plus the target's greedy continuations), build SGLang's JIT kernels on the path (tvm-ffi + nvcc,
+#    tests/gpu_sglang/jit_warmup.py) and test the stand-ins on this GPU (CUDA graphs too)
+# 2. tests/gpu_sglang/compare.py: four sglang.Engine servers, started side by side and timed one at a time: the
+#    plugin with --disable-cuda-graph and with CUDA graphs on, stock SGLang (plugin off, the draft's ids in stock's
+#    convention) likewise; one deadline for all
+# $OUT/gpu_sglang.json: machine, torch, command, per server the timings, errors and log checks, the comparisons
+# (greedy outputs, per-request verify counts and histograms, graphs on vs off, plugin vs stock, vs the target's
+# own greedy continuation), the plugin's startup / self-test lines, what the capture dump holds, tokens/s.
+# $OUT/summary.txt: one PASS / FAIL / SKIP / INFO line per check (INFO: a difference stock SGLang shows too);
+# $OUT/logs.tar.gz: every log, response and dump (tests/gpu_sglang/compare.py --rejudge re-reads them).
+# Success: exit status 0, no summary line starts with FAIL or SKIP. Environment: OUT (default /tmp/e3out), BUDGET_S
+# (default 460), WHEELS, TORCHDYNAMO_DISABLE (passed to the servers; unset: SGLang's torch.compile runs).
+set -euo pipefail
+source "$(dirname "$0")/device_env.sh"
+no_arguments_but_help "$@"
+BUDGET_S=${BUDGET_S:-460}
+start_run "${OUT:-/tmp/e3out}"
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+WHEELS=${WHEELS:-.whl}
+WORK=/tmp/e3sgl
+rm -rf "$WORK"
+mkdir -p "$WORK"
+# Everything but the result and the summary goes into one archive under $OUT (the machine returns 8 files at most).
+pack() { cp "$LOGS/gpu_sglang.json" "$WORK/" 2>/dev/null || true; tar -C /tmp -czf "$LOGS/logs.tar.gz" e3sgl 2>/dev/null || true; }
+trap pack EXIT
+
+step wheels
+if ! ls "$WHEELS"/*.whl > /dev/null 2>&1; then
+  result "FAIL wheels: none in $WHEELS (run scripts/fetch_device_wheels.sh and carry .whl)"
+  exit 1
+fi
+rm -rf /tmp/e3site
+if python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/e3site \
+    "$WHEELS"/*.whl > "$WORK/wheels.log" 2>&1; then
+  result "PASS wheels ($(ls "$WHEELS"/*.whl | wc -l) installed into /tmp/e3site)"
+else
+  tail -20 "$WORK/wheels.log"
+  result "FAIL wheels"
+  exit 1
+fi
+export PYTHONPATH=/tmp/e3site${PYTHONPATH:+:$PYTHONPATH}
+# SGLang's JIT kernels link -lcudart from $CUDA_HOME/lib64 (CUDA_HOME from nvcc's folder when unset, which a
+# wrapper script in /usr/local/bin would get wrong).
+if [ -z "${CUDA_HOME:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then export CUDA_HOME=/usr/local/cuda; fi
+python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
+
+step build, demo pair, SGLang JIT kernels and stand-in tests, side by side
+cc=$(gpu_cc)
+arch="${cc%?}.${cc: -1}a"
+(TORCH_CUDA_ARCH_LIST="$arch" MAX_JOBS="$(nproc)" timeout "$(cap 240)" \
+  python3 -m pip install -q --no-build-isolation --no-deps -e . > "$WORK/build.log" 2>&1) &
+build_pid=$!
+(timeout "$(cap 200)" python3 tests/gpu_sglang/make_pair.py --out "$WORK/pair" > "$WORK/pair.log" 2>&1) &
+pair_pid=$!
+(E3_HYPOTHESIS_PROFILE=sanitizer timeout "$(cap 150)" python3 -m pytest -q -p no:cacheprovider \
+  tests/gpu_sglang/test_native.py > "$WORK/standin_tests.log" 2>&1) &
+tests_pid=$!
+(timeout "$(cap 200)" python3 tests/gpu_sglang/jit_warmup.py > "$WORK/jit_warmup.log" 2>&1) &
+jit_pid=$!
+rc=0; wait "$build_pid" || rc=$?
+if [ $rc = 0 ]; then result "PASS build (TORCH_CUDA_ARCH_LIST=$arch)"
+else tail -30 "$WORK/build.log"; result "FAIL build (rc=$rc): the plugin's capture and fc hooks will be off"; fi
+rc=0; wait "$pair_pid" || rc=$?
+if [ $rc = 0 ]; then result "PASS demo pair ($(tail -1 "$WORK/pair.log"))"
+else tail -30 "$WORK/pair.log"; result "FAIL demo pair (rc=$rc)"; exit 1; fi
+rc=0; wait "$tests_pid" || rc=$?
+pytest_result "stand-in tests on this GPU (tests/gpu_sglang/test_native.py)" "$WORK/standin_tests.log" $rc
+rc=0; wait "$jit_pid" || rc=$?
+if [ $rc = 0 ]; then result "PASS SGLang JIT kernels build here ($(grep -c "'ok': True" "$WORK/jit_warmup.log") of the path's)"
+else grep "jit_warmup:" "$WORK/jit_warmup.log" | cut -c1-300 || tail -20 "$WORK/jit_warmup.log"
+  result "FAIL SGLang JIT kernels (rc=$rc; the servers compile what they need themselves)"; fi
+
+step SGLang serving: graphs off, graphs on, plugin and stock
+left=$(( DEADLINE - $(date +%s) - 20 ))
+rc=0
+python3 tests/gpu_sglang/compare.py --pair "$WORK/pair" --out "$WORK/compare" --budget-s "$left" \
+  --result "$LOGS/gpu_sglang.json" --command "bash scripts/gpu_sglang.sh" 2>&1 | tee "$WORK/compare.out" || rc=$?
+if [ -f "$LOGS/gpu_sglang.json" ]; then
+  python3 tests/gpu_sglang/report.py "$LOGS/gpu_sglang.json" >> "$SUMMARY"
+else
+  result "FAIL compare (rc=$rc): no result JSON"
+fi
+
+step done
+summary_status FAIL SKIP

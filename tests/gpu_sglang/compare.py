@@ -1,0 +1,391 @@
+"""SGLang 0.5.23's real serving loop on one GPU, CUDA graphs on against off, with this project's plugin and
+without it (test-only, tests/gpu_sglang; run by scripts/gpu_sglang.sh after make_pair.py).
+
+Serves the demo pair once per configuration (tests/gpu_sglang/serve_gpu.py, its own process each, every one
+time-boxed inside one deadline), in this order:
+
+    plugin_eager   plugin on, --disable-cuda-graph, capture dump on
+    plugin_graphs  plugin on, CUDA graphs on (SGLang's defaults: decode FULL, prefill BREAKABLE), capture dump on
+    stock_graphs   stock SGLang (EAGLE3_CAPTURE_DISABLE=all: the plugin registers nothing), the draft's ids in
+                   stock's own convention, CUDA graphs on
+    stock_eager    the same with --disable-cuda-graph (only if time is left)
+
+and reports, in one JSON: the same greedy outputs (graphs on vs off, plugin vs stock, each vs the target's own
+transformers greedy continuation), the same per-request verify counts and accept histograms, the plugin's startup
+and self-test lines, what the capture dump holds (served prompts or only CUDA-graph warm-ups), and tokens/s of
+round 2 (plugin against stock, graphs on and off). A configuration that fails is reported with its error and the
+tail of its log, and the rest still run.
+
+    python tests/gpu_sglang/compare.py --pair DIR --out DIR [--budget-s 400] [--result PATH] [--only NAMES]
+
+Exit status: 0 when every configuration that ran served and every comparison held, 1 otherwise (the JSON says
+which), 2 on bad arguments.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from typing import Dict, List
+
+from report import (accept_figures, comparisons, compare_requests, dump_index, findings, log_checks, per_request,
+                    read_jsonl, speed, verdict)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+STANDINS = os.path.join(HERE, "standins")
+
+ORDER = ("plugin_eager", "plugin_graphs", "stock_graphs", "stock_eager")
+CHAIN = (3, 1, 4)  # num-steps, eagle-topk, num-draft-tokens: SGLang's auto values for DeepSeek targets
+DUMP_MAX = 32
+
+def config_table(pair: dict, out: str) -> Dict[str, dict]:
+    dumps = os.path.join(out, "dumps")
+    return {
+        # eager: every forward runs the hooks, DUMP_MAX reaches past the first prefills into served traffic
+        "plugin_eager": {"graph": "off", "draft": pair["draft"],
+                         "env": {"EAGLE3_CAPTURE_DUMP_MAX": str(DUMP_MAX),
+                                 "EAGLE3_CAPTURE_DUMP": os.path.join(dumps, "plugin_eager")}},
+        # graphs: the plugin's default DUMP_MAX (8), which the start-up's eager capture warm-ups use up, so the timed
+        # round writes none (what a default deployment with graphs on dumps: warm-ups only)
+        "plugin_graphs": {"graph": "on", "draft": pair["draft"],
+                          "env": {"EAGLE3_CAPTURE_DUMP": os.path.join(dumps, "plugin_graphs")}},
+        "stock_graphs": {"graph": "on", "draft": pair["draft_stock"], "env": {"EAGLE3_CAPTURE_DISABLE": "all"}},
+        "stock_eager": {"graph": "off", "draft": pair["draft_stock"], "env": {"EAGLE3_CAPTURE_DISABLE": "all"}},
+    }
+
+
+# a dry run on a machine without a GPU: SGLang's CPU path with the CPU engine tests' stand-ins (no CUDA graphs)
+CPU_DRY_RUN_ENV = {"E3_SGLANG_CPU_STANDINS": "1", "TRITON_INTERPRET": "1", "TORCHDYNAMO_DISABLE": "1"}
+
+
+# On the GPU machine (torch 2.11): the sglang-kernel version check off (stand-ins), SGLang's own Python radix-tree
+# core instead of its Rust one (mem_cache.*.so links torch 2.14's libtorch through tch and panics on torch 2.11 at
+# the first cache insert: "Rust TreeCore panicked: ... UnknownKind(31)"), and fewer inductor compile workers per
+# server (servers start side by side).
+CUDA_ENV = {"SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK": "1", "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND": "python",
+            "TORCHINDUCTOR_COMPILE_THREADS": "4"}
+
+
+def config_graph(name: str) -> str:
+    return "off" if name.endswith("_eager") else "on"
+
+
+def child_env(extra: Dict[str, str], device: str = "cuda") -> Dict[str, str]:
+    """The server's environment: on CUDA the compiled-package stand-ins importable in every SGLang process and the
+    kernel version check off; the plugin's switches unset unless the configuration sets them."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EAGLE3_CAPTURE")}
+    if device == "cuda":
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), STANDINS) if p)
+        env.update(CUDA_ENV)
+    else:
+        env.update(CPU_DRY_RUN_ENV)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# running
+# ------------------------------------------------------------------------------------------------------------------
+
+class Server:
+    """One serve_gpu.py process. Side by side (``gated``), it waits after round 1 for ``release()`` before its
+    timed round, so the servers can start together and still time alone."""
+
+    def __init__(self, name: str, cfg: dict, pair: dict, out: str, timed_repeats: int, new_tokens: int,
+                 device: str, gated: bool):
+        self.name, self.cfg = name, cfg
+        self.odir = os.path.join(out, "runs", name)
+        os.makedirs(self.odir, exist_ok=True)
+        self.go, self.ready_file = os.path.join(self.odir, "go"), os.path.join(self.odir, "ready")
+        s, k, d = CHAIN
+        self.cmd = [sys.executable, os.path.join(HERE, "serve_gpu.py"), "--target", pair["target"], "--draft",
+                    cfg["draft"], "--prompts", pair["prompts"], "--out-dir", self.odir, "--cuda-graph", cfg["graph"],
+                    "--steps", str(s), "--topk", str(k), "--draft-tokens", str(d), "--new-tokens", str(new_tokens),
+                    "--timed-repeats", str(timed_repeats), "--device", device]
+        if gated and timed_repeats:
+            self.cmd += ["--go-file", self.go, "--ready-file", self.ready_file]
+        self.device = device
+        self.proc = None
+        self.rc = None
+        self.t0 = None
+        self.timeout_note = None
+        self.logpath = os.path.join(self.odir, "server.log")
+
+    def start(self, log) -> None:
+        log(f"--- {self.name}: cuda graphs {self.cfg['graph']}, env {self.cfg['env']}")
+        self.t0 = time.time()
+        try:
+            with open(self.logpath, "w") as lf:
+                self.proc = subprocess.Popen(self.cmd, stdout=lf, stderr=subprocess.STDOUT,
+                                             env=child_env(self.cfg["env"], self.device), cwd=REPO,
+                                             start_new_session=True)
+        except OSError as e:
+            self.rc = f"could not start: {e}"
+
+    def reread(self) -> None:
+        """--rejudge: the exit status a finished run had (0 when its summary holds no error)."""
+        spath = os.path.join(self.odir, "summary.json")
+        summary = json.load(open(spath)) if os.path.exists(spath) else {"error": "no summary.json"}
+        self.rc = 3 if summary.get("error") else 0
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def ready(self) -> bool:
+        return os.path.exists(self.ready_file)
+
+    def release(self) -> None:
+        with open(self.go, "w") as f:
+            f.write(str(time.time()))
+
+    def wait(self, timeout_s: float, why: str = "") -> None:
+        if self.proc is None:
+            return
+        try:
+            self.rc = self.proc.wait(timeout=max(0.0, timeout_s))
+        except subprocess.TimeoutExpired:
+            self.kill(why or f"timed out after {timeout_s:.0f} s")
+
+    def kill(self, why: str) -> None:
+        if self.alive():
+            os.killpg(self.proc.pid, 9)
+            self.proc.wait()
+        self.rc = "timeout"
+        self.timeout_note = why
+
+    def result(self, log) -> dict:
+        seconds = round(time.time() - self.t0, 1) if self.t0 else None  # None: --rejudge
+        text = ""
+        if os.path.exists(self.logpath):
+            with open(self.logpath, errors="replace") as f:
+                text = f.read()
+        summary = {}
+        spath = os.path.join(self.odir, "summary.json")
+        if os.path.exists(spath):
+            with open(spath) as f:
+                summary = json.load(f)
+        r1 = read_jsonl(os.path.join(self.odir, "round1.jsonl"))
+        r2 = read_jsonl(os.path.join(self.odir, "round2.jsonl"))
+        cfg, rc = self.cfg, self.rc
+        # the plugin switches the server really had (its summary records them; --rejudge reads older runs)
+        env = ({k: v for k, v in summary["env"].items() if k.startswith("EAGLE3_CAPTURE")}
+               if isinstance(summary.get("env"), dict) else cfg["env"])
+        res = {"name": self.name, "cuda_graph": cfg["graph"], "draft": os.path.basename(cfg["draft"]),
+               "env": env, "rc": rc, "seconds": seconds, "ok": rc == 0 and bool(r1),
+               "error": summary.get("error"), "engine_start_s": summary.get("engine_start_s"),
+               "round1": summary.get("round1"), "round2": summary.get("round2"),
+               "waited_for_timed_round_s": summary.get("waited_for_timed_round_s"),
+               "server_info": summary.get("server_info"), "windows": summary.get("windows"),
+               "log": log_checks(text), "round1_rows": r1, "round2_rows": r2}
+        if rc == "timeout":
+            res["error"] = f"{self.timeout_note} (at: {_last_stage(text)})"
+        if not res["ok"]:
+            res["log_tail"] = text[-6000:]
+            res["first_error_lines"] = _first_errors(text)
+        if r2 and r1:
+            reps = len(r2) // len(r1)
+            res["round2_equals_round1"] = compare_requests(per_request(r1) * reps, per_request(r2),
+                                                           fields=("output_ids",))
+        log(f"    {self.name}: rc {rc} in {seconds} s; start {res['engine_start_s']} s; round1 {res['round1']}; "
+            f"round2 {res['round2']}; error {res['error']}")
+        return res
+
+
+def run_in_turn(servers: List[Server], deadline: float, per_config_s: float, min_s: float, log) -> Dict[str, str]:
+    """One server after the other, each inside the deadline; returns the ones not started."""
+    skipped = {}
+    for s in servers:
+        left = deadline - time.time()
+        if left < min_s:
+            skipped[s.name] = f"not started: {left:.0f} s left of the budget"
+            log(f"--- {s.name}: {skipped[s.name]}")
+            continue
+        s.start(log)
+        s.wait(min(per_config_s, left))
+    return skipped
+
+
+def run_side_by_side(servers: List[Server], deadline: float, per_round_s: float, log) -> None:
+    """Start every server at once (their imports, compiles and CUDA-graph captures overlap), wait until each has
+    served round 1 or exited, then release the timed rounds one at a time, so no two servers run a timed round,
+    and no start-up or round 1 runs beside one."""
+    for s in servers:
+        s.start(log)
+    gate = deadline - per_round_s * len(servers)
+    while time.time() < gate and any(s.alive() and not s.ready() for s in servers):
+        time.sleep(0.5)
+    for s in servers:
+        if s.alive() and not s.ready():
+            s.kill(f"not through round 1 by the deadline ({gate - s.t0:.0f} s after its start)")
+    log("    side by side: " + ", ".join(f"{s.name} {'ready' if s.ready() else 'rc ' + str(s.proc.poll() if s.proc else s.rc)}"
+                                         for s in servers))
+    for i, s in enumerate(servers):
+        if not s.alive():
+            s.wait(0)
+            continue
+        s.release()
+        left = deadline - time.time() - per_round_s * (len(servers) - i - 1) / 2
+        s.wait(max(per_round_s, left), why="its timed round and shutdown outran the deadline")
+
+
+def _last_stage(text: str) -> str:
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return lines[-1][-200:] if lines else "no output"
+
+
+def _first_errors(text: str) -> List[str]:
+    """The lines that name the first failure: exception lines after the first traceback."""
+    out = []
+    for ln in text.splitlines():
+        if re.search(r"(Error|Exception|NotImplemented)\b.*:", ln) and "Warning" not in ln:
+            out.append(ln.strip()[-400:])
+        if len(out) >= 6:
+            break
+    return out
+
+
+def machine() -> dict:
+    m = {"python": platform.python_version(), "platform": platform.platform()}
+    try:
+        import torch
+
+        m["torch"] = torch.__version__
+        m["cuda"] = torch.version.cuda
+        if torch.cuda.is_available():
+            m["gpu"] = torch.cuda.get_device_name(0)
+            m["capability"] = list(torch.cuda.get_device_capability(0))
+    except Exception as e:
+        m["torch_error"] = str(e)
+    from importlib import metadata
+
+    for dist in ("triton", "transformers", "sglang", "apache-tvm-ffi", "xgrammar", "eagle3-capture"):
+        try:
+            m[dist] = metadata.version(dist)
+        except Exception as e:  # not installed: say so rather than fail the report
+            m[dist] = f"not installed ({type(e).__name__})"
+    try:
+        m["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
+                                      "--format=csv,noheader"], capture_output=True, text=True,
+                                     timeout=20).stdout.strip()
+    except Exception:
+        pass
+    return m
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--pair", required=True, help="make_pair.py's output directory (with pair.json)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--budget-s", type=float, default=400, help="one deadline for every server (seconds)")
+    p.add_argument("--per-config-s", type=float, default=200, help="at most this long per server")
+    p.add_argument("--min-s", type=float, default=45, help="do not start a server with less time left than this")
+    p.add_argument("--side-by-side", choices=("on", "off"), default=None,
+                   help="on (default on cuda): start every server at once, time them one at a time (round 2); "
+                        "off (default on cpu): one after another")
+    p.add_argument("--per-round-s", type=float, default=30, help="side by side: time kept for each timed round")
+    p.add_argument("--only", default=",".join(ORDER), help=f"comma-separated subset of {','.join(ORDER)}")
+    p.add_argument("--timed-repeats", type=int, default=4)
+    p.add_argument("--result", default=None, help="write the result JSON here too")
+    p.add_argument("--command", default=None, help="the command line to record in the result")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                   help="cpu: a dry run of the pipeline on SGLang's CPU path (the *_eager configurations only)")
+    p.add_argument("--rejudge", action="store_true",
+                   help="serve nothing: read the runs already under --out (e.g. a GPU run's logs.tar.gz, unpacked) "
+                        "and judge them with this code")
+    a = p.parse_args(argv)
+    names = [n for n in a.only.split(",") if n]
+    unknown = [n for n in names if n not in ORDER]
+    if unknown:
+        p.error(f"--only: unknown configuration(s) {unknown}; expected some of {list(ORDER)}")
+    if a.device == "cpu" and any(config_graph(n) == "on" for n in names):
+        p.error("--device cpu runs no CUDA graphs: choose the *_eager configurations with --only")
+    deadline = time.time() + a.budget_s
+    os.makedirs(a.out, exist_ok=True)
+    logf = open(os.path.join(a.out, "compare.log"), "a")
+
+    def log(msg):
+        line = f"[{time.strftime('%H:%M:%S')}] {msg}"
+        print(line, flush=True)
+        logf.write(line + "\n")
+        logf.flush()
+
+    with open(os.path.join(a.pair, "pair.json")) as f:
+        pair = json.load(f)
+    if "target" not in pair:
+        log(f"no pair: {pair}")
+        return 1
+    for key, name in (("prompts", "prompts.json"), ("reference", "reference_greedy.json")):
+        if pair.get(key) and not os.path.exists(pair[key]):  # an unpacked copy of another machine's run
+            pair[key] = os.path.join(a.pair, name)
+    with open(pair["prompts"]) as f:
+        prompts = json.load(f)
+    reference = None
+    if pair.get("reference") and os.path.exists(pair["reference"]):
+        with open(pair["reference"]) as f:
+            reference = json.load(f)["outputs"]
+    table = config_table(pair, a.out)
+    side = (a.side_by_side or ("on" if a.device == "cuda" else "off")) == "on"
+    servers = [Server(n, table[n], pair, a.out, a.timed_repeats, pair["new_tokens"], a.device, side) for n in names]
+    skipped = {}
+    if a.rejudge:
+        for s in servers:
+            s.reread()
+    elif side:
+        run_side_by_side(servers, deadline, a.per_round_s, log)
+    else:
+        skipped = run_in_turn(servers, deadline, a.per_config_s, a.min_s, log)
+    runs: Dict[str, dict] = {}
+    for s in servers:
+        if s.name in skipped:
+            continue
+        r = s.result(log)
+        if "EAGLE3_CAPTURE_DUMP" in s.cfg["env"]:
+            r["dump"] = dump_index(s.cfg["env"]["EAGLE3_CAPTURE_DUMP"], prompts, r.get("windows"))
+            if a.rejudge:
+                r["dump"]["dir"] = os.path.relpath(r["dump"]["dir"], a.out)
+        runs[s.name] = r
+    served_on = None
+    earlier = os.path.join(a.out, "gpu_sglang.json")
+    if a.rejudge and os.path.exists(earlier):  # the machine the runs were served on, not this one
+        with open(earlier) as f:
+            served_on = json.load(f).get("machine")
+    comp = comparisons(runs, reference)
+    result = {
+        "what": "SGLang 0.5.23's real serving loop (sglang.Engine, EAGLEWorkerV2) on one GPU with the demo pair "
+                "(tiny DeepseekV3 target + trained LlamaForCausalLMEagle3 draft, float32, triton attention, chain "
+                f"{CHAIN[0]}/{CHAIN[1]}/{CHAIN[2]}): CUDA graphs on vs off, plugin vs stock SGLang given ids in its "
+                "own convention; sgl_kernel / flash_mla / cutlass stood in by tests/gpu_sglang/standins",
+        "command": a.command or " ".join(sys.argv), "machine": served_on or machine(), "pair": pair,
+        "prompts": len(prompts), "new_tokens": pair["new_tokens"], "timed_repeats": a.timed_repeats,
+        "device": a.device, "side_by_side": side,
+        "rejudged_on": {"platform": platform.platform(), "python": platform.python_version()} if a.rejudge else None,
+        "environment": {**{k: os.environ.get(k) for k in ("TORCHDYNAMO_DISABLE", "CUDA_VISIBLE_DEVICES")},
+                        **(CUDA_ENV if a.device == "cuda" else CPU_DRY_RUN_ENV)},
+        "configs": {n: {k: v for k, v in r.items() if k not in ("round1_rows", "round2_rows")}
+                    for n, r in runs.items()},
+        "accept": {n: accept_figures(r["round1_rows"]) for n, r in runs.items() if r.get("ok")},
+        "comparisons": comp, "speed": speed(runs), "skipped": skipped, "findings": findings(runs, comp),
+    }
+    result["failures"] = verdict(runs, comp) + [f"{n}: {why}" for n, why in skipped.items()]
+    result["ok"] = not result["failures"]
+    # --rejudge keeps the served run's own result beside its runs and writes only --result
+    for path in filter(None, (None if a.rejudge else os.path.join(a.out, "gpu_sglang.json"), a.result)):
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)
+    log(f"speed: {result['speed']}")
+    for line in result["findings"]:
+        log(f"finding: {line}")
+    for line in result["failures"] or ["every comparison held"]:
+        log(f"result: {line}")
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

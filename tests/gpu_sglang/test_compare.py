@@ -1,0 +1,288 @@
+"""The GPU serving comparison's own logic, on the CPU (tests/gpu_sglang/compare.py, make_pair.py, serve_gpu.py):
+what it calls equal, what it reads from logs and dumps, what it reports as a failure, the stock-convention ids,
+the server arguments, the scripts' --help. The comparison itself runs on a GPU (scripts/gpu_sglang.sh); the
+`engine`-marked test at the end runs the same pipeline on SGLang's CPU path."""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+import compare  # noqa: E402
+import make_pair  # noqa: E402
+import report  # noqa: E402
+import serve_gpu  # noqa: E402
+
+
+def _row(out, verify, hist, tokens=None):
+    return {"input_ids": [5, 6], "output_ids": out,
+            "meta_info": {"spec_verify_ct": verify, "spec_correct_drafts_histogram": hist,
+                          "completion_tokens": len(out) if tokens is None else tokens}}
+
+
+def test_compare_requests_names_each_difference():
+    a = [_row([1, 2, 3], 2, [1, 1]), _row([4, 5, 6], 3, [2, 0])]
+    same = report.compare_requests(report.per_request(a), report.per_request(json.loads(json.dumps(a))))
+    assert same == {"equal": True, "n": 2, "mismatches": [], "mismatch_count": 0}
+    b = [_row([1, 2, 3], 2, [0, 2]), _row([4, 5, 7], 3, [2, 0])]
+    diff = report.compare_requests(report.per_request(a), report.per_request(b))
+    assert not diff["equal"] and diff["mismatch_count"] == 2
+    assert [(m["index"], m["field"]) for m in diff["mismatches"]] == [(0, "histogram"), (1, "output_ids")]
+    assert not report.compare_requests(report.per_request(a), report.per_request(a[:1]))["equal"]
+    assert not report.compare_requests([], [])["equal"], "two empty runs compare nothing"
+
+
+def test_reference_and_accept_figures():
+    rows = [_row([1, 2, 3, 4], 2, [0, 1]), _row([9, 9, 9, 9], 4, [3, 0])]
+    ref = report.against_reference(rows, [[1, 2, 3, 4], [9, 9, 9, 8]])
+    assert ref == {"equal": 1, "of": 2, "all": False, "first_differing": [1]}
+    assert report.against_reference(rows, None) is None
+    acc = report.accept_figures(rows)
+    assert acc == {"completion_tokens": 8, "verify_ct": 6, "tokens_per_verify": round(8 / 6, 4),
+                   "correct_drafts_histogram": [3, 1]}
+
+
+def test_log_checks_reads_the_plugin_and_graph_lines():
+    log = "\n".join([
+        "[x] eagle3_capture: DeepseekV3ForCausalLM: taps [Embedding, LayerOutput(0), LayerOutput(3)] = draft ids "
+        "[-1, 0, 3]; hooks: taps=on final_boundary=on",
+        "[x] Capture cuda graph begin. This can take up to several minutes.",
+        "[x] Capture target prefill CUDA graph begin. backend=breakable",
+        "[x] eagle3_capture: capture self-test passed: slot 0 equals the embedding bit for bit (128 rows)",
+        "Traceback (most recent call last):",
+    ])
+    c = report.log_checks(log)
+    assert c["startup_line_as_expected"] and c["taps_on"]
+    assert (c["selftest_passed"], c["selftest_failed"], c["graph_capture_line_count"], c["tracebacks"]) == (1, 0, 2, 1)
+    bad = report.log_checks("eagle3_capture: capture self-test FAILED: slot 0 should hold Embedding")
+    assert bad["selftest_failed"] == 1 and not bad["startup_line_as_expected"]
+
+
+def test_dump_index_tells_served_prompts_from_warmups(tmp_path):
+    prompts = [[7, 8, 9, 10], [20, 21, 22, 23]]
+    recs = [([0, 7, 8, 9, 10, 3], "EXTEND", 100.0), ([1, 1, 1, 1], "DECODE", 200.0),
+            ([20, 21, 22, 23, 7, 8, 9, 10], "EXTEND", 300.0)]
+    for i, (ids, mode, mtime) in enumerate(recs):
+        p = tmp_path / f"eagle3_capture_pid1_{i:04d}.pt"
+        torch.save({"input_ids": torch.tensor(ids), "aux": torch.randn(len(ids), 6), "forward_mode": mode,
+                    "layers_to_capture": [0, 1, 4], "draft_ids": [-1, 0, 3]}, p)
+        os.utime(p, (mtime, mtime))
+    (tmp_path / "eagle3_capture_pid1_0009.pt").write_bytes(b"not a torch file")
+    idx = report.dump_index(str(tmp_path), prompts, {"engine start": (0, 150), "round2": (250, 350)})
+    assert idx["files"] == 4 and idx["with_served_prompts"] == 2 and idx["modes"] == ["DECODE", "EXTEND"]
+    served = [r.get("served_prompts") for r in idx["records"]]
+    assert served[:3] == [1, 0, 2] and "error" in idx["records"][3]
+    assert [r["written_in"] for r in idx["records"][:3]] == ["engine start", "outside the rounds", "round2"]
+    assert idx["written_in_round2"] == 1
+    assert report.dump_index(str(tmp_path / "none"), prompts)["files"] == 0
+
+
+def _run(name, ok=True, graph="on", log=None, dump_files=1, r2_equal=True):
+    return {"name": name, "ok": ok, "cuda_graph": graph, "error": None if ok else "engine start: boom", "rc": 0,
+            "log": log or report.log_checks("eagle3_capture: DeepseekV3ForCausalLM: taps [Embedding, "
+                                             "LayerOutput(0), LayerOutput(3)]\ncapture self-test passed\n"
+                                             "Capture cuda graph begin"),
+            "dump": {"files": dump_files}, "round1_rows": [_row([1, 2], 1, [1])],
+            "round2_equals_round1": {"equal": r2_equal, "mismatch_count": 0 if r2_equal else 1},
+            "round2": {"tokens_per_s": 100.0 if name.startswith("plugin") else 110.0}}
+
+
+def test_verdict_and_speed():
+    runs = {n: _run(n, graph="off" if n.endswith("eager") else "on") for n in compare.ORDER}
+    comp = report.comparisons(runs, [[1, 2]])
+    assert report.verdict(runs, comp) == []
+    sp = report.speed(runs)
+    assert sp["plugin / stock, graphs"] == round(100 / 110, 4) and sp["plugin: graphs on / off"] == 1.0
+    runs["plugin_graphs"] = _run("plugin_graphs", dump_files=0, r2_equal=False)
+    runs["stock_eager"] = _run("stock_eager", ok=False, graph="off")
+    runs["stock_graphs"]["round1_rows"] = [_row([1, 3], 1, [1])]
+    bad = report.verdict(runs, report.comparisons(runs, [[1, 2]]))
+    text = "\n".join(bad)
+    assert "stock_eager: did not serve (engine start: boom)" in text
+    assert "plugin_graphs: the capture dump is empty" in text
+    assert "plugin_graphs: round 2 outputs differ from round 1" in text
+    assert "plugin_graphs vs stock_graphs: 1 differences" in text
+    assert "stock_graphs: 0/1 outputs equal the target's greedy continuation" in text
+
+
+def test_a_graphs_difference_stock_shows_too_is_sglangs_own():
+    """Graphs on vs off differing in the same request with and without the plugin (SGLang's own numerics: its
+    graphed prefill takes MLA, the eager one MHA) is a finding; the same difference with the plugin only fails."""
+    runs = {n: _run(n, graph="off" if n.endswith("eager") else "on") for n in compare.ORDER}
+    for n in ("plugin_graphs", "stock_graphs"):
+        runs[n]["round1_rows"] = [_row([1, 3], 2, [0])]
+    comp = report.comparisons(runs, [[1, 2]])
+    assert report.verdict(runs, comp) == []
+    own = report.attributed(comp)
+    assert set(own["pairs"]) == {"plugin_graphs vs plugin_eager", "stock_graphs vs stock_eager"}
+    assert set(own["reference"]) == {"plugin_graphs", "stock_graphs"}
+    lines = report.findings(runs, comp)
+    assert any("SGLang's own graphs-on vs off numerics" in ln for ln in lines)
+    result = {"configs": {n: {k: v for k, v in r.items() if k != "round1_rows"} for n, r in runs.items()},
+              "comparisons": comp, "ok": True, "failures": [], "speed": report.speed(runs)}
+    summary = report.summary_lines(result)
+    assert [ln.split()[0] for ln in summary].count("FAIL") == 0
+    assert any(ln.startswith("INFO plugin_graphs vs plugin_eager") for ln in summary)
+    # the plugin alone differing: a failure, and nothing is attributed to SGLang
+    runs["stock_graphs"]["round1_rows"] = [_row([1, 2], 1, [1])]
+    comp = report.comparisons(runs, [[1, 2]])
+    bad = "\n".join(report.verdict(runs, comp))
+    assert "plugin_graphs vs plugin_eager: 3 differences" in bad and "plugin_graphs vs stock_graphs: 3" in bad
+    assert "plugin_graphs: 0/1 outputs equal the target's greedy continuation" in bad
+    assert report.attributed(comp) == {"pairs": {}, "reference": {}}
+
+
+def test_findings_say_what_the_dump_and_self_test_saw():
+    r = _run("plugin_graphs")
+    r["dump"] = {"files": 32, "with_served_prompts": 0, "modes": ["DECODE"], "written_in_round2": 0}
+    r["engine_start_s"] = 41.0
+    lines = report.findings({"plugin_graphs": r, "stock_eager": _run("stock_eager", ok=False, graph="off")})
+    assert lines[0] == ("plugin_graphs: capture dump 32 files, 0 holding a served prompt, forward modes ['DECODE'], "
+                        "0 written during the timed round")
+    assert lines[1].startswith("plugin_graphs: self-test: ") and "41.0 s" in lines[2] and len(lines) == 3
+
+
+def test_child_env_puts_the_stand_ins_on_the_path_only_for_cuda(monkeypatch):
+    monkeypatch.setenv("EAGLE3_CAPTURE_DISABLE", "taps")
+    monkeypatch.setenv("PYTHONPATH", "/x")
+    env = compare.child_env({"EAGLE3_CAPTURE_DUMP": "/d"})
+    assert env["PYTHONPATH"] == "/x" + os.pathsep + compare.STANDINS
+    assert env["SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK"] == "1" and "EAGLE3_CAPTURE_DISABLE" not in env
+    assert env["SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"] == "python"
+    assert env["EAGLE3_CAPTURE_DUMP"] == "/d"
+    cpu = compare.child_env({}, "cpu")
+    assert cpu["PYTHONPATH"] == "/x" and cpu["E3_SGLANG_CPU_STANDINS"] == "1" and cpu["TRITON_INTERPRET"] == "1"
+
+
+def test_stock_ids_and_the_stock_draft(tmp_path):
+    assert make_pair.stock_ids([-1, 0, 3]) == [0, 1, 4]
+    assert make_pair.stock_ids([1, 29, 57]) == [2, 30, 58]
+    with pytest.raises(ValueError, match="start with 1"):
+        make_pair.stock_ids([0, 3, 5])
+    with pytest.raises(ValueError, match="integers >= -1"):
+        make_pair.stock_ids([-2, 3])
+    d = tmp_path / "draft"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [-1, 0, 3],
+                                                                 "use_aux_hidden_state": True}, "x": 1}))
+    (d / "model.safetensors").write_bytes(b"weights")
+    out = tmp_path / "stock"
+    assert make_pair.write_stock_draft(str(d), str(out)) == [0, 1, 4]
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [0, 1, 4], "use_aux_hidden_state": True}
+    assert (out / "model.safetensors").read_bytes() == b"weights"
+    assert json.loads((d / "config.json").read_text())["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [-1, 0, 3]
+
+
+def _ns(**kw):
+    base = dict(target="t", draft="d", steps=3, topk=1, draft_tokens=4, device="cuda", mem_fraction=0.2,
+                max_total_tokens=8192, max_running=16, context_length=56, cuda_graph="on",
+                decode_bs=[1, 2, 4, 8, 12, 16, 24, 32], prefill_bs=[64, 512])
+    base.update(kw)
+    return argparse.Namespace(**base)
+
+
+def test_engine_kwargs_graphs_on_and_off():
+    on = serve_gpu.engine_kwargs(_ns())
+    assert on["disable_cuda_graph"] is False and on["device"] == "cuda" and on["dtype"] == "float32"
+    assert on["cuda_graph_bs_decode"] == [1, 2, 4, 8, 12, 16] and on["cuda_graph_bs_prefill"] == [64, 512]
+    assert (on["speculative_num_steps"], on["speculative_eagle_topk"], on["speculative_num_draft_tokens"]) == (3, 1, 4)
+    off = serve_gpu.engine_kwargs(_ns(cuda_graph="off"))
+    assert off["disable_cuda_graph"] is True and "cuda_graph_bs_decode" not in off
+    with pytest.raises(ValueError, match="needs --device cuda"):
+        serve_gpu.engine_kwargs(_ns(device="cpu"))
+    with pytest.raises(argparse.ArgumentTypeError):
+        serve_gpu._int_list("1,x")
+
+
+def test_rejudge_reads_finished_runs_and_keeps_where_they_were_served(tmp_path):
+    """--rejudge: the runs of another machine, unpacked, judged by this code; its machine stays the served one."""
+    pair = tmp_path / "pair"
+    pair.mkdir()
+    (pair / "prompts.json").write_text(json.dumps([[5, 6]]))
+    (pair / "reference_greedy.json").write_text(json.dumps({"outputs": [[1, 2]]}))
+    (pair / "pair.json").write_text(json.dumps({"target": "/elsewhere/t", "draft": "/elsewhere/d",
+                                                "draft_stock": "/elsewhere/ds", "prompts": "/elsewhere/p.json",
+                                                "reference": "/elsewhere/r.json", "new_tokens": 2}))
+    out = tmp_path / "cmp"
+    for n in compare.ORDER:
+        d = out / "runs" / n
+        d.mkdir(parents=True)
+        (d / "round1.jsonl").write_text(json.dumps(_row([1, 2], 1, [1])) + "\n")
+        (d / "round2.jsonl").write_text(json.dumps(_row([1, 2], 1, [1])) + "\n")
+        env = {"EAGLE3_CAPTURE_DUMP": "/x"} if n.startswith("plugin") else {"EAGLE3_CAPTURE_DISABLE": "all"}
+        (d / "summary.json").write_text(json.dumps({"env": env, "engine_start_s": 1.0, "round2": {"tokens_per_s": 9.0},
+                                                    "round1": {"tokens": 2}}))
+        log = ("eagle3_capture: DeepseekV3ForCausalLM: taps [Embedding, LayerOutput(0), LayerOutput(3)]\n"
+               "capture self-test passed\n" if n.startswith("plugin") else "") + "Capture cuda graph begin\n"
+        (d / "server.log").write_text(log)
+        if n.startswith("plugin"):
+            (out / "dumps" / n).mkdir(parents=True)
+            torch.save({"input_ids": torch.tensor([5, 6]), "aux": torch.zeros(2, 3), "forward_mode": "EXTEND"},
+                       out / "dumps" / n / "eagle3_capture_pid1_0000.pt")
+    (out / "gpu_sglang.json").write_text(json.dumps({"machine": {"gpu": "NVIDIA H200"}}))
+    res = tmp_path / "result.json"
+    assert compare.main(["--pair", str(pair), "--out", str(out), "--rejudge", "--result", str(res)]) == 0
+    r = json.loads(res.read_text())
+    assert r["ok"] and r["machine"] == {"gpu": "NVIDIA H200"} and r["rejudged_on"]["platform"]
+    assert r["configs"]["plugin_eager"]["env"] == {"EAGLE3_CAPTURE_DUMP": "/x"}
+    assert r["configs"]["plugin_graphs"]["dump"]["with_served_prompts"] == 1
+    assert json.loads((out / "gpu_sglang.json").read_text()) == {"machine": {"gpu": "NVIDIA H200"}}
+
+
+@pytest.mark.parametrize("script", ["scripts/gpu_sglang.sh", "scripts/fetch_device_wheels.sh"])
+def test_scripts_have_help_and_refuse_unknown_options(script):
+    h = subprocess.run(["bash", script, "--help"], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert h.returncode == 0 and "usage: bash " + script in h.stdout, h.stdout + h.stderr
+    bad = subprocess.run(["bash", script, "--bogus"], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert bad.returncode == 2 and "unknown" in bad.stderr
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--pair", "p", "--out", "o", "--only", "plugin_eager,bogus"], "unknown configuration"),
+    (["--pair", "p", "--out", "o", "--device", "cpu"], "runs no CUDA graphs"),
+])
+def test_compare_rejects_bad_arguments(argv, needle, capsys):
+    with pytest.raises(SystemExit) as e:
+        compare.main(argv)
+    assert e.value.code == 2 and needle in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# the whole pipeline on SGLang's CPU path (no CUDA graphs there): make_pair --reuse, two servers, the JSON
+# ------------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.engine
+@pytest.mark.sglang
+@pytest.mark.slow
+def test_the_pipeline_runs_on_the_cpu_path(tmp_path):
+    sys.path.insert(0, os.path.join(REPO, "tests", "doctor"))
+    from doctor_helpers import demo_fast
+
+    _, demo = demo_fast()
+    pair = tmp_path / "pair"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(REPO, "python"), os.environ.get("PYTHONPATH", "")]))
+    p = subprocess.run([sys.executable, os.path.join(HERE, "make_pair.py"), "--out", str(pair), "--reuse", demo,
+                        "--device", "cpu", "--prompts", "2", "--new-tokens", "4"],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr
+    out = tmp_path / "cmp"
+    p = subprocess.run([sys.executable, os.path.join(HERE, "compare.py"), "--pair", str(pair), "--out", str(out),
+                        "--device", "cpu", "--only", "plugin_eager,stock_eager", "--timed-repeats", "1",
+                        "--budget-s", "1200", "--per-config-s", "600"],
+                       capture_output=True, text=True, env=env, timeout=1300)
+    r = json.loads((out / "gpu_sglang.json").read_text())
+    assert p.returncode == 0 and r["ok"], r["failures"]
+    assert r["comparisons"]["plugin_eager vs stock_eager"]["equal"]
+    assert all(v["all"] for v in r["comparisons"]["vs the target's greedy continuation (transformers)"].values())
+    pe = r["configs"]["plugin_eager"]
+    assert pe["log"]["startup_line_as_expected"] and pe["log"]["selftest_passed"] >= 1
+    assert pe["dump"]["with_served_prompts"] >= 1 and pe["round2_equals_round1"]["equal"]
+    assert r["speed"]["round2_tokens_per_s"]["plugin_eager"] > 0
