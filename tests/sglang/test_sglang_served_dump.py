@@ -297,3 +297,21 @@ def test_with_the_selftest_done_and_the_dump_off_the_hook_touches_nothing(plugin
     fresh_selftest._claim()
     runner, fb = Untouchable(), Untouchable()
     assert served.runner_forward_hook(lambda self, b: "served", runner, fb) == "served"
+
+
+def test_doctor_forwards_run_eagerly_through_sglangs_model_runner(harness, tmp_path):
+    """A fresh process with the dump on at load_plugins(): the graph runners' can_run_graph is hooked, and SGLang's
+    real ModelRunner.forward runs a doctor decode eagerly beside a decode graph runner; another request's decode asks
+    SGLang's own can_run_graph (which, on this bare runner, fails: SGLang asked it)."""
+    import json
+
+    from scenarios import run_script
+
+    out = tmp_path / "gate.json"
+    run_script("graph_gate", out, {"EAGLE3_CAPTURE_DUMP": str(tmp_path / "dump")})
+    rep = json.loads(out.read_text())
+    assert all(rep["gates"].values()), rep["gates"]
+    assert rep["doctor_decode_graph"] is False
+    assert rep["other_decode"].startswith("AttributeError") and "DecodeCudaGraphRunner" in rep["other_decode"], rep
+    assert rep["records"][:2] == [["EXTEND", "eagle3-doctor-gate", False, True],
+                                  ["DECODE", "eagle3-doctor-gate", False, True]], rep["records"]
