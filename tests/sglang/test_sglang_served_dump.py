@@ -217,6 +217,7 @@ def test_bounds_forwards_requests_tokens_bytes_and_stream(harness, target, plugi
 
         plugin_env(EAGLE3_CAPTURE_DUMP=tmp_path / "req", EAGLE3_CAPTURE_DUMP_REQUESTS=1,
                    EAGLE3_CAPTURE_DUMP_MAX=None)
+        serve("HEALTH_CHECK_0")  # SGLang's /health generates are never followed
         serve("a")
         serve("b")
         serve("eagle3-doctor-c")  # the doctor's requests have their own budget

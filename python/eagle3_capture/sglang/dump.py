@@ -58,6 +58,7 @@ class _State:
         self.served_done = False
         self.fields_cache: dict = {}
         self.failed: Optional[str] = None  # the dump stopped writing (every rank still decides streams alike)
+        self.health_prefix = _health_check_prefix()
 
 
 _state: Optional[_State] = None
@@ -191,7 +192,7 @@ def record(model, inner, spec, forward_batch, rows: BatchRows, aux, graph: bool,
         st.writer = Writer(s.directory)
         announce("info", f"eagle3_capture: dumping served forwards to {s.directory} ({r.writer_line()}); bounds "
                          f"per process: {s.max_records} forwards, {s.max_requests} requests, {s.max_tokens} tokens "
-                         f"served; {s.stream_tokens} tokens of the doctor's requests with a {s.stream} stream; "
+                         f"served; {s.stream_tokens} tokens of the doctor's requests, stream at the {s.stream} layer inputs; "
                          f"{s.max_bytes} bytes in all")
     if st.writer.stopped is not None or st.failed is not None:
         return None
@@ -254,11 +255,25 @@ def record(model, inner, spec, forward_batch, rows: BatchRows, aux, graph: bool,
     return path
 
 
+def _health_check_prefix() -> str:
+    try:
+        from sglang.srt.constants import HEALTH_CHECK_RID_PREFIX
+
+        return HEALTH_CHECK_RID_PREFIX
+    except ImportError:
+        return "HEALTH_CHECK"
+
+
 def _followed(st: _State, rows: BatchRows) -> List[tuple]:
-    """The batch's requests whose rows are dumped: those already followed, then new ones while there is room."""
+    """The batch's requests whose rows are dumped: those already followed, then new ones while there is room.
+    SGLang's own health-check requests (``/health`` runs a one-token generate) are never followed: a monitor
+    polling the server would otherwise use up the requests' budget."""
     keep = []
+    hc = st.health_prefix
     for req in rows.requests:
         rid = req[0]
+        if rid is not None and rid.startswith(hc):
+            continue
         if rid in st.followed and rid is not None:
             keep.append(req)
         elif len(st.followed) < st.settings.max_requests:
