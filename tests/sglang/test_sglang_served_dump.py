@@ -316,3 +316,27 @@ def test_doctor_forwards_run_eagerly_through_sglangs_model_runner(harness, tmp_p
     assert rep["other_decode"].startswith("AttributeError") and "DecodeCudaGraphRunner" in rep["other_decode"], rep
     assert rep["records"][:2] == [["EXTEND", "eagle3-doctor-gate", False, True],
                                   ["DECODE", "eagle3-doctor-gate", False, True]], rep["records"]
+
+
+def test_a_graph_replays_padded_rows_are_not_dumped(harness, target, plugin_env, tmp_path):
+    """A CUDA-graph replay runs a batch padded to the graph's size; the record holds the batch's real rows only (from
+    its host metadata), and says it was a graph replay. The replay is played here by SGLang's own output objects: the
+    served forward's ModelRunnerOutput with rows of garbage appended, as a padded graph buffer holds them."""
+    import dataclasses
+
+    from sglang.srt.model_executor.model_runner import ModelRunnerOutput
+
+    from eagle3_capture.sglang import served
+
+    model, cfg = target["model"], target["cfg"]
+    r = harness.ServedRunner(model, cfg, rid="pad")
+    plugin_env(EAGLE3_CAPTURE_DUMP=None)
+    out, fb = r.forward(harness.PROMPT)
+    aux = out.logits_output.hidden_states
+    padded = torch.cat([aux, torch.full((5, aux.shape[1]), float("nan"))])
+    replay = ModelRunnerOutput(logits_output=dataclasses.replace(out.logits_output, hidden_states=padded),
+                               can_run_graph=True)
+    plugin_env(EAGLE3_CAPTURE_DUMP=tmp_path)
+    assert served.runner_forward_hook(lambda self, b: replay, r.mr, fb) is replay
+    (rec,) = _records(tmp_path)
+    assert rec["graph"] is True and torch.equal(rec["aux"], aux) and rec["input_ids"].tolist() == harness.PROMPT
