@@ -192,8 +192,8 @@ def record(model, inner, spec, forward_batch, rows: BatchRows, aux, graph: bool,
         st.writer = Writer(s.directory)
         announce("info", f"eagle3_capture: dumping served forwards to {s.directory} ({r.writer_line()}); bounds "
                          f"per process: {s.max_records} forwards, {s.max_requests} requests, {s.max_tokens} tokens "
-                         f"served; {s.stream_tokens} tokens of the doctor's requests, stream at the {s.stream} layer inputs; "
-                         f"{s.max_bytes} bytes in all")
+                         f"served; {s.stream_tokens} tokens of the doctor's requests, stream at the {s.stream} "
+                         f"layer inputs; {s.max_bytes} bytes in all")
     if st.writer.stopped is not None or st.failed is not None:
         return None
     if rows.note:
@@ -244,8 +244,8 @@ def record(model, inner, spec, forward_batch, rows: BatchRows, aux, graph: bool,
         requests.append({"rid": rid, "row_start": start, "row_end": start + (e - s0), "prefix_len": p})
         start += e - s0
     meta = {"format": FORMAT, "seq": seq, "forward_mode": rows.mode, "graph": bool(graph), "requests": requests,
-            **fields, "stream": None, "stream_layer_inputs": None, "model_class": type(model).__name__, "dtype": str(aux.dtype),
-            **r.as_fields(), "writer": r.writer_line()}
+            **fields, "stream": None, "stream_layer_inputs": None, "model_class": type(model).__name__,
+            "dtype": str(aux.dtype), **r.as_fields(), "writer": r.writer_line()}
     assemble = None
     if streamed:
         meta["stream_layer_inputs"] = list(req.layers)
