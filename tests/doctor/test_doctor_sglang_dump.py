@@ -1,6 +1,7 @@
 """End to end with SGLang's real model code: the plugin's capture dump (EAGLE3_CAPTURE_DUMP) of SGLang 0.5.23's
-DeepseekV3 prefill, fingerprinted by the doctor against a reference the doctor dumped from the transformers model
-with the same weights. Reuses the SGLang tests' CPU harness (tests/sglang/harness.py) and fixtures."""
+DeepseekV3 prefill, served through SGLang's ModelRunner.forward, fingerprinted by the doctor against a reference the
+doctor dumped from the transformers model with the same weights. Reuses the SGLang tests' CPU harness
+(tests/sglang/harness.py) and fixtures."""
 import os
 import sys
 
@@ -13,12 +14,12 @@ _SGLANG_TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__f
 if _SGLANG_TESTS not in sys.path:
     sys.path.insert(0, _SGLANG_TESTS)
 
-from sglang_fixtures import harness, require_sglang, sglang_plugin, tiny  # noqa: E402,F401  (fixtures)
+from sglang_fixtures import harness, plugin_env, require_sglang, sglang_plugin, tiny  # noqa: E402,F401  (fixtures)
 
 DECLARED = [-1, 1, 3, 5]  # embedding, two middle layers and the final boundary of the 6-layer tiny model
 
 
-def test_plugin_dump_fingerprints_as_the_declared_taps(harness, tiny, sglang_plugin, tmp_path, monkeypatch):
+def test_plugin_dump_fingerprints_as_the_declared_taps(harness, tiny, sglang_plugin, tmp_path, plugin_env):
     from eagle3_capture.doctor.fingerprint import fingerprint, render
     from eagle3_capture.doctor.reference_dump import reference_tensors, write_reference
     from eagle3_capture.doctor.target_model import Target
@@ -27,10 +28,11 @@ def test_plugin_dump_fingerprints_as_the_declared_taps(harness, tiny, sglang_plu
 
     model, cfg, hf = tiny["model"], tiny["cfg"], tiny["hf"]
     model.set_eagle3_layers_to_capture(list(DECLARED))
-    monkeypatch.setenv("EAGLE3_CAPTURE_DUMP", str(tmp_path / "dump"))
-    monkeypatch.setenv("EAGLE3_CAPTURE_DUMP_MAX", "1")
-    monkeypatch.setattr(dump, "_count", 0)
-    harness.run_sequence(model, cfg)
+    plugin_env(EAGLE3_CAPTURE_DUMP=tmp_path / "dump", EAGLE3_CAPTURE_DUMP_MAX=1)
+    r = harness.ServedRunner(model, cfg)
+    r.forward(harness.PROMPT)
+    r.forward([harness.DECODE_TOKEN])  # beyond EAGLE3_CAPTURE_DUMP_MAX: not dumped
+    assert dump.flush(30)
     L, H = cfg.num_hidden_layers, cfg.hidden_size
 
     target = Target(hf, None, L, H, cfg.vocab_size, "tiny DeepseekV3 (HF)", {})

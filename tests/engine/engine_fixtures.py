@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from typing import Dict, List, Optional
@@ -191,6 +192,29 @@ class LaunchedServer:
         if self._log is not None:
             self._log.close()
         return False
+
+
+def post_json(url: str, body: dict, timeout: float = 600) -> dict:
+    """POST a JSON body; the decoded JSON answer (an HTTP error raises with the server's text)."""
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"},
+                                 method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.loads(r.read().decode())
+    except urllib.error.HTTPError as e:
+        raise RuntimeError(f"{url}: HTTP {e.code}: {e.read().decode(errors='replace')[:2000]}") from None
+
+
+def wait_for_files(pattern: str, want, timeout: float = 60.0) -> List[str]:
+    """The files matching `pattern` once `want(files)` holds (the dump writes from a background thread)."""
+    import glob
+
+    deadline = time.time() + timeout
+    while True:
+        files = sorted(glob.glob(pattern))
+        if want(files) or time.time() > deadline:
+            return files
+        time.sleep(0.5)
 
 
 def doctor(*argv, timeout: int = 600):

@@ -3,13 +3,16 @@ what the server reports beside what the doctor predicts, with the plugin, withou
 
 Each configuration starts one server (session fixtures below); the tests read its responses and log.
 """
+import glob
 import json
 import os
+import re
 
 import pytest
+import torch
 
 from engine_fixtures import (CHAIN, NEW_TOKENS, PROMPTS, TREE, LaunchedServer, doctor, flags_text, pair,  # noqa: F401
-                             serve_engine)
+                             post_json, serve_engine, wait_for_files)
 
 pytestmark = [pytest.mark.engine, pytest.mark.sglang, pytest.mark.slow]
 
@@ -28,20 +31,47 @@ def _meta(responses):
 # one server per configuration
 # ----------------------------------------------------------------------------------------------------------------
 
+DOCTOR_RID = "eagle3-doctor-engine-0"
+
+
 @pytest.fixture(scope="session")
 def launched(pair):
-    """Plugin on, the draft as shipped (ids [-1, 0, 3]), chain flags, through `python -m sglang.launch_server`;
-    `doctor online` against it while it runs."""
+    """Plugin on, the draft as shipped (ids [-1, 0, 3]), chain flags, through `python -m sglang.launch_server`, the
+    capture dump on (EAGLE3_CAPTURE_DUMP_STREAM=all) and the stand-ins' witness of what the draft is fed:
+    `doctor online` against it while it runs, then the doctor's teacher-forced request (prompt + the served greedy
+    continuation, one prefill, rid eagle3-doctor-...)."""
     out = os.path.join(pair.root, "online_launched.json")
-    with LaunchedServer(pair, pair.draft, CHAIN) as srv:
+    dump = os.path.join(pair.root, "dump_launched")
+    fed = os.path.join(pair.root, "draft_fed_launched")
+    env = {"EAGLE3_CAPTURE_DUMP": dump, "EAGLE3_CAPTURE_DUMP_STREAM": "all", "E3_SGLANG_CPU_RECORD_DRAFT": fed}
+    with open(pair.prompts) as f:
+        prompt = json.load(f)[0]
+    with LaunchedServer(pair, pair.draft, CHAIN, env=env) as srv:
         code, text, err = doctor("online", "--server", srv.url, "--prompts", pair.prompts, "--target", pair.target,
                                  "--draft", pair.draft, "--new-tokens", NEW_TOKENS, "--json", out, "--no-progress",
                                  "--device", "cpu", "--threads", 1)
+        served = post_json(srv.url + "/generate", {"input_ids": prompt, "sampling_params": {
+            "max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}})
+        teacher = {"input_ids": prompt + served["output_ids"], "rid": DOCTOR_RID,
+                   "sampling_params": {"max_new_tokens": 1, "temperature": 0},
+                   "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 1}
+        forced = post_json(srv.url + "/generate", teacher)
+        wait_for_files(os.path.join(dump, "*.pt"), lambda fs: any(_holds(f, DOCTOR_RID) for f in fs))
         log = srv.log()
     with open(os.path.join(pair.root, "online_launched.txt"), "w") as f:
         f.write(text)
     return {"code": code, "text": text, "err": err, "json": json.load(open(out)) if os.path.exists(out) else None,
-            "log": log}
+            "log": log, "dump": dump, "fed": fed, "prompt": prompt, "served": served, "teacher": teacher,
+            "forced": forced}
+
+
+def _holds(path, rid):
+    import torch
+
+    try:
+        return any(r["rid"] == rid for r in torch.load(path, weights_only=True)["requests"])
+    except Exception:
+        return False
 
 
 @pytest.fixture(scope="session")
@@ -121,6 +151,8 @@ def test_launch_server_with_the_plugin_matches_the_prediction(launched):
     assert "eagle3_capture: DeepseekV3ForCausalLM: taps [Embedding, LayerOutput(0), LayerOutput(3)]" in log
     assert "layers_to_capture [0, 1, 4]" in log and "taps=on" in log
     assert "capture self-test passed: slot 0 equals the embedding bit for bit" in log
+    # on a served forward (the model runner's), never a warm-up or capture pass
+    assert re.search(r"capture self-test passed: .* \(\d+ rows; served EXTEND forward, request \S+", log), log[-3000:]
 
 
 def test_plugin_serves_what_stock_serves_with_ids_in_its_convention(launched, stock):
@@ -228,14 +260,17 @@ def tp2(pair):
     two = os.path.join(pair.root, "two_prompts.json")
     with open(pair.prompts) as f, open(two, "w") as g:
         json.dump(json.load(f)[:2], g)
-    # one core per rank (SGLang's CPU path binds each TP rank's threads; one NUMA node here)
-    srv = serve_engine(pair, "plugin_tp2", pair.draft, env={"SGLANG_CPU_OMP_THREADS_BIND": "0|1"}, prompts=two,
+    # one core per rank (SGLang's CPU path binds each TP rank's threads; one NUMA node here); the dump on: only
+    # attention-TP rank 0 writes
+    dump = os.path.join(pair.root, "dump_tp2")
+    srv = serve_engine(pair, "plugin_tp2", pair.draft, env={"SGLANG_CPU_OMP_THREADS_BIND": "0|1",
+                                                           "EAGLE3_CAPTURE_DUMP": dump}, prompts=two,
                        new_tokens=8, tp=2)
-    return srv, two
+    return srv, two, dump
 
 
 def test_tp2_capture_after_attention_tp_matches_the_prediction(pair, tp2):
-    srv, prompts = tp2
+    srv, prompts, _ = tp2
     assert srv.error is None, srv.log[-3000:]
     for rank in ("TP0", "TP1"):
         assert any(rank in ln and "capture self-test passed" in ln for ln in srv.log.splitlines()), rank
@@ -244,3 +279,125 @@ def test_tp2_capture_after_attention_tp_matches_the_prediction(pair, tp2):
                              "--draft", pair.draft, "--server-args", flags_text(CHAIN), "--no-progress", "--device",
                              "cpu", "--threads", 1)
     assert code == 0 and "verdict: matches" in text, text + err
+
+
+def test_tp2_only_attention_tp_rank_0_writes_the_dump(tp2):
+    srv, prompts, dump = tp2
+    assert srv.error is None, srv.log[-3000:]
+    files = [os.path.basename(f) for f in glob.glob(os.path.join(dump, "*.pt"))]
+    assert files and all("_tp0_" in f for f in files), files
+    recs = _records(dump)
+    assert {(r["tp_rank"], r["tp_size"], r["attn_tp_rank"], r["attn_tp_size"]) for r in recs} == {(0, 2, 0, 2)}
+    assert "writes, being attn-TP rank 0" in recs[0]["writer"]
+    assert {r["forward_mode"] for r in recs} >= {"EXTEND", "TARGET_VERIFY"}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the capture dump of served traffic, and the doctor's teacher-forced request (the launched server)
+# ----------------------------------------------------------------------------------------------------------------
+
+def _records(dump):
+    from eagle3_capture.dump_format import validate_record
+
+    recs = []
+    for f in sorted(glob.glob(os.path.join(dump, "*.pt"))):
+        rec = torch.load(f, weights_only=True)
+        validate_record(rec, f)
+        recs.append(rec)
+    assert not glob.glob(os.path.join(dump, "*.tmp"))
+    return sorted(recs, key=lambda r: r["seq"])
+
+
+def _rows(rec, req):
+    return slice(req["row_start"], req["row_end"])
+
+
+def test_served_traffic_is_dumped_as_the_contract_says(pair, launched):
+    assert launched["code"] == 0, launched["text"] + launched["err"]  # the dump changed nothing served
+    everything = _records(launched["dump"])
+    recs = [r for r in everything if not any(q["rid"] == DOCTOR_RID for q in r["requests"])]
+    assert not any(q["rid"].startswith("HEALTH_CHECK") for r in recs for q in r["requests"])  # /health's generates
+    modes = {r["forward_mode"] for r in recs}
+    assert {"EXTEND", "TARGET_VERIFY"} <= modes, modes
+    with open(pair.prompts) as f:
+        prompts = [tuple(p) for p in json.load(f)]
+    seen_prompts, extend_rids = set(), set()
+    for rec in recs:
+        assert rec["graph"] is False and rec["layers_to_capture"] == [0, 1, 4] and rec["stream"] is None
+        assert rec["draft_ids"] == [-1, 0, 3] and rec["model_class"] == "DeepseekV3ForCausalLM"
+        for q in rec["requests"]:
+            ids, pos = rec["input_ids"][_rows(rec, q)].tolist(), rec["positions"][_rows(rec, q)].tolist()
+            if rec["forward_mode"] == "EXTEND":
+                extend_rids.add(q["rid"])
+                assert pos == list(range(q["prefix_len"], q["prefix_len"] + len(ids)))
+                if q["prefix_len"] == 0 and tuple(ids) in prompts:
+                    seen_prompts.add(tuple(ids))
+            else:  # a verify: the request's 4 draft tokens (chain 3/1/4), at consecutive positions
+                assert len(ids) == CHAIN[2] and pos == list(range(pos[0], pos[0] + CHAIN[2])), (ids, pos)
+                assert q["prefix_len"] is None and q["rid"] in extend_rids
+    assert len(seen_prompts) == PROMPTS  # every prompt's prefill, each request's rows where the record says
+    # what the served draft was fed (the stand-ins' witness): every row it got is a dumped aux row, bit for bit,
+    # and each prefill's aux is what the draft's extend after it got, whole
+    fed = [torch.load(f, weights_only=True) for f in sorted(glob.glob(os.path.join(launched["fed"], "*.pt")))]
+    fed = [x for x in fed if not all(r.startswith("HEALTH_CHECK") for r in x["rids"])]  # not followed
+    assert fed and len({x["forward_mode"] for x in fed}) == 2  # after a prefill (EXTEND) and a verify
+    dumped = {tuple(row.tolist()) for rec in everything for row in rec["aux"]}
+    missing = sum(tuple(row.tolist()) not in dumped for x in fed for row in x["hidden_states"])
+    assert missing == 0, f"{missing} rows the draft was fed are not in the dump"
+    for rec in recs:
+        if rec["forward_mode"] == "EXTEND":
+            assert any(torch.equal(rec["aux"], x["hidden_states"]) for x in fed), rec["requests"]
+
+
+def test_the_doctors_teacher_forced_request(pair, launched):
+    """prompt + the served greedy continuation as one /generate (rid eagle3-doctor-..., max_new_tokens 1,
+    return_logprob, logprob_start_len 0, top_logprobs_num 1): the whole sequence is recomputed (no prefix-cache
+    reuse), its record holds every position's residual stream, and input_top_logprobs gives the target's greedy
+    token at each position, equal to the served continuation."""
+    prompt, served, forced, teacher = launched["prompt"], launched["served"], launched["forced"], launched["teacher"]
+    n, cont = len(prompt), served["output_ids"]
+    ids = teacher["input_ids"]
+    assert len(cont) == NEW_TOKENS and ids == prompt + cont
+    meta = forced["meta_info"]
+    assert meta["prompt_tokens"] == len(ids) and meta["cached_tokens"] == 0, meta
+    top = meta["input_top_logprobs"]
+    assert len(top) == len(ids)
+    greedy = [entry[0][1] for entry in top[n:]]  # the top token predicted at each continuation position
+    assert greedy == cont
+    # its dump: every position, with the stream at every layer input 0..L
+    recs = [r for r in _records(launched["dump"]) if any(q["rid"] == DOCTOR_RID for q in r["requests"])]
+    assert recs, "the doctor's forward was not dumped"
+    rows = {}
+    for rec in recs:
+        (q,) = [q for q in rec["requests"] if q["rid"] == DOCTOR_RID]
+        assert rec["forward_mode"] == "EXTEND" and q["prefix_len"] is not None
+        L, H = rec["num_layers"], rec["hidden_size"]
+        assert rec["stream_layer_inputs"] == list(range(L + 1))
+        for j in range(q["row_start"], q["row_end"]):
+            rows[int(rec["positions"][j])] = (int(rec["input_ids"][j]), rec["stream"][:, j], rec["aux"][j])
+        for s, i in enumerate(rec["layers_to_capture"]):  # the served slots are the stream's own values
+            assert torch.equal(rec["aux"][:, s * H:(s + 1) * H], rec["stream"][i])
+    assert sorted(rows) == list(range(len(ids))) and [rows[p][0] for p in range(len(ids))] == ids
+    assert min(q["prefix_len"] for r in recs for q in r["requests"] if q["rid"] == DOCTOR_RID) == 0
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# a malformed setting: the plugin refuses to serve, SGLang does not start without it
+# ----------------------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def refused(pair):
+    one = os.path.join(pair.root, "one_prompt.json")
+    with open(pair.prompts) as f, open(one, "w") as g:
+        json.dump(json.load(f)[:1], g)
+    return serve_engine(pair, "refused", pair.draft, env={"EAGLE3_CAPTURE_DISABLE": "selftets"}, prompts=one,
+                        new_tokens=2)
+
+
+def test_a_typo_in_the_off_switch_stops_the_server_with_one_line(refused):
+    assert refused.error is not None and not refused.responses
+    line = ("eagle3_capture: refusing to serve: EAGLE3_CAPTURE_DISABLE='selftets': unknown hook name(s) "
+            "['selftets']")
+    assert line in refused.log, refused.log[-4000:]
+    assert "Failed to execute general plugin" not in refused.log  # register() did not raise: no stock SGLang
+    assert "RuntimeError: " + line in refused.log  # raised at model load, which stops the server

@@ -124,10 +124,17 @@ def build_sglang(cfg, hf_model):
     """SGLang's own DeepseekV3ForCausalLM for `cfg`, loaded from the HF model's state dict via its load_weights."""
     from sglang.srt.models.deepseek_v2 import DeepseekV3ForCausalLM
 
+    from sglang.srt.layers.moe.utils import resolve_shared_experts_config
+    from sglang.srt.runtime_context import get_model
+
     setup_process()
     torch.manual_seed(1234)
-    with _default_dtype(torch.float32):
+    # as SGLang's loader builds a model (model_loader/loader.py: _initialize_model): the shared-experts layout
+    # resolved first, kept on the model (the model runner's forward reads it)
+    shared = resolve_shared_experts_config(DeepseekV3ForCausalLM, cfg, None)
+    with _default_dtype(torch.float32), get_model().override(shared_experts=shared):
         model = DeepseekV3ForCausalLM(cfg).eval()
+    model.shared_experts_config = shared
     model.load_weights(list(hf_model.state_dict().items()))
     model.post_load_weights()
     return model
@@ -227,6 +234,60 @@ class SglangRunner:
         if aux_buffer is not None:
             fb.aux_hidden_states_buffer = aux_buffer
         return self.run(lambda b: model.forward(b.input_ids, b.positions, b), fb)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# SGLang's ModelRunner around a built model: ModelRunner.forward -> _forward_raw -> EagerRunner, for real
+# ----------------------------------------------------------------------------------------------------------------
+
+class ServedRunner:
+    """SGLang's own ``ModelRunner`` and ``EagerRunner`` (made with ``__new__``: no weights loaded, no KV cache
+    sized; their attributes are what their ``forward`` / ``execute`` read), around a model built here, with the
+    attention test kit's pools and backend (:class:`SglangRunner`). ``forward(ids)`` runs SGLang's real
+    ``ModelRunner.forward``: the path every served forward takes (eager here; no CUDA graph on a CPU).
+    ``graph_runner``: an object standing where SGLang keeps its decode CUDA-graph runner (e.g. a
+    ``DecodeCudaGraphRunner`` made with ``__new__``), whose ``can_run_graph`` the model runner then asks."""
+
+    def __init__(self, model, cfg, *, rid: str = "req-0", graph_runner=None, is_draft_worker: bool = False):
+        from sglang.srt.model_executor.cuda_graph_buffer_registry import build_eager_registry
+        from sglang.srt.model_executor.model_runner import ModelRunner
+        from sglang.srt.model_executor.runner.base_runner import BaseRunner
+        from sglang.srt.model_executor.runner.eager_runner import EagerRunner
+
+        self.seq = SglangRunner(cfg)
+        self.model, self.cfg, self.rid = model, cfg, rid
+        mr = ModelRunner.__new__(ModelRunner)
+        mr.__dict__.update(
+            forward_pass_id=0, msprobe_debugger=None, is_draft_worker=is_draft_worker, canary_manager=None,
+            model=model, device="cpu", attn_backend=self.seq.backend, decode_cuda_graph_runner=graph_runner,
+            prefill_cuda_graph_runner=None, hisparse_coordinator=None, lora_manager=None, enable_elastic_ep=False,
+            eplb_manager=None, req_to_token_pool=self.seq.runner.req_to_token_pool, pp_group=model.pp_group,
+            support_pp=False, is_generation=True, device_timer=None, _kernel_warmed_up=True)
+        er = EagerRunner.__new__(EagerRunner)
+        BaseRunner.__init__(er, mr)
+        er._eager_registry = build_eager_registry(device=torch.device("cpu"), max_bs=4, max_num_token=128,
+                                                  cache_loc_dtype=torch.int64, encoder_lens_dtype=torch.int64)
+        mr.eager_runner = er
+        if graph_runner is not None:
+            graph_runner.model_runner = mr
+        self.mr = mr
+
+    def batch(self, input_ids, mode=None, rid: Optional[str] = None):
+        fb = self.seq.batch(torch.as_tensor(input_ids), mode)
+        fb.rids = [rid or self.rid]
+        return fb
+
+    def forward(self, input_ids, mode=None, rid: Optional[str] = None):
+        """SGLang's ModelRunner.forward on the next tokens of the sequence; returns its ModelRunnerOutput."""
+        fb = self.batch(input_ids, mode, rid)
+        out = self.run(fb)
+        return out, fb
+
+    def run(self, fb):
+        with torch.no_grad():
+            out = self.mr.forward(fb)
+        self.seq.seq_len += int(fb.input_ids.numel())
+        return out
 
 
 # ----------------------------------------------------------------------------------------------------------------

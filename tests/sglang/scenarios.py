@@ -4,6 +4,8 @@ patches cannot be undone, and a TP run needs one process a rank), on harness.py'
     python tests/sglang/scenarios.py native OUT.pt     stock SGLang (plugin not loaded): what it captures
     python tests/sglang/scenarios.py hooks OUT.json    load_plugins() under the caller's environment: which hooks
     python tests/sglang/scenarios.py draft_tp OUT_DIR RANK WORLD PORT    one TP rank of the draft fc (gloo)
+    python tests/sglang/scenarios.py settings CASES.json OUT.json   load_plugins() once per case of settings
+    python tests/sglang/scenarios.py graph_gate OUT.json   load_plugins() with the dump on; doctor forwards eager
 
 The tests call them through :func:`run_script` and :func:`run_ranks`.
 """
@@ -14,8 +16,8 @@ import sys
 from typing import Dict, List, Optional
 
 from harness import (
-    DECODE_TOKEN, DRAFT_IDS, PROMPT, SglangRunner, free_port, bare_model, build_hf, build_mla_draft, build_sglang,
-    setup_process, target_features, tiny_config,
+    DECODE_TOKEN, DRAFT_IDS, PROMPT, ServedRunner, SglangRunner, free_port, bare_model, build_hf, build_mla_draft,
+    build_sglang, setup_process, target_features, tiny_config,
 )
 
 import torch  # noqa: E402  (after harness, which sets TORCHDYNAMO_DISABLE first)
@@ -173,6 +175,104 @@ class _StopAtDraftLayer(Exception):
     pass
 
 
+def _settings(cases_path: str, out_path: str) -> None:
+    """For each case (a dict of EAGLE3_CAPTURE_* values): SGLang's real load_plugins() under exactly those settings
+    (its once-per-process guard and the registry's hook lists reset between cases; targets already patched stay
+    patched, and the plugin's hooks read the settings of the last registration), then what became of the plugin:
+    did SGLang report a failed plugin, which groups registered, which ERROR lines, does a model load go ahead."""
+    import json
+    import logging
+
+    setup_process()
+    import sglang.srt.plugins as sp
+    from sglang.srt.model_executor.model_runner import ModelRunner
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    class Grab(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.DEBUG)
+            self.lines = []
+
+        def emit(self, record):
+            self.lines.append((record.name, record.levelname, record.getMessage()))
+
+    grab = Grab()
+    logging.getLogger().addHandler(grab)
+    logging.getLogger().setLevel(logging.INFO)
+    with open(cases_path) as f:
+        cases = json.load(f)
+    results = []
+    for env in cases:
+        for k in list(os.environ):
+            if k.startswith("EAGLE3_CAPTURE_"):
+                del os.environ[k]
+        os.environ.update(env)
+        grab.lines.clear()
+        sp._plugins_loaded = False
+        HookRegistry._hooks.clear()
+        sp.load_plugins()
+        from eagle3_capture.sglang import plugin, switches
+
+        try:
+            ModelRunner.load_model(ModelRunner.__new__(ModelRunner))
+            load = "loaded"
+        except RuntimeError as e:
+            load = str(e) if str(e).startswith("eagle3_capture:") else f"RuntimeError: {e}"
+        except Exception as e:  # SGLang's own load_model on an object with no config: it went ahead
+            load = f"went ahead ({type(e).__name__})"
+        results.append({
+            "env": env, "load": load, "registered": sorted(plugin.registered),
+            "plugin_failed": [m for n, lv, m in grab.lines if "Failed to execute general plugin" in m],
+            "executed": any("Executed general plugin: eagle3_capture" in m for _, _, m in grab.lines),
+            "errors": [m for n, lv, m in grab.lines if lv == "ERROR" and n.startswith("eagle3_capture")],
+            "refusal": switches.current().refusal, "dump": switches.current().dump is not None,
+        })
+    with open(out_path, "w") as f:
+        json.dump(results, f)
+
+
+def _graph_gate(out_path: str) -> None:
+    """The dump on at load_plugins(): a target decode forward holding a doctor request runs eagerly through SGLang's
+    real ModelRunner.forward even though a decode graph runner stands ready, because the plugin's hook on
+    DecodeCudaGraphRunner.can_run_graph says no; a forward of another request asks SGLang's own can_run_graph (on
+    this bare runner it fails: proof that SGLang asked it)."""
+    import glob
+    import json
+
+    setup_process()
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+
+    from eagle3_capture.sglang import dump, served
+    from eagle3_capture.sglang.hook_chain import hook_path_in_place
+
+    cfg = tiny_config()
+    model = build_sglang(cfg, build_hf(cfg))
+    model.set_eagle3_layers_to_capture([-1, 1, 3, 5])
+    gr = DecodeCudaGraphRunner.__new__(DecodeCudaGraphRunner)
+    r = ServedRunner(model, cfg, rid="eagle3-doctor-gate", graph_runner=gr)
+    r.forward(PROMPT)
+    out, _ = r.forward([DECODE_TOKEN])
+    other = ServedRunner(model, cfg, rid="served-0", graph_runner=DecodeCudaGraphRunner.__new__(DecodeCudaGraphRunner))
+    other.forward(PROMPT)
+    try:
+        other.forward([DECODE_TOKEN])
+        asked = "eager"
+    except Exception as e:
+        asked = f"{type(e).__name__}: {e}"
+    dump.flush(60)
+    recs = [torch.load(f, weights_only=True) for f in sorted(glob.glob(os.path.join(os.environ["EAGLE3_CAPTURE_DUMP"],
+                                                                                    "*.pt")))]
+    with open(out_path, "w") as f:
+        json.dump({"gates": {p: hook_path_in_place(p, served.graph_gate_hook)
+                             for p in (served.DECODE_GRAPH_PATH, served.PREFILL_GRAPH_PATH, served.CPU_GRAPH_PATH)},
+                   "doctor_decode_graph": bool(out.can_run_graph), "other_decode": asked,
+                   "records": [(x["forward_mode"], x["requests"][0]["rid"], x["graph"], x["stream"] is not None)
+                               for x in sorted(recs, key=lambda x: x["seq"])]}, f)
+
+
 def run_ranks(scenario: str, out_dir, world: int, env_extra: Optional[Dict[str, str]] = None, timeout: int = 300):
     """Run `scenarios.py SCENARIO OUT_DIR RANK WORLD PORT` for every rank at once; raise with stderr on failure."""
     import subprocess
@@ -199,15 +299,17 @@ def run_ranks(scenario: str, out_dir, world: int, env_extra: Optional[Dict[str, 
         raise AssertionError(f"scenarios.py {scenario} rank {r} failed (rc {rc}):\n{err[-6000:]}")
 
 
-def run_script(scenario: str, out_path, env_extra: Optional[Dict[str, str]] = None, timeout: int = 300):
-    """Run this file as `scenarios.py SCENARIO OUT` in a fresh process (the caller's environment plus env_extra);
-    returns the CompletedProcess, raising with its stderr if it failed."""
+def run_script(scenario: str, out_path, env_extra: Optional[Dict[str, str]] = None, timeout: int = 300,
+               args=()):
+    """Run this file as `scenarios.py SCENARIO [ARGS...] OUT` in a fresh process (the caller's environment plus
+    env_extra); returns the CompletedProcess, raising with its stderr if it failed."""
     import subprocess
 
     env = dict(os.environ)
     env.update(env_extra or {})
     env["TORCHDYNAMO_DISABLE"] = "1"
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), scenario, str(out_path)], env=env,
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), scenario, *map(str, args), str(out_path)],
+                          env=env,
                           capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise AssertionError(f"scenarios.py {scenario} failed (rc {proc.returncode}):\n{proc.stderr[-6000:]}")
@@ -216,4 +318,5 @@ def run_script(scenario: str, out_path, env_extra: Optional[Dict[str, str]] = No
 
 if __name__ == "__main__":
     scenario, args = sys.argv[1], sys.argv[2:]
-    {"native": _native, "hooks": _hooks, "draft_tp": _draft_tp_rank}[scenario](*args)
+    {"native": _native, "hooks": _hooks, "draft_tp": _draft_tp_rank, "settings": _settings,
+     "graph_gate": _graph_gate}[scenario](*args)

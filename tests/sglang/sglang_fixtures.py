@@ -76,6 +76,35 @@ def tiny(harness, sglang_plugin):
     return harness.tiny_target()
 
 
+@pytest.fixture
+def plugin_env():
+    """Set the plugin's settings for one test: ``plugin_env(EAGLE3_CAPTURE_DUMP=..., ...)`` sets the variables (None
+    unsets one) and validates them as registration does (``switches.configure()``: the hooks read the settings
+    validated then, never the environment); the dump's budgets start afresh. Restored after the test."""
+    from eagle3_capture.sglang import dump, switches
+
+    saved = {}
+
+    def apply(**env):
+        for k, v in env.items():
+            saved.setdefault(k, os.environ.get(k))
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = str(v)
+        dump.reset()
+        return switches.configure()
+
+    yield apply
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    dump.reset()
+    switches.configure()
+
+
 from collections import Counter  # noqa: E402  (after the environment set-up above)
 
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402

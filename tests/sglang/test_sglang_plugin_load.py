@@ -19,7 +19,7 @@ def _resolve(path):
 def _expected_groups(plugin):
     from eagle3_capture.sglang import draft, switches
 
-    groups = [switches.TAPS, switches.FINAL_BOUNDARY, switches.CAPTURE]
+    groups = [switches.TAPS, switches.FINAL_BOUNDARY, switches.CAPTURE, switches.SELFTEST]
     if draft.unavailable() is None:
         groups += [switches.DRAFT_FC, switches.GATHER]  # gather: its error poll around the draft extend
     return groups
@@ -40,8 +40,9 @@ def test_load_plugins_puts_every_hook_in_place(sglang_plugin):
 def test_hooks_reach_the_names_sglang_calls(sglang_plugin):
     """Subclasses see the hooked methods, and deepseek_v2's module-level references are the hooked ones."""
     from sglang.srt.layers import aux_hidden_states
+    from sglang.srt.model_executor import model_runner
     from sglang.srt.models import deepseek_v2
-    from eagle3_capture.sglang import capture, target
+    from eagle3_capture.sglang import capture, served, target
 
     plugin = sglang_plugin
     for cls in (deepseek_v2.DeepseekV2ForCausalLM, deepseek_v2.DeepseekV3ForCausalLM,
@@ -54,46 +55,64 @@ def test_hooks_reach_the_names_sglang_calls(sglang_plugin):
     assert deepseek_v2.AuxHiddenStatePacker is aux_hidden_states.AuxHiddenStatePacker
     assert hook_in_place(deepseek_v2.AuxHiddenStatePacker, "__init__", target.packer_init_hook)
     assert hook_in_place(deepseek_v2.AuxHiddenStatePacker, "append", capture.packer_append_hook)
+    # the self-test runs around the model runner's forward, which every served forward goes through
+    assert hook_in_place(model_runner.ModelRunner, "forward", served.runner_forward_hook)
     # Kimi-K2.5 delegates to its DeepseekV3ForCausalLM language model
     from sglang.srt.models import kimi_k25
     assert kimi_k25.DeepseekV3ForCausalLM is deepseek_v2.DeepseekV3ForCausalLM
 
 
-def test_unknown_switch_name_registers_nothing(sglang_plugin, monkeypatch):
+def test_unknown_switch_name_refuses_to_serve(sglang_plugin, monkeypatch):
+    """A typo in EAGLE3_CAPTURE_DISABLE never makes register() raise (SGLang would log a traceback and serve stock
+    SGLang without the plugin): the plugin registers only its refusal, which stops the server at model load with
+    one line."""
     from sglang.srt.plugins.hook_registry import HookRegistry
 
     from eagle3_capture.sglang import switches
 
     with pytest.raises(ValueError, match=r"unknown hook name\(s\) \['tap'\]; expected .*'taps'"):
         switches.disabled_hooks({"EAGLE3_CAPTURE_DISABLE": "tap"})
-    before = {k: list(v) for k, v in HookRegistry._hooks.items()}
-    registered = dict(sglang_plugin.registered)
-    skipped = dict(sglang_plugin.skipped)
+    calls = []
+    monkeypatch.setattr(HookRegistry, "register", classmethod(lambda cls, path, fn, kind: calls.append((path, fn))))
+    registered, skipped = dict(sglang_plugin.registered), dict(sglang_plugin.skipped)
     monkeypatch.setenv("EAGLE3_CAPTURE_DISABLE", "taps,capure")
     try:
-        with pytest.raises(ValueError, match="capure"):
-            sglang_plugin.register()
-        assert {k: list(v) for k, v in HookRegistry._hooks.items()} == before
+        sglang_plugin.register()  # does not raise
+        assert calls == [(sglang_plugin.LOAD_MODEL_PATH, sglang_plugin.load_model_hook)]
+        with pytest.raises(RuntimeError) as e:
+            sglang_plugin.load_model_hook(lambda self: pytest.fail("the model must not load"), None)
+        msg = str(e.value)
+        assert "\n" not in msg and msg.startswith("eagle3_capture: refusing to serve: EAGLE3_CAPTURE_DISABLE=")
+        assert "['capure']" in msg and "EAGLE3_CAPTURE_DISABLE=all turns the plugin off" in msg
     finally:
-        sglang_plugin.registered.update(registered)
-        sglang_plugin.skipped.update(skipped)
+        monkeypatch.delenv("EAGLE3_CAPTURE_DISABLE")
+        switches.configure()
+        sglang_plugin.registered.clear(), sglang_plugin.registered.update(registered)
+        sglang_plugin.skipped.clear(), sglang_plugin.skipped.update(skipped)
     assert switches.disabled_hooks({"EAGLE3_CAPTURE_DISABLE": "all"}) == frozenset(switches.HOOKS)
     assert switches.disabled_hooks({}) == frozenset()
+    # with the settings fixed, the same hook lets the model load
+    assert sglang_plugin.load_model_hook(lambda self: "loaded", None) == "loaded"
 
 
-@pytest.mark.parametrize("disable", ["taps,capture", "final_boundary"])
-def test_disable_switch_in_a_fresh_process(harness, tmp_path, disable):
+@pytest.mark.parametrize("disable,dump", [("taps,capture", False), ("final_boundary", False),
+                                          ("taps,capture,draft_fc,gather,selftest", True)])
+def test_disable_switch_in_a_fresh_process(harness, tmp_path, disable, dump):
     """EAGLE3_CAPTURE_DISABLE leaves exactly the named hooks out of SGLang; the 61-layer ids then follow SGLang's
-    own rule (taps off) or a declared final boundary fails at load (final_boundary off)."""
+    own rule (taps off) or a declared final boundary fails at load (final_boundary off). With the dump on, its hooks
+    (the model runner's forward, the graph runners' graph-or-eager decision, the model forward) are in place
+    whatever is turned off."""
     import json
 
     out = tmp_path / "hooks.json"
-    proc = run_script("hooks", out, {"EAGLE3_CAPTURE_DISABLE": disable})
+    env = {"EAGLE3_CAPTURE_DISABLE": disable, "EAGLE3_CAPTURE_DUMP": str(tmp_path / "dump") if dump else ""}
+    proc = run_script("hooks", out, env)
     rep = json.loads(out.read_text())
     from eagle3_capture.sglang.plugin import HOOKS
 
-    off = set(disable.split(","))
+    off = set(disable.split(",")) | (set() if dump else {"dump"})
     on = {g for g in HOOKS if g not in off and not (g == "final_boundary" and "taps" in off)}
+    assert rep["status"]["dump"] == ("on" if dump else "off (EAGLE3_CAPTURE_DUMP not set)"), rep["status"]
     for group, paths in rep["in_place"].items():
         if group == "draft_fc":
             continue

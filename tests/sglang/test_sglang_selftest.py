@@ -1,13 +1,14 @@
-"""The capture self-test (sglang/selftest.py) inside SGLang's real DeepseekV3 forward on the CPU: it passes on the
-plugin's capture, and names the slot when the capture is wired wrong at run time (the embedding slot holding a
-later layer, two slots alike); EAGLE3_CAPTURE_SELFTEST=raise stops the forward. The same check in SGLang's real
+"""The capture self-test (sglang/selftest.py) around SGLang's real ModelRunner.forward, on SGLang's real DeepseekV3
+on the CPU: it passes on the plugin's capture, and names the slot when the capture is wired wrong at run time (the
+embedding slot holding a later layer, two slots alike); EAGLE3_CAPTURE_SELFTEST=raise stops the forward. That it
+never runs on SGLang's warm-up or capture passes is in test_sglang_served_dump.py; the same check in SGLang's real
 serving loop is in tests/engine."""
 import logging
 
 import pytest
 import torch
 
-from sglang_fixtures import harness, require_sglang, sglang_plugin, tiny  # noqa: F401  (fixtures)
+from sglang_fixtures import harness, plugin_env, require_sglang, sglang_plugin, tiny  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.sglang
 
@@ -27,14 +28,20 @@ def fresh_selftest():
     selftest.reset()
 
 
+def _serve(harness, model, cfg, rid="req-0"):
+    """A prefill and a decode step through SGLang's ModelRunner.forward (the path of every served forward)."""
+    r = harness.ServedRunner(model, cfg, rid=rid)
+    return r.forward(harness.PROMPT)[0], r.forward([harness.DECODE_TOKEN])[0]
+
+
 def test_passes_on_the_plugins_capture_once_per_process(harness, tiny, fresh_selftest, caplog):
     model, cfg = tiny["model"], tiny["cfg"]
     model.set_eagle3_layers_to_capture(list(DECLARED))
     with caplog.at_level(logging.INFO, logger="eagle3_capture.sglang"):
-        harness.run_sequence(model, cfg)  # a prefill and a decode step: the test runs on the first only
+        _serve(harness, model, cfg, rid="rid-abc")  # a prefill and a decode step: the test runs on the first only
     lines = _lines(caplog)
     assert len(lines) == 1 and "passed: slot 0 equals the embedding bit for bit, 3 slots distinct" in lines[0]
-    assert f"({len(harness.PROMPT)} rows)" in lines[0]
+    assert f"({len(harness.PROMPT)} rows; served EXTEND forward, request rid-abc)" in lines[0], lines[0]
 
 
 def test_names_the_slot_when_the_embedding_is_not_captured(harness, tiny, fresh_selftest, caplog):
@@ -43,7 +50,7 @@ def test_names_the_slot_when_the_embedding_is_not_captured(harness, tiny, fresh_
     model.model.layers_to_capture = [1, 2, 4]  # a capture wired one tap later than declared, after model load
     try:
         with caplog.at_level(logging.INFO, logger="eagle3_capture.sglang"):
-            harness.run_sequence(model, cfg)
+            _serve(harness, model, cfg)
     finally:
         model.set_eagle3_layers_to_capture(list(DECLARED))
     lines = _lines(caplog)
@@ -52,17 +59,17 @@ def test_names_the_slot_when_the_embedding_is_not_captured(harness, tiny, fresh_
     assert [r.levelno for r in caplog.records if "FAILED" in r.getMessage()] == [logging.ERROR]
 
 
-def test_two_equal_slots_and_raise_mode(harness, tiny, fresh_selftest, monkeypatch):
+def test_two_equal_slots_and_raise_mode(harness, tiny, fresh_selftest, plugin_env):
     from eagle3_capture.sglang.target import SPEC_ATTR
 
     model, cfg = tiny["model"], tiny["cfg"]
     model.set_eagle3_layers_to_capture(list(DECLARED))
-    prefill, _ = harness.run_sequence(model, cfg)  # uses up this process's self-test (it passes)
-    aux = prefill.hidden_states.clone()
+    prefill, _ = _serve(harness, model, cfg)  # uses up this process's self-test (it passes)
+    aux = prefill.logits_output.hidden_states.clone()
     H = cfg.hidden_size
     aux[:, 2 * H:] = aux[:, H:2 * H]  # slot 2 a copy of slot 1
     fresh_selftest.reset()
-    monkeypatch.setenv("EAGLE3_CAPTURE_SELFTEST", "raise")
+    plugin_env(EAGLE3_CAPTURE_SELFTEST="raise")
     ids = torch.tensor(harness.PROMPT)
     with pytest.raises(RuntimeError, match=r"slots 1 and 2 hold the same values.*EAGLE3_CAPTURE_SELFTEST=raise"):
         fresh_selftest.check(model.model, getattr(model.model, SPEC_ATTR), ids, None, (None, aux))

@@ -117,21 +117,3 @@ def test_idle_batch_keeps_k_slots(harness, sglang_plugin):
         r.backend.init_forward_metadata(fb)
         hidden, aux = model.model(fb.input_ids, fb.positions, fb)
     assert hidden.shape == (0, cfg.hidden_size) and aux.shape == (0, len(DECLARED) * cfg.hidden_size)
-
-
-def test_capture_dump(harness, tiny, sglang_plugin, tmp_path, monkeypatch):
-    from eagle3_capture.sglang import dump
-
-    model, cfg = tiny["model"], tiny["cfg"]
-    model.set_eagle3_layers_to_capture(list(DECLARED))
-    monkeypatch.setenv("EAGLE3_CAPTURE_DUMP", str(tmp_path))
-    monkeypatch.setenv("EAGLE3_CAPTURE_DUMP_MAX", "1")
-    monkeypatch.setattr(dump, "_count", 0)
-    prefill, _ = harness.run_sequence(model, cfg)
-    files = sorted(tmp_path.glob("eagle3_capture_pid*_*.pt"))
-    assert len(files) == 1, files  # capped at EAGLE3_CAPTURE_DUMP_MAX
-    rec = torch.load(files[0])
-    assert torch.equal(rec["aux"], prefill.hidden_states)
-    assert rec["draft_ids"] == DECLARED and rec["layers_to_capture"] == [0, 2, 4, 6]
-    assert rec["input_ids"].tolist() == harness.PROMPT and rec["forward_mode"] == "EXTEND"
-    assert rec["num_layers"] == 6 and rec["hidden_size"] == cfg.hidden_size

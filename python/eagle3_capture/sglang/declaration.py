@@ -1,13 +1,14 @@
 """The draft config's tap declaration as this process read it (beside SGLang's own read, at model load): a leaf
-shared by the taps hook (target.py), which turns it into the taps to capture, and the self-test (selftest.py),
-which checks a capture against it."""
+shared by the taps hook (target.py), which turns it into the taps to capture, the self-test (selftest.py), which
+checks a capture against it, and the dump (dump_record.py), which records it."""
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from .. import configs as _configs
+from ..spec import TapSpec
 
 
 @dataclass(frozen=True)
@@ -40,4 +41,19 @@ def set_declaration(decl: Optional[DraftDeclaration]) -> None:
         _declaration = decl
 
 
-__all__ = ["DraftDeclaration", "current_declaration", "set_declaration"]
+def declared_taps(model, spec: Optional[TapSpec]) -> Tuple[Optional[TapSpec], str]:
+    """(the taps the draft declares, where the declaration came from) for a DeepseekV2Model `model`. With the taps
+    hook on: the plugin's spec; with it off: the draft config, read beside SGLang's own read of it. Raises
+    TapError / ValueError when the declaration does not fit the model."""
+    if spec is not None:
+        return spec, "the plugin's tap spec"
+    decl = current_declaration()
+    if decl is None or decl.draft is None:
+        return None, "no draft config declaration was read"
+    L, H = int(model.config.num_hidden_layers), int(model.config.hidden_size)
+    target = _configs.read_target_config({"num_hidden_layers": L, "hidden_size": H,
+                                          "model_type": getattr(model.config, "model_type", None)})
+    return _configs.draft_taps(decl.draft, target), f"the draft config {decl.source}"
+
+
+__all__ = ["DraftDeclaration", "current_declaration", "set_declaration", "declared_taps"]

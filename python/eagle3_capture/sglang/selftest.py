@@ -1,4 +1,10 @@
-"""Startup self-test of the capture, on the first eager target forward that captures (switch ``selftest``).
+"""Startup self-test of the capture, on the first served target forward that captures (switch ``selftest``).
+
+Run from the model runner's forward (served.py), i.e. after a CUDA-graph replay or an eager forward, on the aux
+hidden states the draft is handed; never on SGLang's warm-up or capture passes (its capture-mode flag set, or a
+stream capturing), whose dummy batches (and, at TP > 1 with the legacy custom all-reduce, all-zero all-reduces)
+say nothing about the served capture. It waits for a forward that captures every row (CaptureHiddenMode FULL:
+prefill, verify), and at TP > 1 every rank checks its own capture on the same forward.
 
 Needs no reference: for that batch, the slot the draft declares as ``Embedding`` must equal the embedding of the
 batch's input ids bit for bit (layer input 0 is the embedding output itself, no arithmetic), and no two slots may
@@ -14,14 +20,13 @@ batch's rows (e.g. scattered by DP attention), a declaration that cannot be read
 from __future__ import annotations
 
 import threading
-from typing import List, Optional, Tuple
+from typing import List, Optional
 
 import torch
 
-from .. import configs as _configs
 from ..spec import EMBEDDING, TapError, TapSpec
 from . import switches
-from .declaration import current_declaration
+from .declaration import declared_taps
 
 _lock = threading.Lock()
 _done = False
@@ -56,29 +61,25 @@ def _capturing() -> bool:
         return False
 
 
-def _declared(model, spec: Optional[TapSpec]) -> Tuple[Optional[TapSpec], str]:
-    """(the taps the draft declares, where the declaration came from). With the taps hook on: the plugin's spec;
-    with it off: the draft config, read beside SGLang's own read of it."""
-    L, H = int(model.config.num_hidden_layers), int(model.config.hidden_size)
-    if spec is not None:
-        return spec, "the plugin's tap spec"
-    decl = current_declaration()
-    if decl is None or decl.draft is None:
-        return None, "no draft config declaration was read"
-    target = _configs.read_target_config({"num_hidden_layers": L, "hidden_size": H,
-                                          "model_type": getattr(model.config, "model_type", None)})
-    return _configs.draft_taps(decl.draft, target), f"the draft config {decl.source}"
+def _captures_every_row(forward_batch) -> bool:
+    """Whether the forward hands the draft every row's slots (CaptureHiddenMode FULL), not only the last row's."""
+    mode = getattr(forward_batch, "capture_hidden_mode", None)
+    is_full = getattr(mode, "is_full", None)
+    return mode is None or (callable(is_full) and bool(is_full()))
 
 
-def check(model, spec: Optional[TapSpec], input_ids, forward_batch, out) -> Optional[str]:
-    """The self-test on one forward's output; returns the line it logged (None when it did not run)."""
-    if not isinstance(out, tuple) or len(out) != 2 or not isinstance(out[1], torch.Tensor):
+def check(model, spec: Optional[TapSpec], input_ids, forward_batch, out, where: str = "") -> Optional[str]:
+    """The self-test on one forward's aux hidden states (`out`: the packed [T, K*H] tensor, or the DeepseekV2Model
+    forward's (hidden, aux)); `model` is the DeepseekV2Model. Returns the line it logged (None when it did not run:
+    another forward will be checked)."""
+    aux = out[1] if isinstance(out, tuple) and len(out) == 2 else out
+    if not isinstance(aux, torch.Tensor) or aux.dim() != 2 or aux.shape[0] == 0 or _capturing():
         return None
-    aux = out[1]
-    if aux.dim() != 2 or aux.shape[0] == 0 or _capturing():
+    if forward_batch is not None and not _captures_every_row(forward_batch):
         return None
     if not _claim():
         return None
+    where = f"; {where}" if where else ""
     raise_on_fail = switches.selftest_raises()
     pp = getattr(model, "pp_group", None)
     if pp is not None and getattr(pp, "world_size", 1) > 1:
@@ -89,7 +90,7 @@ def check(model, spec: Optional[TapSpec], input_ids, forward_batch, out) -> Opti
         return _skip(f"the aux buffer has {aux.shape[0]} rows for {input_ids.shape[0]} input ids (rows gathered or "
                      "scattered across ranks)")
     try:
-        declared, source = _declared(model, spec)
+        declared, source = declared_taps(model, spec)
     except (TapError, ValueError) as e:
         return _skip(f"the declared taps cannot be read ({e})")
     slot_inputs = list(getattr(model, "layers_to_capture", []))  # the layer input each slot is told to take
@@ -99,7 +100,7 @@ def check(model, spec: Optional[TapSpec], input_ids, forward_batch, out) -> Opti
         return _skip(f"the aux buffer is {aux.shape[1]} wide, not a multiple of H={H}")
     if declared is not None and declared.K != K:
         return _fail(f"the draft declares K={declared.K} taps ({list(declared.taps)}, from {source}) but {K} are "
-                     f"captured", raise_on_fail)
+                     f"captured ({rows_text(aux.shape[0], where)})", raise_on_fail)
     problems = []
     rows = aux.shape[0]
     emb_slot = None
@@ -123,12 +124,17 @@ def check(model, spec: Optional[TapSpec], input_ids, forward_batch, out) -> Opti
                 problems.append(f"slots {i} and {j} hold the same values ({rows} rows)")
     if problems:
         return _fail("; ".join(problems) + "; the draft sees other inputs than it was trained on (check the taps "
-                     "with `eagle3-capture doctor check`, fingerprint a capture dump)", raise_on_fail)
+                     f"with `eagle3-capture doctor check`, fingerprint a capture dump; {rows_text(rows, where)})",
+                     raise_on_fail)
     what = (f"slot {emb_slot} equals the embedding bit for bit, " if emb_slot is not None
             else "no Embedding tap declared, ")
-    line = f"eagle3_capture: capture self-test passed: {what}{K} slots distinct ({rows} rows)"
+    line = f"eagle3_capture: capture self-test passed: {what}{K} slots distinct ({rows_text(rows, where)})"
     switches.announce("info", line)
     return line
+
+
+def rows_text(rows: int, where: str) -> str:
+    return f"{rows} rows{where}"
 
 
 def _slot_source(slot_inputs: List, slot: int) -> str:

@@ -1,7 +1,27 @@
-"""Environment switches and logging of the SGLang plugin.
+"""The SGLang plugin's settings (environment variables), validated once when SGLang loads the plugin, and its
+logging.
 
-``EAGLE3_CAPTURE_DISABLE``: comma-separated hooks to leave out (read when SGLang loads the plugin, i.e. at
-startup in every SGLang process); empty or unset installs every hook.
+Every setting is read and checked in :func:`read_settings` (called by ``plugin.register()``, i.e. at startup in every
+SGLang process); the hooks then read the result (:func:`current`), never the environment. A malformed setting never
+makes ``register()`` raise (SGLang's ``load_plugins()`` would log a traceback and serve stock SGLang without the
+plugin): it is either ignored with one ERROR line saying what is ignored, the rest of the plugin staying on, or it
+makes the plugin refuse to serve (``refusal``: one line, raised at model load, which stops the server).
+
+========================================  ==========  ==============================================================
+setting                                   default     a malformed value
+========================================  ==========  ==============================================================
+``EAGLE3_CAPTURE_DISABLE``                (none)      refuses: an unknown name was meant to turn something off
+``EAGLE3_CAPTURE_SELFTEST`` log|raise     ``log``     refuses: the operator chose between stopping and logging
+``EAGLE3_CAPTURE_DUMP`` <dir>             (off)       ERROR line, dump off (a file, not creatable, not writable)
+``EAGLE3_CAPTURE_DUMP_MAX`` n             256         ERROR line, dump off: served forwards (records) per process
+``EAGLE3_CAPTURE_DUMP_REQUESTS`` n        16          ERROR line, dump off: served requests followed per process
+``EAGLE3_CAPTURE_DUMP_TOKENS`` n          16384       ERROR line, dump off: served rows (tokens) per process
+``EAGLE3_CAPTURE_DUMP_BYTES`` size        4G          ERROR line, dump off: bytes written per process (all records)
+``EAGLE3_CAPTURE_DUMP_STREAM``            declared    ERROR line, dump off: ``declared`` or ``all`` layer inputs
+``EAGLE3_CAPTURE_DUMP_STREAM_TOKENS`` n   4096        ERROR line, dump off: rows of doctor forwards given a stream
+========================================  ==========  ==============================================================
+
+``EAGLE3_CAPTURE_DISABLE``: comma-separated hooks to leave out; empty or unset installs every hook.
 
 =================  =================================================================================================
 name               what it turns off
@@ -15,30 +35,43 @@ name               what it turns off
 ``draft_fc``       the fused draft fc (``ops.draft_fc``) in the EAGLE-3 drafts
 ``gather``         the project's gatherer (``tp.PackedGatherer``) for the draft fc's column shards at TP > 1
                    (SGLang's ``_fc_gatherer`` is used instead); has no effect when ``draft_fc`` is off
-``selftest``       the capture self-test on the first capturing forward (selftest.py)
+``selftest``       the capture self-test on the first served forward that captures (selftest.py)
 ``all``            every hook: the plugin registers nothing (same as ``SGLANG_PLUGINS`` without it)
 =================  =================================================================================================
 
-``EAGLE3_CAPTURE_SELFTEST=raise``: a failed self-test raises instead of logging one ERROR line.
-
-``EAGLE3_CAPTURE_DUMP=<dir>``: save what the target captured in its first eager forwards (see dump.py);
-``EAGLE3_CAPTURE_DUMP_MAX`` (default 8) caps how many.
-
-An unknown name in ``EAGLE3_CAPTURE_DISABLE`` is an error (a typo must not leave a hook on that the operator
-meant to turn off): the plugin then registers nothing and SGLang logs the message.
+Sizes (``EAGLE3_CAPTURE_DUMP_BYTES``) are an integer number of bytes with an optional binary suffix: ``K``, ``M``,
+``G``, ``T`` (or ``KiB`` ... ``TiB``). Counts are non-negative integers; 0 dumps nothing of that kind.
 """
 from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
+import tempfile
 import time
-from typing import FrozenSet, Mapping, Optional
+from dataclasses import dataclass, field
+from typing import FrozenSet, List, Mapping, Optional, Tuple
+
+from ..dump_format import STREAM_DECLARED, STREAM_MODES
 
 ENV_DISABLE = "EAGLE3_CAPTURE_DISABLE"
+ENV_SELFTEST = "EAGLE3_CAPTURE_SELFTEST"
 ENV_DUMP = "EAGLE3_CAPTURE_DUMP"
 ENV_DUMP_MAX = "EAGLE3_CAPTURE_DUMP_MAX"
-ENV_SELFTEST = "EAGLE3_CAPTURE_SELFTEST"
+ENV_DUMP_REQUESTS = "EAGLE3_CAPTURE_DUMP_REQUESTS"
+ENV_DUMP_TOKENS = "EAGLE3_CAPTURE_DUMP_TOKENS"
+ENV_DUMP_BYTES = "EAGLE3_CAPTURE_DUMP_BYTES"
+ENV_DUMP_STREAM = "EAGLE3_CAPTURE_DUMP_STREAM"
+ENV_DUMP_STREAM_TOKENS = "EAGLE3_CAPTURE_DUMP_STREAM_TOKENS"
+# the dump's budgets: (variable, DumpSettings field, default)
+DUMP_COUNTS = ((ENV_DUMP_MAX, "max_records", 256), (ENV_DUMP_REQUESTS, "max_requests", 16),
+               (ENV_DUMP_TOKENS, "max_tokens", 16384), (ENV_DUMP_STREAM_TOKENS, "stream_tokens", 4096))
+DEFAULT_DUMP_BYTES = 4 << 30
+SETTINGS = (ENV_DISABLE, ENV_SELFTEST, ENV_DUMP, ENV_DUMP_MAX, ENV_DUMP_REQUESTS, ENV_DUMP_TOKENS, ENV_DUMP_BYTES,
+            ENV_DUMP_STREAM, ENV_DUMP_STREAM_TOKENS)
+_DUMP_PREFIX = ENV_DUMP + "_"
+MAX_COUNT = 10 ** 12  # far beyond any budget a process can spend; refuses a typo of many digits
 
 TAPS = "taps"
 FINAL_BOUNDARY = "final_boundary"
@@ -71,10 +104,17 @@ def announce(level: str, msg: str) -> None:
         pass
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# Parsers of one value each: raise ValueError naming the variable, what was expected and what was found
+# ----------------------------------------------------------------------------------------------------------------
+
+def _env(environ: Optional[Mapping[str, str]]) -> Mapping[str, str]:
+    return os.environ if environ is None else environ
+
+
 def disabled_hooks(environ: Optional[Mapping[str, str]] = None) -> FrozenSet[str]:
     """The hooks ``EAGLE3_CAPTURE_DISABLE`` turns off. Raises ValueError on a name it does not know."""
-    env = os.environ if environ is None else environ
-    raw = env.get(ENV_DISABLE, "")
+    raw = _env(environ).get(ENV_DISABLE, "")
     names = [n.strip().lower() for n in raw.split(",") if n.strip()]
     unknown = [n for n in names if n not in HOOKS and n != ALL]
     if unknown:
@@ -85,36 +125,190 @@ def disabled_hooks(environ: Optional[Mapping[str, str]] = None) -> FrozenSet[str
     return frozenset(names)
 
 
+def _selftest_raise(raw: str) -> bool:
+    v = raw.strip().lower()
+    if v not in ("", "log", "raise"):
+        raise ValueError(f"{ENV_SELFTEST}={raw!r}: expected 'log' or 'raise'")
+    return v == "raise"
+
+
+def _count(name: str, raw: str) -> int:
+    v = raw.strip()
+    if not re.fullmatch(r"\d{1,13}", v) or int(v) > MAX_COUNT:
+        raise ValueError(f"{name}={raw!r}: expected a non-negative integer (at most {MAX_COUNT})")
+    return int(v)
+
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(name: str, raw: str) -> int:
+    """Bytes from ``<int>`` or ``<int><K|M|G|T>`` (binary; ``KiB`` ... ``TiB`` too)."""
+    m = re.fullmatch(r"(\d{1,13})\s*([KMGT]?)(?:iB)?", raw.strip(), flags=re.IGNORECASE)
+    if m is None or (not m.group(2) and raw.strip()[-2:].lower() == "ib"):
+        raise ValueError(f"{name}={raw!r}: expected a size in bytes, e.g. 4294967296, 512M or 4G (binary units)")
+    n = int(m.group(1)) * _UNITS[m.group(2).upper()]
+    if n > MAX_COUNT * (1 << 10):
+        raise ValueError(f"{name}={raw!r}: larger than any disk ({n} bytes)")
+    return n
+
+
+def _stream_mode(raw: str) -> str:
+    v = raw.strip().lower() or STREAM_DECLARED
+    if v not in STREAM_MODES:
+        raise ValueError(f"{ENV_DUMP_STREAM}={raw!r}: expected one of {list(STREAM_MODES)}")
+    return v
+
+
+def prepare_dump_dir(raw: str) -> str:
+    """The dump directory as an absolute path, created if missing and checked writable (a file is written and
+    removed). Raises ValueError saying why it cannot be used."""
+    path = os.path.abspath(os.path.expanduser(raw.strip()))
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"{ENV_DUMP}={raw!r}: {path} exists and is not a directory")
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".eagle3_capture_probe_"):
+            pass
+    except OSError as e:
+        raise ValueError(f"{ENV_DUMP}={raw!r}: {path} cannot be written ({e.strerror or e})") from None
+    return path
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# All settings at once
+# ----------------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DumpSettings:
+    """The capture dump's directory and bounds (sglang/dump.py); each bound is per process."""
+
+    directory: str
+    max_records: int = 256      # served forwards (records), EAGLE3_CAPTURE_DUMP_MAX
+    max_requests: int = 16      # served requests whose rows are dumped
+    max_tokens: int = 16384     # served rows
+    max_bytes: int = DEFAULT_DUMP_BYTES  # every record, the doctor's streams included
+    stream: str = STREAM_DECLARED
+    stream_tokens: int = 4096   # rows of forwards holding a doctor request, dumped with their stream
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every setting as validated at registration. ``errors``: one ERROR line per ignored setting; ``refusal``:
+    why the plugin refuses to serve (None: it serves)."""
+
+    disabled: FrozenSet[str] = frozenset()
+    selftest_raise: bool = False
+    dump: Optional[DumpSettings] = None
+    errors: Tuple[str, ...] = ()
+    refusal: Optional[str] = None
+    source: dict = field(default_factory=dict, compare=False)  # the raw values read (for the log)
+
+
+def read_settings(environ: Optional[Mapping[str, str]] = None, *, prepare_dir: bool = True) -> Settings:
+    """Validate every setting; never raises. `prepare_dir`: create and probe the dump directory (registration
+    does; a pure parse for a report need not)."""
+    env = _env(environ)
+    raw = {k: env.get(k) for k in SETTINGS if env.get(k) is not None}
+    refusals: List[str] = []
+    errors: List[str] = []
+    try:
+        disabled = disabled_hooks(env)
+    except ValueError as e:
+        refusals.append(str(e))
+        disabled = frozenset(HOOKS)
+    try:
+        selftest_raise = _selftest_raise(env.get(ENV_SELFTEST, ""))
+    except ValueError as e:
+        refusals.append(str(e))
+        selftest_raise = False
+    dump, dump_errors = _read_dump(env, prepare_dir)
+    errors += dump_errors
+    refusal = None
+    if refusals:
+        refusal = ("eagle3_capture: refusing to serve: " + "; ".join(refusals) + f" (fix or unset it; "
+                   f"{ENV_DISABLE}=all turns the plugin off)")
+    return Settings(disabled, selftest_raise, dump, tuple(errors), refusal, raw)
+
+
+def _read_dump(env: Mapping[str, str], prepare_dir: bool) -> Tuple[Optional[DumpSettings], List[str]]:
+    directory = env.get(ENV_DUMP, "").strip()
+    on = bool(directory)
+    tail = ("ignored: the capture dump is off in this process (the rest of the plugin is on)" if on
+            else f"ignored ({ENV_DUMP} is not set: no dump)")
+    problems: List[str] = []
+    values = {}
+    for name, key, default in DUMP_COUNTS:
+        if env.get(name) is None:
+            values[key] = default
+            continue
+        try:
+            values[key] = _count(name, env[name])
+        except ValueError as e:
+            problems.append(str(e))
+    try:
+        values["max_bytes"] = (parse_size(ENV_DUMP_BYTES, env[ENV_DUMP_BYTES]) if env.get(ENV_DUMP_BYTES) is not None
+                               else DEFAULT_DUMP_BYTES)
+    except ValueError as e:
+        problems.append(str(e))
+    try:
+        values["stream"] = _stream_mode(env.get(ENV_DUMP_STREAM, ""))
+    except ValueError as e:
+        problems.append(str(e))
+    for name in sorted(env):
+        if name.startswith(_DUMP_PREFIX) and name not in SETTINGS:
+            problems.append(f"{name} is not a setting of the plugin (known: {', '.join(SETTINGS[2:])})")
+    if on and not problems and prepare_dir:
+        try:
+            directory = prepare_dump_dir(directory)
+        except ValueError as e:
+            problems.append(str(e))
+    errors = [f"eagle3_capture: {p}; {tail}" for p in problems]
+    if not on or problems:
+        return None, errors
+    return DumpSettings(directory=directory if prepare_dir else os.path.abspath(directory), **values), errors
+
+
+_current: Optional[Settings] = None
+
+
+def configure(environ: Optional[Mapping[str, str]] = None) -> Settings:
+    """Read and validate the settings, and make them the ones the hooks use (plugin.register() calls this)."""
+    global _current
+    _current = read_settings(environ)
+    return _current
+
+
+def current() -> Settings:
+    """The settings the hooks use: those of the last :func:`configure` (read from the environment if none ran)."""
+    if _current is None:
+        return configure()
+    return _current
+
+
 def enabled(hook: str, environ: Optional[Mapping[str, str]] = None) -> bool:
     if hook not in HOOKS:
         raise ValueError(f"unknown hook {hook!r}; expected one of {list(HOOKS)}")
-    return hook not in disabled_hooks(environ)
+    if environ is not None:
+        return hook not in disabled_hooks(environ)
+    return hook not in current().disabled
 
 
 def selftest_raises(environ: Optional[Mapping[str, str]] = None) -> bool:
-    """Whether a failed self-test raises (``EAGLE3_CAPTURE_SELFTEST=raise``) or logs (unset or ``log``)."""
-    env = os.environ if environ is None else environ
-    raw = env.get(ENV_SELFTEST, "").strip().lower()
-    if raw not in ("", "log", "raise"):
-        raise ValueError(f"{ENV_SELFTEST}={raw!r}: expected 'log' or 'raise'")
-    return raw == "raise"
+    """Whether a failed self-test raises (``EAGLE3_CAPTURE_SELFTEST=raise``) or logs (unset or ``log``); with an
+    explicit `environ`, parses it (ValueError on a bad value)."""
+    if environ is not None:
+        return _selftest_raise(environ.get(ENV_SELFTEST, ""))
+    return current().selftest_raise
 
 
-def dump_dir(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
-    env = os.environ if environ is None else environ
-    d = env.get(ENV_DUMP, "").strip()
-    return d or None
+def dump_settings() -> Optional[DumpSettings]:
+    """The dump's settings in force (None: off)."""
+    return current().dump
 
 
-def dump_max(environ: Optional[Mapping[str, str]] = None) -> int:
-    env = os.environ if environ is None else environ
-    raw = env.get(ENV_DUMP_MAX, "").strip()
-    if not raw:
-        return 8
-    try:
-        n = int(raw)
-    except ValueError:
-        raise ValueError(f"{ENV_DUMP_MAX}={raw!r}: expected a non-negative integer") from None
-    if n < 0:
-        raise ValueError(f"{ENV_DUMP_MAX}={raw!r}: expected a non-negative integer")
-    return n
+__all__ = ["ENV_DISABLE", "ENV_SELFTEST", "ENV_DUMP", "ENV_DUMP_MAX", "ENV_DUMP_REQUESTS", "ENV_DUMP_TOKENS",
+           "ENV_DUMP_BYTES", "ENV_DUMP_STREAM", "ENV_DUMP_STREAM_TOKENS", "SETTINGS", "HOOKS", "ALL", "TAPS",
+           "FINAL_BOUNDARY", "CAPTURE", "DRAFT_FC", "GATHER", "SELFTEST", "DumpSettings", "Settings",
+           "read_settings", "configure", "current", "enabled", "selftest_raises", "dump_settings",
+           "disabled_hooks", "parse_size", "prepare_dump_dir", "announce", "logger"]

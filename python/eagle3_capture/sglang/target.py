@@ -14,7 +14,8 @@ Hook points (AROUND hooks through SGLang's HookRegistry) and why these:
   states one), then SGLang's layer-input indices: ``Embedding`` -> 0, ``LayerOutput(k)`` -> k+1, and the final
   boundary ``LayerOutput(L-1)`` -> L, which SGLang's capture loop (0..L-1) never reaches; the hooks below capture
   it. Ids the spec rejects raise :class:`~eagle3_capture.spec.TapError` here, i.e. at model load.
-* Final boundary (switch ``final_boundary``): ``DeepseekV2Model.forward`` opens a per-forward scope when its model
+* Final boundary (switch ``final_boundary``; also installed with the dump, for the doctor's stream):
+  ``DeepseekV2Model.forward`` opens a per-forward scope when its model
   declared the final boundary; in that scope the ``AuxHiddenStatePacker`` the forward creates is remembered
   (``AuxHiddenStatePacker.__init__``), and ``layer_boundary.residual.batch.final_norm`` is given SGLang's own
   ``capture=`` callback, which receives the updated residual ``hidden + residual`` computed by the final norm's
@@ -32,7 +33,7 @@ from typing import Callable, List, Optional, Sequence
 from .. import configs as _configs
 from ..sglang_rules import sglang_0523_native_capture
 from ..spec import DRAFT_IDS, TapError, TapSpec
-from . import dump, selftest, switches
+from . import stream, switches
 from .declaration import DraftDeclaration, current_declaration, set_declaration
 from .hook_chain import hook_in_place, hook_path_in_place
 from .switches import logger
@@ -265,28 +266,48 @@ _scope: contextvars.ContextVar[Optional[_FinalScope]] = contextvars.ContextVar("
 
 
 def model_forward_hook(original, self, input_ids, positions, forward_batch, *args, **kwargs):
-    """AROUND ``DeepseekV2Model.forward``: a final-boundary scope when this model declared that tap, the capture
-    self-test on the first capturing forward, and the capture dump when it is switched on."""
+    """AROUND ``DeepseekV2Model.forward``: a final-boundary scope when this model declared that tap, and, in a
+    forward that holds one of the doctor's requests, the residual stream at more layer inputs (stream.py: the
+    capture is widened for that forward, the served slots returned exactly as without it). The self-test and the
+    dump run around the model runner's forward instead (served.py), so they see served forwards, replayed from a
+    CUDA graph or not, and never SGLang's warm-up or capture passes."""
     spec = getattr(self, SPEC_ATTR, None)
-    want_final = (spec is not None and spec.includes_final_boundary and self.pp_group.is_last_rank
+    last = self.pp_group.is_last_rank
+    want_final = (spec is not None and spec.includes_final_boundary and last
                   and switches.enabled(switches.FINAL_BOUNDARY))
+    req = stream.take()
+    if req is not None and last:
+        L = int(self.config.num_hidden_layers)
+        served = self.layers_to_capture
+        union = stream.widen(req, served, L)
+        if union is not None:
+            self.layers_to_capture = union
+            try:
+                out = _forward(original, self, input_ids, positions, forward_batch, args, kwargs,
+                               want_final or L in union, L)
+            finally:
+                self.layers_to_capture = served
+            return stream.split(req, out, int(self.config.hidden_size))
     if not want_final:
+        return original(self, input_ids, positions, forward_batch, *args, **kwargs)
+    return _forward(original, self, input_ids, positions, forward_batch, args, kwargs, True, spec.num_layers)
+
+
+def _forward(original, self, input_ids, positions, forward_batch, args, kwargs, final: bool, num_layers: int):
+    """The model forward, in a final-boundary scope when `final` (the final norm's residual becomes the last slot
+    of the forward's packer)."""
+    if not final:
+        return original(self, input_ids, positions, forward_batch, *args, **kwargs)
+    scope = _FinalScope(forward_batch, num_layers)
+    token = _scope.set(scope)
+    try:
         out = original(self, input_ids, positions, forward_batch, *args, **kwargs)
-    else:
-        scope = _FinalScope(forward_batch, spec.num_layers)
-        token = _scope.set(scope)
-        try:
-            out = original(self, input_ids, positions, forward_batch, *args, **kwargs)
-        finally:
-            _scope.reset(token)
-        if scope.packer is not None and not scope.done:
-            raise RuntimeError(f"eagle3_capture: the final boundary {spec.final_boundary!r} was not captured in "
-                               f"this forward (mode {getattr(forward_batch, 'forward_mode', None)}): "
-                               "the final norm did not run through residual_batch.final_norm")
-    if selftest.pending() and self.pp_group.is_last_rank and switches.enabled(switches.SELFTEST):
-        selftest.check(self, spec, input_ids, forward_batch, out)
-    if dump.active():
-        dump.maybe_dump(self, spec, input_ids, positions, forward_batch, out)
+    finally:
+        _scope.reset(token)
+    if scope.packer is not None and not scope.done:
+        raise RuntimeError(f"eagle3_capture: the final boundary LayerOutput({num_layers - 1}) was not captured in "
+                           f"this forward (mode {getattr(forward_batch, 'forward_mode', None)}): "
+                           "the final norm did not run through residual_batch.final_norm")
     return out
 
 

@@ -19,6 +19,10 @@ SGLang's loop on a CPU-only host:
 Nothing here changes what SGLang computes on the paths the tests exercise; it only lets them run, except the one
 fault a test asks for: ``E3_SGLANG_CPU_SHIFT_CAPTURE=1`` moves every capture one layer later at the target's first
 forward (a capture wired wrong at run time, for the plugin's self-test to find).
+
+A test witness, changing nothing: ``E3_SGLANG_CPU_RECORD_DRAFT=<dir>`` saves what the EAGLE-3 Llama draft was fed
+(``spec_info.hidden_states``, the packed target slots before its fc) at each draft forward that takes them, so a
+test can compare the plugin's dump with what the served draft really got.
 """
 from __future__ import annotations
 
@@ -66,6 +70,30 @@ def shift_capture_hook(original, self, *args, **kwargs):
     return original(self, *args, **kwargs)
 
 
+_recorded = [0]
+RECORD_MAX = 400
+
+
+def record_draft_input_hook(original, self, input_ids, positions, forward_batch, *args, **kwargs):
+    """AROUND ``llama_eagle3.LlamaModel.forward`` (witness): save the target slots the draft is fed."""
+    import torch
+
+    hs = getattr(getattr(forward_batch, "spec_info", None), "hidden_states", None)
+    fc = getattr(self, "fc", None)
+    d = os.environ.get("E3_SGLANG_CPU_RECORD_DRAFT")
+    if (d and _recorded[0] < RECORD_MAX and isinstance(hs, torch.Tensor) and hs.dim() == 2
+            and fc is not None and hs.shape[-1] == getattr(fc, "in_features", -1)):
+        os.makedirs(d, exist_ok=True)
+        mode = getattr(forward_batch, "forward_mode", None)
+        rids = getattr(forward_batch, "rids", None)
+        torch.save({"hidden_states": hs.detach().clone(), "forward_mode": getattr(mode, "name", str(mode)),
+                    "rids": None if rids is None else [str(r) for r in rids],
+                    "input_ids": input_ids.detach().clone() if isinstance(input_ids, torch.Tensor) else None},
+                   os.path.join(d, f"draft_fed_pid{os.getpid()}_{_recorded[0]:05d}.pt"))
+        _recorded[0] += 1
+    return original(self, input_ids, positions, forward_batch, *args, **kwargs)
+
+
 def init_model_parallel_group_hook(original, *args, **kwargs):
     kwargs.update(use_pynccl=False, use_custom_allreduce=False, use_mscclpp=False,
                   use_torch_symm_mem_allreduce=False)
@@ -87,6 +115,9 @@ def register() -> None:
 
     spec_tree._is_xpu = True
     cache_locs._is_xpu = True
+    if os.environ.get("E3_SGLANG_CPU_RECORD_DRAFT"):
+        HookRegistry.register("sglang.srt.models.llama_eagle3.LlamaModel.forward", record_draft_input_hook,
+                              HookType.AROUND)
     if os.environ.get("E3_SGLANG_CPU_SHIFT_CAPTURE") == "1":
         HookRegistry.register("sglang.srt.models.deepseek_v2.DeepseekV2Model.forward", shift_capture_hook,
                               HookType.AROUND)

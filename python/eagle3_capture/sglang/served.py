@@ -1,0 +1,129 @@
+"""Around the model runner's forward: the capture self-test and the capture dump see every served target forward,
+and only served ones.
+
+Hook points (AROUND hooks through SGLang's HookRegistry) and why these, read in SGLang 0.5.23's
+``model_executor/model_runner.py`` and ``model_executor/runner/*``:
+
+* ``ModelRunner.forward`` (switch ``selftest``, and the dump): the scheduler's TP worker calls it once per served
+  forward, whatever runs it underneath -- ``_forward_raw`` replays the decode/verify CUDA graph
+  (``DecodeCudaGraphRunner.execute``), the piecewise/breakable prefill graph (``PrefillCudaGraphRunner.execute``) or
+  runs the ``EagerRunner`` -- and returns a ``ModelRunnerOutput`` whose ``logits_output.hidden_states`` is the packed
+  aux buffer the EAGLE worker hands the draft (CaptureHiddenMode FULL: prefill and verify), already cut to the
+  batch's real rows by the graph runners. SGLang's warm-up and capture passes never go through it: the graph
+  runners call the model's forward directly inside ``model_capture_mode()`` (``capture_one_shape`` /
+  ``run_once``). It is skipped anyway whenever SGLang's capture-mode flag is set or the stream is capturing.
+  ``DeepseekV2Model.forward``, where these checks used to run, runs only in those warm-up and capture passes under
+  CUDA graphs (and the breakable prefill replay swaps it out on the instance).
+* ``DecodeCudaGraphRunner.can_run_graph``, ``PrefillCudaGraphRunner.can_run_graph``, ``CPUGraphRunner.can_run_graph``
+  (only with the dump on): SGLang decides graph or eager per batch there -- ``_forward_raw`` for every forward, and
+  ``eagle_utils`` once more before a verify -- so answering False for a target batch that holds one of the doctor's
+  requests makes that forward eager everywhere alike, which the stream needs (dump.py). The draft's runners are not
+  touched.
+
+With the self-test done (or off) and the dump off, the forward hook only checks two flags before calling SGLang.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import dump, selftest, stream, switches
+from .dump_record import batch_rows
+from .switches import logger
+from .target import SPEC_ATTR
+
+RUNNER_FORWARD_PATH = "sglang.srt.model_executor.model_runner.ModelRunner.forward"
+DECODE_GRAPH_PATH = ("sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner."
+                     "can_run_graph")
+PREFILL_GRAPH_PATH = ("sglang.srt.model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner."
+                      "can_run_graph")
+CPU_GRAPH_PATH = "sglang.srt.model_executor.cpu_graph_runner.CPUGraphRunner.can_run_graph"
+
+_TARGET_ATTR = "_eagle3_capture_target"  # on the ModelRunner: (id(model), (model, inner) or None)
+_capture_mode = None
+
+
+def _in_capture() -> bool:
+    """SGLang's capture-mode flag (its warm-up and capture passes) or a stream being captured."""
+    global _capture_mode
+    if _capture_mode is None:
+        from sglang.srt.model_executor.runner_utils.capture_mode import get_is_capture_mode
+
+        _capture_mode = get_is_capture_mode
+    if _capture_mode():
+        return True
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def target_of(runner):
+    """(causal LM, its DeepseekV2Model) when `runner` serves a DeepseekV2-family target that captures aux hidden
+    states for a draft; else None. Cached on the runner per model object."""
+    model = getattr(runner, "model", None)
+    cached = runner.__dict__.get(_TARGET_ATTR)
+    if cached is not None and cached[0] == id(model):
+        return cached[1]
+    found = None
+    if not getattr(runner, "is_draft_worker", False) and getattr(model, "capture_aux_hidden_states", False):
+        from sglang.srt.models.deepseek_v2 import DeepseekV2Model
+
+        inner = getattr(model, "model", None)
+        if isinstance(inner, DeepseekV2Model):
+            found = (model, inner)
+    runner.__dict__[_TARGET_ATTR] = (id(model), found)
+    return found
+
+
+def _selftest_due() -> bool:
+    return selftest.pending() and switches.enabled(switches.SELFTEST)
+
+
+def runner_forward_hook(original, self, forward_batch, *args, **kwargs):
+    """AROUND ``ModelRunner.forward``: the self-test on the first served forward that captures every row, and the
+    capture dump (with the doctor's stream) when it is switched on."""
+    test, dumping = _selftest_due(), dump.active()
+    if not (test or dumping):
+        return original(self, forward_batch, *args, **kwargs)
+    found = target_of(self)
+    if found is None or _in_capture():
+        return original(self, forward_batch, *args, **kwargs)
+    model, inner = found
+    spec = getattr(inner, SPEC_ATTR, None)
+    rows = batch_rows(forward_batch)  # before the forward: the eager runner may rewrite the batch's mode
+    req = dump.want_stream(inner, spec, rows) if dumping else None
+    token = stream.open_request(req) if req is not None else None
+    try:
+        out = original(self, forward_batch, *args, **kwargs)
+    finally:
+        if token is not None:
+            stream.close_request(token)
+    aux = getattr(getattr(out, "logits_output", None), "hidden_states", None)
+    graph = bool(getattr(out, "can_run_graph", False))
+    if test and isinstance(aux, torch.Tensor):
+        n = aux.shape[0] if rows.note else rows.rows
+        ids = forward_batch.input_ids
+        rid = rows.requests[0][0] if rows.requests else None
+        where = (f"served {rows.mode} forward{' replayed from a CUDA graph' if graph else ''}"
+                 + (f", request {rid}" if rid is not None else "")
+                 + (f" and {len(rows.requests) - 1} more" if len(rows.requests) > 1 else ""))
+        selftest.check(inner, spec, ids[:n] if isinstance(ids, torch.Tensor) else ids, forward_batch, aux[:n],
+                       where=where)
+    if dumping:
+        try:
+            dump.record(model, inner, spec, forward_batch, rows, aux, graph, req)
+        except Exception as e:  # the dump must never break serving
+            dump.fail(f"{type(e).__name__}: {e}")
+            logger.debug("eagle3_capture: capture dump failure", exc_info=True)
+    return out
+
+
+def graph_gate_hook(original, self, forward_batch, *args, **kwargs):
+    """AROUND a graph runner's ``can_run_graph``: no CUDA graph for a target forward holding a doctor request
+    while the dump reads its stream."""
+    if dump.forces_eager(forward_batch):
+        runner = getattr(self, "model_runner", None)
+        if runner is not None and target_of(runner) is not None:
+            return False
+    return original(self, forward_batch, *args, **kwargs)
+
+
+__all__ = ["RUNNER_FORWARD_PATH", "DECODE_GRAPH_PATH", "PREFILL_GRAPH_PATH", "CPU_GRAPH_PATH", "runner_forward_hook",
+           "graph_gate_hook", "target_of"]

@@ -1,0 +1,203 @@
+"""Every plugin setting is validated when SGLang loads the plugin (switches.read_settings, plugin.register): a
+malformed value never makes register() raise -- SGLang's load_plugins() would log a traceback and serve stock SGLang
+without the plugin, the miswired capture this project exists to fix. It is either ignored with one ERROR line saying
+what is ignored, the rest of the plugin on (the dump's settings), or the plugin refuses to serve with one line at
+model load (EAGLE3_CAPTURE_DISABLE, EAGLE3_CAPTURE_SELFTEST). Through register() (a hypothesis fuzz over every
+variable's value) and through SGLang's real load_plugins() (a fresh process, fuzzed values)."""
+import json
+import os
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from scenarios import run_script
+from sglang_fixtures import harness, plugin_env, require_sglang, sglang_plugin  # noqa: F401  (fixtures)
+
+pytestmark = pytest.mark.sglang
+
+DUMP_VARS = ["EAGLE3_CAPTURE_DUMP_MAX", "EAGLE3_CAPTURE_DUMP_REQUESTS", "EAGLE3_CAPTURE_DUMP_TOKENS",
+             "EAGLE3_CAPTURE_DUMP_BYTES", "EAGLE3_CAPTURE_DUMP_STREAM", "EAGLE3_CAPTURE_DUMP_STREAM_TOKENS"]
+
+
+def test_each_setting_good_and_bad(tmp_path):
+    from eagle3_capture.sglang.switches import DumpSettings, read_settings
+
+    d = str(tmp_path / "d")
+    s = read_settings({})
+    assert (s.disabled, s.selftest_raise, s.dump, s.errors, s.refusal) == (frozenset(), False, None, (), None)
+    s = read_settings({"EAGLE3_CAPTURE_DUMP": d, "EAGLE3_CAPTURE_DUMP_MAX": " 3 ", "EAGLE3_CAPTURE_DUMP_BYTES": "2G",
+                       "EAGLE3_CAPTURE_DUMP_STREAM": "ALL", "EAGLE3_CAPTURE_DUMP_STREAM_TOKENS": "0",
+                       "EAGLE3_CAPTURE_DUMP_REQUESTS": "1", "EAGLE3_CAPTURE_DUMP_TOKENS": "100",
+                       "EAGLE3_CAPTURE_SELFTEST": "Raise", "EAGLE3_CAPTURE_DISABLE": " Gather , draft_fc"})
+    assert s.errors == () and s.refusal is None and s.selftest_raise and s.disabled == {"gather", "draft_fc"}
+    assert s.dump == DumpSettings(d, 3, 1, 100, 2 << 30, "all", 0) and os.path.isdir(d)
+    assert read_settings({"EAGLE3_CAPTURE_DUMP": d, "EAGLE3_CAPTURE_DUMP_BYTES": "512MiB"}).dump.max_bytes == 512 << 20
+    # refusals: one line naming the variable, the value and what is expected
+    s = read_settings({"EAGLE3_CAPTURE_DISABLE": "selftets", "EAGLE3_CAPTURE_DUMP": d})
+    assert s.refusal.startswith("eagle3_capture: refusing to serve: EAGLE3_CAPTURE_DISABLE='selftets'")
+    assert "\n" not in s.refusal and s.dump is not None  # the dump's own settings are fine
+    s = read_settings({"EAGLE3_CAPTURE_SELFTEST": "rasie"})
+    assert "EAGLE3_CAPTURE_SELFTEST='rasie': expected 'log' or 'raise'" in s.refusal
+
+
+@pytest.mark.parametrize("name,value,says", [
+    ("EAGLE3_CAPTURE_DUMP_MAX", "8k", "expected a non-negative integer"),
+    ("EAGLE3_CAPTURE_DUMP_MAX", "-1", "expected a non-negative integer"),
+    ("EAGLE3_CAPTURE_DUMP_MAX", "9" * 40, "expected a non-negative integer"),
+    ("EAGLE3_CAPTURE_DUMP_REQUESTS", "1.5", "expected a non-negative integer"),
+    ("EAGLE3_CAPTURE_DUMP_TOKENS", "", "expected a non-negative integer"),
+    ("EAGLE3_CAPTURE_DUMP_BYTES", "4GB", "expected a size in bytes"),
+    ("EAGLE3_CAPTURE_DUMP_BYTES", "4iB", "expected a size in bytes"),
+    ("EAGLE3_CAPTURE_DUMP_STREAM", "every", "expected one of ['declared', 'all']"),
+    ("EAGLE3_CAPTURE_DUMP_STREAM_TOKENS", "lots", "expected a non-negative integer"),
+    ("EAGLE3_CAPTURE_DUMP_MAXX", "3", "EAGLE3_CAPTURE_DUMP_MAXX is not a setting of the plugin"),
+])
+def test_a_malformed_dump_setting_is_one_error_line_and_the_dump_is_off(tmp_path, name, value, says):
+    from eagle3_capture.sglang.switches import read_settings
+
+    s = read_settings({"EAGLE3_CAPTURE_DUMP": str(tmp_path), name: value})
+    assert s.dump is None and s.refusal is None and len(s.errors) == 1, s
+    assert says in s.errors[0] and s.errors[0].startswith("eagle3_capture: ")
+    assert s.errors[0].endswith("ignored: the capture dump is off in this process (the rest of the plugin is on)")
+    s = read_settings({name: value})  # no dump asked for: still said, once
+    assert len(s.errors) == 1 and "ignored (EAGLE3_CAPTURE_DUMP is not set: no dump)" in s.errors[0]
+
+
+def test_a_dump_directory_that_cannot_be_used(tmp_path):
+    from eagle3_capture.sglang.switches import read_settings
+
+    f = tmp_path / "file"
+    f.write_text("x")
+    for value, says in ((str(f), "exists and is not a directory"), (str(f / "sub"), "cannot be written"),
+                        ("/proc/eagle3_capture_dump", "cannot be written")):
+        s = read_settings({"EAGLE3_CAPTURE_DUMP": value})
+        assert s.dump is None and len(s.errors) == 1 and says in s.errors[0], (value, s.errors)
+    assert read_settings({"EAGLE3_CAPTURE_DUMP": "  "}).errors == ()  # blank: no dump, nothing to say
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# through register(): what it registers and says, for any value of any variable
+# ----------------------------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def spy(sglang_plugin, monkeypatch):
+    """register() with SGLang's HookRegistry.register recorded instead of applied, and the plugin's lines kept."""
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    from eagle3_capture.sglang import switches
+
+    calls, lines = [], []
+    monkeypatch.setattr(HookRegistry, "register", classmethod(lambda cls, path, fn, kind: calls.append(path)))
+    monkeypatch.setattr(switches, "announce", lambda level, msg: lines.append((level, msg)))
+    registered, skipped = dict(sglang_plugin.registered), dict(sglang_plugin.skipped)
+    saved = {k: v for k, v in os.environ.items() if k.startswith("EAGLE3_CAPTURE_")}
+
+    def run(env):
+        calls.clear(), lines.clear()
+        for k in [k for k in os.environ if k.startswith("EAGLE3_CAPTURE_")]:
+            del os.environ[k]
+        os.environ.update(env)
+        sglang_plugin.register()  # must not raise, whatever the values
+        return list(calls), list(lines)
+
+    yield run
+    for k in [k for k in os.environ if k.startswith("EAGLE3_CAPTURE_")]:
+        del os.environ[k]
+    os.environ.update(saved)
+    switches.configure()
+    sglang_plugin.registered.clear(), sglang_plugin.registered.update(registered)
+    sglang_plugin.skipped.clear(), sglang_plugin.skipped.update(skipped)
+
+
+def _check_outcome(plugin, env, calls, lines):
+    """The promise, for one environment: a refusal registers only the model-load hook and says one line; otherwise
+    the hooks are registered, one ERROR line per ignored setting, and the dump's hooks only with a valid dump."""
+    from eagle3_capture.sglang.switches import read_settings
+
+    s = read_settings(env)
+    errors = [m for lv, m in lines if lv == "error"]
+    if s.refusal is not None:
+        assert calls == [plugin.LOAD_MODEL_PATH] and errors == list(s.errors) + [s.refusal]
+        return "refused"
+    assert errors == list(s.errors)
+    assert "sglang.srt.models.deepseek_v2.DeepseekV2ForCausalLM.set_eagle3_layers_to_capture" in calls or \
+        "taps" in s.disabled
+    from eagle3_capture.sglang import served
+
+    assert (served.DECODE_GRAPH_PATH in calls) == (s.dump is not None)
+    return "ignored" if errors else "clean"
+
+
+SAFE_TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=24)
+VALUE = st.one_of(SAFE_TEXT, st.integers(-10 ** 15, 10 ** 15).map(str),
+                  st.sampled_from(["", " ", "all", "taps", "log", "raise", "declared", "4G", "0", "8", "1e3",
+                                   "selftest,taps", "ALL", "gather,", "1_000"]))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=st.sampled_from(["EAGLE3_CAPTURE_DISABLE", "EAGLE3_CAPTURE_SELFTEST"] + DUMP_VARS), value=VALUE)
+def test_fuzz_register_never_raises_and_keeps_its_promise(sglang_plugin, spy, tmp_path, name, value):
+    env = {"EAGLE3_CAPTURE_DUMP": str(tmp_path / "dump"), name: value}
+    calls, lines = spy(env)
+    outcome = _check_outcome(sglang_plugin, env, calls, lines)
+    if name in DUMP_VARS:
+        assert outcome != "refused"
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sub=SAFE_TEXT.filter(lambda t: "/" not in t and t not in ("", ".", "..")))
+def test_fuzz_the_dump_directory(sglang_plugin, spy, tmp_path, sub):
+    env = {"EAGLE3_CAPTURE_DUMP": str(tmp_path / "d" / sub)}
+    calls, lines = spy(env)
+    assert _check_outcome(sglang_plugin, env, calls, lines) != "refused"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# through SGLang's real load_plugins()
+# ----------------------------------------------------------------------------------------------------------------
+
+def _fuzzed_cases(tmp_path, n=6, seed=1234):
+    rng = random.Random(seed)
+    pool = ["", " ", "0", "3", "-1", "1e3", "4G", "4GB", "7 K", "0x10", "all", "taps,capure", "raise", "RAISE",
+            "yes", "declared", "every", "ü", "\t", "9" * 30, "selftest , gather"]
+
+    def junk():
+        return "".join(rng.choice("abcXYZ019 ,._-/ü€\t") for _ in range(rng.randint(0, 10)))
+
+    cases = [{}, {"EAGLE3_CAPTURE_DISABLE": "selftets"}, {"EAGLE3_CAPTURE_SELFTEST": "on"},
+             {"EAGLE3_CAPTURE_DUMP": str(tmp_path / "ok")},
+             {"EAGLE3_CAPTURE_DUMP": str(tmp_path / "ok"), "EAGLE3_CAPTURE_DUMP_MAX": "lots"},
+             {"EAGLE3_CAPTURE_DUMP": str(tmp_path / "file")}]
+    (tmp_path / "file").write_text("x")
+    for name in ["EAGLE3_CAPTURE_DISABLE", "EAGLE3_CAPTURE_SELFTEST"] + DUMP_VARS:
+        for _ in range(n):
+            cases.append({"EAGLE3_CAPTURE_DUMP": str(tmp_path / "ok"),
+                          name: rng.choice(pool) if rng.random() < 0.6 else junk()})
+    return cases
+
+
+def test_load_plugins_fuzzed_settings_never_serve_stock_silently(harness, tmp_path):
+    from eagle3_capture.sglang.switches import read_settings
+
+    cases = _fuzzed_cases(tmp_path)
+    path = tmp_path / "cases.json"
+    path.write_text(json.dumps(cases))
+    out = tmp_path / "results.json"
+    run_script("settings", out, args=[path], timeout=600)
+    results = json.loads(out.read_text())
+    assert len(results) == len(cases)
+    seen = set()
+    for r in results:
+        s = read_settings(r["env"])
+        assert r["executed"] and not r["plugin_failed"], r  # register() never raised in load_plugins()
+        if s.refusal is not None:
+            seen.add("refused")
+            assert r["load"] == s.refusal and r["registered"] == ["refusal"], r  # the model load stops, one line
+            assert s.refusal in r["errors"]
+        else:
+            seen.add("ignored" if s.errors else "clean")
+            assert r["load"].startswith("went ahead"), r
+            assert "taps" in r["registered"] and ("dump" in r["registered"]) == (s.dump is not None), r
+            assert [e for e in r["errors"] if e in s.errors] == list(s.errors), r
+    assert seen == {"refused", "ignored", "clean"}, seen

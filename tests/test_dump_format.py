@@ -1,0 +1,104 @@
+"""eagle3_capture/dump_format.py: the version-2 dump record's validator (the plugin writes such records, the doctor
+reads them; the plugin's own records are checked against it in tests/sglang/test_sglang_served_dump.py and
+tests/engine). Engine-free: no SGLang here."""
+import copy
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from eagle3_capture import dump_format as df
+
+
+def good(T=5, K=3, H=8, L=6, stream=True):
+    g = torch.Generator().manual_seed(0)
+    rec = {
+        "format": df.FORMAT, "seq": 0, "forward_mode": "EXTEND", "graph": False,
+        "input_ids": torch.arange(T, dtype=torch.int64), "positions": torch.arange(T, dtype=torch.int64),
+        "requests": [{"rid": "a", "row_start": 0, "row_end": 2, "prefix_len": 0},
+                     {"rid": "eagle3-doctor-x-0", "row_start": 2, "row_end": T, "prefix_len": 3}],
+        "aux": torch.randn(T, K * H, generator=g), "layers_to_capture": [0, 2, L],
+        "draft_ids": [-1, 1, L - 1], "declared": ["Embedding", "LayerOutput(1)", f"LayerOutput({L - 1})"],
+        "declared_convention": "draft_ids", "describe": "taps [...]",
+        "stream": torch.randn(L + 1, T, H, generator=g) if stream else None,
+        "stream_layer_inputs": list(range(L + 1)) if stream else None,
+        "num_layers": L, "hidden_size": H, "model_class": "DeepseekV3ForCausalLM", "dtype": "torch.float32",
+        "tp_rank": 0, "tp_size": 8, "attn_tp_rank": 0, "attn_tp_size": 8, "dp_rank": None,
+        "writer": "attn-TP rank 0 ...: writes",
+    }
+    return rec
+
+
+def test_a_good_record_passes_and_round_trips_through_torch_save(tmp_path):
+    for rec in (good(), good(stream=False)):
+        assert df.record_problems(rec) == []
+        p = tmp_path / df.file_name(123, 0, 7)
+        torch.save(rec, p)
+        back = torch.load(p, weights_only=True)  # the reader's way: no pickled code
+        df.validate_record(back)
+    assert df.FILE_RE.match("eagle3_capture_pid123_tp0_000007.pt")
+    assert not df.FILE_RE.match("eagle3_capture_pid123_tp0_000007.pt.tmp")
+    assert df.V1_FILE_RE.match("eagle3_capture_pid123_0000.pt")
+    assert df.is_doctor_rid("eagle3-doctor-run-1") and not df.is_doctor_rid("eagle3-doctorX") and \
+        not df.is_doctor_rid(None)
+
+
+BREAKS = [
+    ("format", lambda r: r.update(format="eagle3-capture-dump/1"), "format"),
+    ("missing", lambda r: r.pop("writer"), "missing keys ['writer']"),
+    ("seq", lambda r: r.update(seq=True), "seq"),
+    ("graph", lambda r: r.update(graph=1), "graph"),
+    ("ids dtype", lambda r: r.update(input_ids=r["input_ids"].int()), "input_ids"),
+    ("positions rows", lambda r: r.update(positions=torch.arange(4)), "positions has 4 rows"),
+    ("negative position", lambda r: r["positions"].__setitem__(0, -1), "negative"),
+    ("gap", lambda r: r["requests"][1].update(row_start=3), "do not follow"),
+    ("short cover", lambda r: r["requests"][1].update(row_end=4), "cover rows [0, 4) of the 5"),
+    ("request keys", lambda r: r["requests"][0].pop("prefix_len"), "requests[0] must be a dict"),
+    ("rid type", lambda r: r["requests"][0].update(rid=3), "rid must be a string"),
+    ("aux rows", lambda r: r.update(aux=r["aux"][:4]), "aux has 4 rows"),
+    ("aux width", lambda r: r.update(aux=r["aux"][:, :16]), "aux is 16 wide"),
+    ("aux ints", lambda r: r.update(aux=r["aux"].long()), "aux must be a floating"),
+    ("dtype", lambda r: r.update(dtype="torch.bfloat16"), "dtype says"),
+    ("ltc range", lambda r: r.update(layers_to_capture=[0, 2, 7]), "outside 0..6"),
+    ("declared", lambda r: r.update(declared=["Embedding", "LayerOutput(-1)", "x"]), "declared must be"),
+    ("convention", lambda r: r.update(declared_convention="hf"), "declared_convention"),
+    ("stream alone", lambda r: r.update(stream_layer_inputs=None), "come together"),
+    ("stream entries", lambda r: r.update(stream_layer_inputs=[0, 1, 2]), "stream has 7 entries"),
+    ("stream order", lambda r: r.update(stream_layer_inputs=[6, 5, 4, 3, 2, 1, 0]), "sorted"),
+    ("stream dtype", lambda r: r.update(stream=r["stream"].half()), "stream is torch.float16"),
+    ("rank", lambda r: r.update(tp_rank=8), "tp_rank=8 is not below tp_size=8"),
+    ("size", lambda r: r.update(attn_tp_size=0), "attn_tp_size must be an integer >= 1"),
+    ("L", lambda r: r.update(num_layers=0), "num_layers must be an integer >= 1"),
+]
+
+
+@pytest.mark.parametrize("name,breaks,says", BREAKS, ids=[b[0] for b in BREAKS])
+def test_each_departure_is_named(name, breaks, says):
+    rec = good()
+    breaks(rec)
+    problems = df.record_problems(rec)
+    assert any(says in p for p in problems), problems
+    with pytest.raises(df.DumpRecordError, match="not an eagle3-capture-dump/2 record"):
+        df.validate_record(rec, "x.pt")
+
+
+VALUES = st.one_of(st.none(), st.booleans(), st.integers(-3, 10), st.text(max_size=8),
+                   st.lists(st.integers(-2, 8), max_size=4),
+                   st.builds(lambda n: torch.zeros(n, dtype=torch.int64), st.integers(0, 6)),
+                   st.builds(lambda n: torch.zeros(n, 3), st.integers(0, 6)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(key=st.sampled_from(df.FIELDS), value=VALUES)
+def test_fuzz_any_field_any_value_never_crashes_the_validator(key, value):
+    rec = copy.deepcopy(good())
+    rec[key] = value
+    problems = df.record_problems(rec)  # a list, whatever the value: never an exception
+    assert isinstance(problems, list) and all(isinstance(p, str) for p in problems)
+    if problems:
+        with pytest.raises(df.DumpRecordError):
+            df.validate_record(rec)
+
+
+def test_not_a_dict():
+    assert df.record_problems([1, 2]) == ["a record is a dict, got list"]
