@@ -42,8 +42,9 @@ def run(captured: str, declared=None, training: Optional[str] = None, server: Op
         expected = layer_inputs(declared) if declared is not None else None
         fp = dump_fingerprint(captured, expected, ck.tensors, ck.config, min_cos=min_cos)
         bad = fp.mismatch
+        known = any(m.expected is not None for m in fp.matches)
         lines = fp.lines() + ["", f"verdict: {bad}" if bad else
-                              "verdict: " + ("every served slot holds the declared tap" if expected is not None
+                              "verdict: " + ("every served slot holds the declared tap" if known
                                              else "no declared taps to compare with (give --draft-config and "
                                                   "--target-config, or --taps)")]
         return "\n".join(lines), fp.to_json(), EXIT_FINDINGS if bad else EXIT_OK

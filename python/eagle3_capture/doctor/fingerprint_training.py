@@ -17,32 +17,10 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from .common import DoctorError
+from .pipelines import HF_READING, SGLANG_READING, Readings, readings_of
 from .dump_records import DOCTOR_RID_PREFIX, DumpReader, RequestParts, doctor_requests, v1_sequences
 from .stream_match import SlotMatch, StreamMatcher, layer_name, render_matches
 from .training_data import TrainingSample, load_sample, training_files
-
-
-@dataclass
-class Readings:
-    """The draft config's ids read by each pipeline, as layer inputs (None: that pipeline cannot read them)."""
-
-    ids: List[int]
-    hf: Optional[List[int]]          # SpecForge HF backend, ModelOpt: output of layer d
-    sglang: Optional[List[int]]      # SpecForge SGLang backend, SGLang serving: set_eagle3_layers_to_capture
-
-
-def readings_of(ids: Sequence[int], L: int, H: int) -> Readings:
-    from ..sglang_rules import sglang_0523_native_capture
-    from ..spec import TapError, TapSpec
-    from .target_side import layer_inputs
-
-    try:
-        hf = layer_inputs(TapSpec.from_draft_ids(list(ids), L, H))
-    except TapError:
-        hf = None
-    native = sglang_0523_native_capture(list(ids), L, H)
-    sg = None if native.error else list(native.captured_inputs)
-    return Readings(list(ids), hf, sg)
 
 
 @dataclass
@@ -73,11 +51,7 @@ class TrainingFingerprint:
         got, r = self.training_layers, self.readings
         if got is None or r is None:
             return None
-        names = []
-        if r.hf == got:
-            names.append("SpecForge's HF backend (output of layer d; ModelOpt reads them so too)")
-        if r.sglang == got:
-            names.append("SpecForge's SGLang backend / SGLang 0.5.23 serving (layer inputs unless ids[0] == 1)")
+        names = [name for name, inputs in ((HF_READING, r.hf), (SGLANG_READING, r.sglang)) if inputs == got]
         return " and ".join(names) if names else "neither common reading"
 
     def lines(self) -> List[str]:
@@ -144,6 +118,11 @@ def _request_for(sample: TrainingSample, reqs: Sequence[RequestParts], where: st
                       "server while it processes these samples)")
 
 
+def _found(sample: TrainingSample, reqs: Sequence[RequestParts]) -> bool:
+    ids = sample.input_ids
+    return any(r.input_ids.numel() >= ids.numel() and torch.equal(r.input_ids[:ids.numel()], ids) for r in reqs)
+
+
 def load_samples(path: str, count: int, max_tokens: int, H: Optional[int] = None) -> List[TrainingSample]:
     files = training_files(path)[:count]
     out = []
@@ -168,13 +147,18 @@ def training_fingerprint(samples: Sequence[TrainingSample], dump_dir: str, rids:
     while True:
         records = reader.refresh()
         by_rid: Dict[str, RequestParts] = doctor_requests(records)
-        if rids is None or all(r in by_rid and by_rid[r].input_ids.numel() >= s.tokens
-                               for r, s in zip(rids, samples)) or time.time() > deadline:
+        reqs = [by_rid[r] for r in rids if r in by_rid] if rids else list(by_rid.values())
+        if rids is not None and len(reqs) == len(rids) and all(
+                q.input_ids.numel() >= s.tokens for q, s in zip(reqs, samples)):
+            break
+        if not by_rid:  # a version-1 dump: no request ids, the samples found by their token ids
+            v1 = v1_sequences(records)
+            if rids is None or all(_found(s, v1) for s in samples):
+                reqs = v1
+                break
+        if rids is None or time.time() > deadline:
             break
         time.sleep(0.5)
-    reqs = [by_rid[r] for r in rids if r in by_rid] if rids else list(by_rid.values())
-    if not reqs:
-        reqs = v1_sequences(records)
     where = f"--captured {dump_dir}"
     if not reqs:
         raise DoctorError(f"{where}: no request of the doctor in it (is it the server's EAGLE3_CAPTURE_DUMP "
@@ -220,4 +204,4 @@ def training_fingerprint(samples: Sequence[TrainingSample], dump_dir: str, rids:
     return fp
 
 
-__all__ = ["Readings", "readings_of", "TrainingFingerprint", "send_samples", "load_samples", "training_fingerprint"]
+__all__ = ["TrainingFingerprint", "send_samples", "load_samples", "training_fingerprint"]
