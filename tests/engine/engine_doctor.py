@@ -25,6 +25,9 @@ sys.path.insert(0, os.path.join(REPO, "tests", "doctor"))
 TRAINING_IDS = [0, 1, 4]
 TRAINING_READINGS = {"hf_reading": [1, 2, 5], "sglang_reading": [0, 1, 4]}
 TRAINING_SAMPLES = 4
+# The teacher-forced pass sends prompt + new tokens + num-steps + 1 tokens, and SGLang keeps room for the draft
+# tokens beside them: within the demo draft's context of 56, 32 + 15 + 4 (+ 4) fits, 32 + 16 + 4 (+ 4) does not.
+NO_TARGET_TOKENS = NEW_TOKENS - 1
 
 
 def dump_env(d: str) -> Dict[str, str]:
@@ -34,11 +37,22 @@ def dump_env(d: str) -> Dict[str, str]:
 def online_without_target(pair, url: str, dump: str, name: str) -> dict:
     out = os.path.join(pair.root, f"online_{name}_no_target.json")
     code, text, err = doctor("online", "--server", url, "--prompts", pair.prompts, "--draft", pair.draft, "--dump",
-                             dump, "--new-tokens", NEW_TOKENS, "--json", out, "--no-progress", "--device", "cpu",
+                             dump, "--new-tokens", NO_TARGET_TOKENS, "--json", out, "--no-progress", "--device", "cpu",
                              "--threads", 1, "--timeout", 300)
     with open(os.path.join(pair.root, f"online_{name}_no_target.txt"), "w") as f:
         f.write(text + err)
     return {"code": code, "text": text, "err": err, "json": json.load(open(out)) if os.path.exists(out) else None}
+
+
+def accept_with_target(pair, new_tokens: int) -> dict:
+    """`doctor accept --target` on the same prompts: the transformers-based prediction."""
+    out = os.path.join(pair.root, f"accept_target_{new_tokens}.json")
+    if not os.path.exists(out):
+        code, text, err = doctor("accept", "--target", pair.target, "--draft", pair.draft, "--prompts", pair.prompts,
+                                 "--server-args", flags_text(CHAIN), "--new-tokens", new_tokens, "--json", out,
+                                 "--no-progress", "--device", "cpu", "--threads", 1)
+        assert code == 0, text + err
+    return json.load(open(out))
 
 
 def training_data(pair, name: str, layers: List[int]) -> str:
@@ -79,5 +93,5 @@ def fingerprint_training(pair, url: str, dump: str, name: str, layers: List[int]
             "dir": d}
 
 
-__all__ = ["TRAINING_IDS", "TRAINING_READINGS", "dump_env", "online_without_target", "training_data",
+__all__ = ["NO_TARGET_TOKENS", "accept_with_target", "TRAINING_IDS", "TRAINING_READINGS", "dump_env", "online_without_target", "training_data",
            "fingerprint_training", "CHAIN", "flags_text"]

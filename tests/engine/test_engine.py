@@ -10,7 +10,8 @@ import pytest
 
 from engine_fixtures import (CHAIN, NEW_TOKENS, PROMPTS, TREE, LaunchedServer, doctor, flags_text, pair,  # noqa: F401
                              serve_engine)
-from engine_doctor import TRAINING_READINGS, dump_env, fingerprint_training, online_without_target
+from engine_doctor import (NO_TARGET_TOKENS, TRAINING_READINGS, accept_with_target, dump_env, fingerprint_training,
+                           online_without_target)
 
 pytestmark = [pytest.mark.engine, pytest.mark.sglang, pytest.mark.slow]
 
@@ -262,7 +263,7 @@ def _per_prompt(figures):
     return [(p["verify_ct"], p["correct_drafts_histogram"]) for p in figures["per_prompt"]]
 
 
-def test_online_without_target_predicts_the_server_exactly(launched):
+def test_online_without_target_predicts_the_server_exactly(pair, launched):
     nt = launched["no_target"]
     assert nt["code"] == 0, nt["text"] + nt["err"]
     j = nt["json"]
@@ -271,7 +272,8 @@ def test_online_without_target_predicts_the_server_exactly(launched):
     assert (on["completion_tokens"], on["verify_ct"]) == (pred["completion_tokens"], pred["verify_ct"])
     assert on["correct_drafts_histogram"] == pred["correct_drafts_histogram"] and _per_prompt(on) == _per_prompt(pred)
     # ... and the transformers-based prediction on the same prompts, figure for figure
-    assert pred == launched["json"]["predicted"] and j["step_acceptance"] == launched["json"]["step_acceptance"]
+    hf = accept_with_target(pair, NO_TARGET_TOKENS)["served"]
+    assert _per_prompt(pred) == _per_prompt(hf) and pred["served_accept_length"] == hf["served_accept_length"]
     assert j["target"].startswith("server http://127.0.0.1:")
 
 
@@ -284,13 +286,14 @@ def test_online_without_target_fingerprints_the_served_slots_from_the_full_strea
                                                                           ("exact", 4, True)]
 
 
-def test_miswired_server_without_target_exits_1_and_names_each_slot(miswired):
+def test_miswired_server_without_target_exits_1_and_names_each_slot(pair, miswired):
     """The prediction reads the declared taps from the stream (so it is the correct capture's, not the miswired
     server's own), and the full-stream fingerprint names each served slot's layer. Needs the version-2 dump."""
     nt = miswired["no_target"]
     assert nt["code"] == 1, nt["text"] + nt["err"]
     j = nt["json"]
-    assert all(j["lossless"]) and j["predicted"] == miswired["json"]["predicted"]
+    assert all(j["lossless"])
+    assert _per_prompt(j["predicted"]) == _per_prompt(accept_with_target(pair, NO_TARGET_TOKENS)["served"])
     assert [(s["verdict"], s["best"], s["expected"]) for s in j["fingerprint"]["slots"]] == \
         [("exact", 1, 0), ("exact", 4, 1), ("exact", 7, 4)]
     assert "served slot 0 holds LayerOutput(0) (bit for bit), the draft declares Embedding" in j["verdict"]
@@ -322,11 +325,12 @@ def test_accept_on_the_servers_dump_predicts_the_server(pair, launched):
     """After the server stopped: `doctor accept --hidden-states` on its dump, no target."""
     out = os.path.join(pair.root, "accept_hidden_states.json")
     code, text, err = doctor("accept", "--hidden-states", launched["dump"], "--draft", pair.draft, "--prompts",
-                             pair.prompts, "--server-args", flags_text(CHAIN), "--new-tokens", NEW_TOKENS, "--json",
-                             out, "--no-progress", "--device", "cpu", "--threads", 1)
+                             pair.prompts, "--server-args", flags_text(CHAIN), "--json", out, "--no-progress",
+                             "--device", "cpu", "--threads", 1)
     assert code == 0, text + err
     sv = json.load(open(out))["served"]
-    assert _per_prompt(sv) == _per_prompt(launched["json"]["online"])
+    assert sv["max_new_tokens"] == NO_TARGET_TOKENS  # as many as the dumped teacher-forced requests hold
+    assert _per_prompt(sv) == _per_prompt(launched["no_target"]["json"]["online"])
 
 
 def test_bad_inputs_against_the_servers_dump(pair, launched, tmp_path):

@@ -29,76 +29,9 @@ def _cmd_check(args) -> int:
 
 
 def _cmd_fingerprint(args) -> int:
-    from . import fingerprint as fp
-    from .. import configs
-    from ..spec import TapError
+    from .fingerprint_run import command
 
-    declared, src = None, ""
-    if args.taps is not None and (args.draft_config is not None or args.target_config is not None):
-        raise DoctorError("--taps and --draft-config/--target-config both declare the taps; give one of them")
-    if (args.draft_config is None) != (args.target_config is None):
-        given, missing = ("--draft-config", "--target-config") if args.target_config is None else \
-            ("--target-config", "--draft-config")
-        raise DoctorError(f"{given} needs {missing} (the draft ids are read against the target's layer count)")
-    if args.taps is not None and not args.taps.strip():
-        raise DoctorError("--taps '': expected CONV:IDS, e.g. draft_ids:-1,2,30")
-    if args.reference is None and args.training_data is None and (args.samples is not None or
-                                                                  args.max_tokens is not None):
-        raise DoctorError("--samples / --max-tokens choose SpecForge samples: they go with --training-data")
-    if args.reference is not None and (args.training_data is not None or args.server is not None or
-                                       args.target_checkpoint is not None):
-        raise DoctorError("--reference is a transformers model's hidden states; --training-data, --server and "
-                          "--target-checkpoint are for a fingerprint without one: give one or the other")
-    if args.draft_config is not None or args.taps is not None:
-        if args.reference is not None:
-            ref = fp.load_reference(args.reference)
-            L, H = ref.num_layers, ref.hidden_size
-        elif args.taps is not None:
-            L, H = _dump_shape(args.captured)
-        if args.taps is not None:
-            from .draft_side import parse_taps
-
-            declared, src = parse_taps(args.taps, L, H), f"--taps {args.taps}"
-        else:
-            try:
-                t = configs.read_target_config(args.target_config)
-                d = configs.read_draft_config(args.draft_config)
-                declared = configs.draft_taps(d, t)
-            except (FileNotFoundError, ValueError, TapError) as e:
-                raise DoctorError(str(e)) from None
-            src = f"draft config {args.draft_config}"
-    if args.reference is None:
-        from . import fingerprint_run
-
-        text, data, code = fingerprint_run.run(
-            args.captured, declared, args.training_data, args.server, args.target_checkpoint, args.draft_config,
-            args.samples or 8, args.max_tokens or 512, args.timeout, args.min_cos)
-        if args.json:
-            write_json(args.json, data)
-        print(text)
-        return code
-    res = fp.fingerprint(args.reference, args.captured, declared=declared, declared_source=src,
-                         min_cos=args.min_cos)
-    if args.json:
-        write_json(args.json, res.to_json())
-    print(fp.render(res))
-    errs = [f for f in res.findings if f.severity == "error"]
-    if res.findings:
-        print()
-        for f in res.findings:
-            print(f"  [{f.severity}] {f.code}: {f.message}" + (f"\n      fix: {f.fix}" if f.fix else ""))
-    return EXIT_FINDINGS if errs else EXIT_OK
-
-
-def _dump_shape(path: str):
-    """(L, H) the records of a dump directory state."""
-    from .dump_records import DumpReader
-
-    recs = DumpReader(path).refresh()
-    shapes = {(r.num_layers, r.hidden_size) for r in recs if r.num_layers and r.hidden_size}
-    if len(shapes) != 1:
-        raise DoctorError(f"--captured {path}: its records state no single num_layers / hidden_size ({shapes})")
-    return shapes.pop()
+    return command(args)
 
 
 def _cmd_dump_reference(args) -> int:

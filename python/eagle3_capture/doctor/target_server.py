@@ -74,10 +74,18 @@ class ServerTarget(StreamTarget):
         run = uuid.uuid4().hex[:12]
         n = len(prompts)
 
+        def send(body: dict, what: str):
+            try:
+                return post(base, body, timeout)
+            except DoctorError as e:
+                raise DoctorError(f"{e} -- the {what} of the teacher-forced pass sends each prompt + its "
+                                  f"{len(outputs[0])} new tokens + {steps + 1} (num-steps + 1); near the context "
+                                  "length give fewer --new-tokens") from None
+
         def extend(i: int) -> List[int]:
             ids = list(prompts[i]) + list(outputs[i])
-            obj = post(base, {"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": steps + 1,
-                                                                     "ignore_eos": True}}, timeout)
+            obj = send({"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": steps + 1,
+                                                               "ignore_eos": True}}, "extension")
             if isinstance(obj, list) and len(obj) == 1:
                 obj = obj[0]
             ext = obj.get("output_ids") if isinstance(obj, dict) else None
@@ -90,7 +98,7 @@ class ServerTarget(StreamTarget):
             body = {"input_ids": ids, "rid": f"{DOCTOR_RID_PREFIX}{run}-{i}",
                     "sampling_params": {"temperature": 0, "max_new_tokens": 1, "ignore_eos": True},
                     "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 1}
-            return _greedy_from_logprobs(post(base, body, timeout), f"--server {base}, teacher-forced prompt {i}",
+            return _greedy_from_logprobs(send(body, "prefill"), f"--server {base}, teacher-forced prompt {i}",
                                          len(ids))
 
         bar = None

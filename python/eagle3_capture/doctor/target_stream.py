@@ -171,19 +171,29 @@ class DumpTarget(StreamTarget):
         super().__init__(f"recorded dump {path}", info, [], tokenizer)
         self.path = path
 
+    def _begin_with(self, i: int, p: List[int]) -> list:
+        """The requests whose ids begin with prompt i, as (request, ids); DoctorError when there is none."""
+        pt = torch.tensor(p, dtype=torch.int64)
+        hits = [(r, x) for r, x in self._ids if x.numel() >= len(p) and torch.equal(x[:len(p)], pt)]
+        if not hits:
+            raise DoctorError(f"{self.flag} {self.path}: no dumped request of the doctor begins with prompt {i} "
+                              f"({len(self.requests)} requests; first ids {p[:8]}): tokens that do not align "
+                              "(another prompts file, or another tokenizer)")
+        return hits
+
+    @property
+    def _ids(self) -> list:
+        if not hasattr(self, "_ids_cache"):
+            self._ids_cache = [(r, r.input_ids) for r in self.requests]
+        return self._ids_cache
+
     def match(self, prompts: Sequence[List[int]], need: int) -> None:
-        """Each prompt's request: the longest-written one whose ids begin with the prompt and hold at least
-        ``need`` tokens after it (+1: the greedy token after the last position is the next token)."""
+        """Each prompt's request: the last-written one whose ids begin with the prompt and hold at least ``need``
+        tokens after it (+1: the greedy token after the last position is the next token)."""
         out = []
-        ids = [(r, r.input_ids) for r in self.requests]
         for i, p in enumerate(prompts):
             P = len(p)
-            pt = torch.tensor(p, dtype=torch.int64)
-            hits = [(r, x) for r, x in ids if x.numel() >= P and torch.equal(x[:P], pt)]
-            if not hits:
-                raise DoctorError(f"{self.flag} {self.path}: no dumped request of the doctor begins with prompt "
-                                  f"{i} ({len(self.requests)} requests; first ids {p[:8]}): tokens that do not "
-                                  "align (another prompts file, or another tokenizer)")
+            hits = self._begin_with(i, p)
             long = [(r, x) for r, x in hits if x.numel() >= P + need + 1]
             if not long:
                 got = max(x.numel() for _, x in hits) - P
@@ -201,13 +211,8 @@ class DumpTarget(StreamTarget):
 
     def available_new_tokens(self, prompts: Sequence[List[int]], steps: int) -> int:
         """The most new tokens every prompt's dumped request can replay."""
-        best = []
-        for p in prompts:
-            pt = torch.tensor(p, dtype=torch.int64)
-            lens = [r.input_ids.numel() for r in self.requests
-                    if r.input_ids.numel() >= len(p) and torch.equal(r.input_ids[:len(p)], pt)]
-            best.append(max(lens) - len(p) - steps - 1 if lens else -1)
-        return min(best)
+        return min(max(x.numel() for _, x in self._begin_with(i, p)) - len(p) - steps - 1
+                   for i, p in enumerate(prompts))
 
     def batches(self, prompts, continuation, taps, batch_size, progress=False, desc="target"):
         self.match(prompts, continuation)
