@@ -26,8 +26,8 @@ TRAINING_IDS = [0, 1, 4]
 TRAINING_READINGS = {"hf_reading": [1, 2, 5], "sglang_reading": [0, 1, 4]}
 TRAINING_SAMPLES = 4
 # The teacher-forced pass sends prompt + new tokens + num-steps + 1 tokens; within the demo draft's context of 56
-# SGLang takes at most 50 input tokens (it keeps room for speculative decoding): 32 + 14 + 4.
-NO_TARGET_TOKENS = NEW_TOKENS - 2
+# SGLang takes fewer than 56 - 1 - 5 = 50 input tokens (managers/tp_worker.py, max_req_input_len): 32 + 13 + 4.
+NO_TARGET_TOKENS = NEW_TOKENS - 3
 
 
 def dump_env(d: str) -> Dict[str, str]:

@@ -371,9 +371,10 @@ def test_bad_inputs_against_the_servers_dump(pair, launched, tmp_path):
     json.dump([list(reversed(p)) for p in prompts], open(bad, "w"))
     one_line(*doctor("accept", "--hidden-states", dump, "--prompts", bad, *base), "do not align")
     # training data of another hidden size
-    rec = load_record(os.path.join(dump, sorted(os.listdir(dump))[0]))
+    rec = max((load_record(os.path.join(dump, f)) for f in sorted(os.listdir(dump))[:8]), key=lambda r: r.rows)
     wide = tmp_path / "wide"
     ids = rec.input_ids[:8]
-    save_sample(str(wide / "rows_0-5000" / "data_0.ckpt"), ids, torch.randn(8, 3 * 48, dtype=torch.bfloat16),
-                torch.randn(8, 48, dtype=torch.bfloat16))
+    save_sample(str(wide / "rows_0-5000" / "data_0.ckpt"), ids, torch.randn(ids.numel(), 3 * 48,
+                                                                             dtype=torch.bfloat16),
+                torch.randn(ids.numel(), 48, dtype=torch.bfloat16))
     one_line(*doctor("fingerprint", "--training-data", wide, "--captured", dump), "another model")

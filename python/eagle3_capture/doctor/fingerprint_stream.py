@@ -90,6 +90,7 @@ class StreamFingerprint:
         if any(m.verdict == "ambiguous" for m in self.matches):
             lines.append("  ambiguous: the best and next best layers differ by less than two captures of one tap; "
                          "give more tokens")
+        lines += [f"  note: {n}" for n in self.notes]
         return lines
 
     def to_json(self) -> dict:

@@ -164,7 +164,6 @@ def run_online(server: str, prompts_path: str, target_path: Optional[str], draft
 
         fp = served_fingerprint(side, ds, ck.tensors, progress)
         fp_json, fp_lines = fp.to_json(), fp.lines()
-        notes += fp.notes
         if fp.mismatch:
             verdict = (verdict if not ok else "served accept length as predicted, but") + "; " + fp.mismatch
             ok = False

@@ -144,7 +144,7 @@ def render_matches(matches: Sequence[SlotMatch], L: Optional[int], what: str = "
         nb = "-" if m.second is None else name(m.second)
         exp = "" if m.expected is None else ("" if m.best == m.expected and m.verdict in ("exact", "clear")
                                              else f"   expected {name(m.expected)}")
-        holds = name(m.best) if m.verdict != "none" else "nothing here"
+        holds = name(m.best) if m.verdict != "none" else "(none)"
         lines.append(f"{m.slot:>8}  {holds:<29}  {m.best_cos:.6f}  {nb:<24}  {m.second_cos:.6f}  "
                      f"{m.margin:.2e}  {m.noise:.2e}  {m.rows:>5}  {m.row_wins:>8.3f}  {m.verdict}{exp}")
     return lines
