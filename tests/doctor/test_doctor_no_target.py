@@ -203,3 +203,79 @@ def test_dump_fields_are_checked(tmp_path):
     for change, needle in bad:
         with pytest.raises(DoctorError, match=needle.replace("[", r"\[").replace("]", r"\]")):
             record_from_dict({**base, **change}, "x")
+
+
+def test_teacher_forced_pass_through_a_server(tf, tmp_path):
+    """ServerTarget.teacher_force against a stand-in for the server's HTTP answers (`post`): the extension, then
+    the teacher-forced prefill with its rid and input logprobs; the dump records of those rids appear a moment later
+    (written in the background, as the plugin does), split in chunks; the target side then equals the recorded one."""
+    import threading
+    import time
+
+    from dump_helpers import record_path, write_v2_record
+    from eagle3_capture.doctor.target_server import ServerTarget
+
+    t = tf["t"]
+    prompts = t.prompts
+    outputs = [r["output_ids"] for r in t.responses()]
+    d = str(tmp_path / "dump")
+    sent = []
+
+    def post(url, body, timeout):
+        ids = body["input_ids"]
+        i = next(k for k, p in enumerate(prompts) if ids[:len(p)] == p)
+        full = t.sent[i].tolist()
+        n = body["sampling_params"]["max_new_tokens"]
+        if "rid" not in body:  # the extension: the greedy continuation of prompt + served tokens
+            return {"output_ids": full[len(ids):len(ids) + n], "meta_info": {}}
+        assert body["rid"].startswith("eagle3-doctor-") and body["logprob_start_len"] == 0 and ids == full
+        sent.append(body["rid"])
+        greedy = t.greedy[i].tolist()
+        T = len(ids)
+
+        def dump_later(rid=body["rid"], i=i):
+            time.sleep(0.3)
+            for c, s in enumerate(range(0, T, 20)):
+                e = min(T, s + 20)
+                st = t.stack[i][s:e]
+                write_v2_record(record_path(d, 100 * i + c), seq=100 * i + c, mode="EXTEND",
+                                input_ids=t.sent[i][s:e], positions=torch.arange(s, e),
+                                requests=[{"rid": rid, "row_start": 0, "row_end": e - s, "prefix_len": s}],
+                                aux=st[:, DECLARED].reshape(e - s, -1), layers_to_capture=DECLARED,
+                                stream=st[:, DECLARED].permute(1, 0, 2).contiguous(), stream_layer_inputs=DECLARED,
+                                num_layers=t.L, hidden_size=t.H)
+
+        threading.Thread(target=dump_later).start()
+        return {"output_ids": [greedy[T - 1]], "meta_info": {
+            "input_top_logprobs": [None] + [[[-1.0, g, None]] for g in greedy[:T - 1]]}}
+
+    os.makedirs(d)
+    side = ServerTarget.teacher_force("http://stand-in", d, prompts, outputs, 3, post, timeout=30, concurrency=2,
+                                      progress=False)
+    assert len(sent) == len(prompts) and len(set(sent)) == len(prompts)
+    from eagle3_capture.doctor.replay import evaluate, served_walks
+    from eagle3_capture.doctor.server_args import SpecResolution
+
+    runs = evaluate(side, t.draft_side.draft, prompts, t.draft_side.taps, 3, N, SpecResolution(3, 1, 4), 8, False)
+    assert [(s.verify_ct, s.histogram) for s in served_walks(runs, N)] == [(s.verify_ct, s.histogram)
+                                                                            for s in t.served]
+    for run, r in zip(runs, t.responses()):  # the lossless check compares with the server's own argmax
+        assert run.expected[len(run.prompt):len(run.prompt) + N].tolist() == r["output_ids"]
+
+
+def test_teacher_forced_answers_that_are_not_usable(tmp_path):
+    from eagle3_capture.doctor.common import DoctorError
+    from eagle3_capture.doctor.target_server import _greedy_from_logprobs
+
+    ok = {"output_ids": [5], "meta_info": {"input_top_logprobs": [None, [[-1.0, 3, None]], [[-2.0, 4, None]]]}}
+    assert _greedy_from_logprobs(ok, "x", 3).tolist() == [3, 4, 5]
+    for bad, needle in (({"output_ids": [5], "meta_info": {}}, "input_top_logprobs"),
+                        ({"output_ids": [5], "meta_info": {"input_top_logprobs": [None, [[-1.0]], None]}},
+                         r"input_top_logprobs\[1\]"),
+                        ({"meta_info": ok["meta_info"]}, "no output_ids"), ("nope", "no meta_info")):
+        with pytest.raises(DoctorError, match=needle):
+            _greedy_from_logprobs(bad, "x", 3)
+    from eagle3_capture.doctor.target_server import wait_for_requests
+
+    with pytest.raises(DoctorError, match="are not in it"):
+        wait_for_requests(str(tmp_path), ["eagle3-doctor-x-0"], [torch.arange(4)], 0.5)
