@@ -198,3 +198,25 @@ def test_width_and_model_mismatches(ref, tmp_path):
                             "draft_ids:-1,1,99"), "out of range")
     assert_clean_error(*cli("doctor", "fingerprint", "--reference", ref["path"], "--captured", cap, "--taps",
                             "bogus:1,2"), "unknown convention")
+
+
+def test_a_forward_of_requests_in_any_order_is_split_into_its_requests(tmp_path):
+    """A server batches concurrent requests in any order: a record holding prompt 1's rows, then prompt 0's, is no
+    run of the reference's tokens as a whole, only request by request (split where positions restart)."""
+    g = torch.Generator().manual_seed(5)
+    stacks = [residual_stream(seed=s)[0] for s in (1, 2)]
+    ids = [torch.randint(0, 1000, (T,), generator=g) for _ in range(2)]
+    ref = {"hidden_states": torch.cat([torch.cat([s[:L] for s in stacks], 1), torch.zeros(1, 2 * T, H)]),
+           "final_prenorm": torch.cat([s[L] for s in stacks]), "input_ids": torch.cat(ids),
+           "positions": torch.arange(T).repeat(2), "prompt_offsets": torch.tensor([0, T, 2 * T])}
+    write_reference(str(tmp_path / "ref.safetensors"), ref, num_layers=L, hidden_size=H, source="synthetic")
+    taps = [0, 2, 5]  # layer inputs: Embedding, LayerOutput(1), LayerOutput(4)
+    order = [1, 0]
+    torch.save({"aux": torch.cat([stacks[i][taps].permute(1, 0, 2).reshape(T, -1) for i in order]),
+                "input_ids": torch.cat([ids[i] for i in order]), "positions": torch.arange(T).repeat(2),
+                "forward_mode": "EXTEND", "layers_to_capture": taps, "draft_ids": [-1, 1, 4], "num_layers": L,
+                "hidden_size": H}, tmp_path / "eagle3_capture_pid1_0000.pt")
+    code, text, err = cli("doctor", "fingerprint", "--reference", tmp_path / "ref.safetensors", "--captured",
+                          tmp_path / "eagle3_capture_pid1_0000.pt")
+    assert code == 0, text + err
+    assert "2 capture record(s), 80 token rows" in text and "MISMATCH" not in text

@@ -17,15 +17,20 @@ N = 10
 def recorded(tmp_path_factory):
     """What a server serving the demo pair correctly returns, built from the offline replay: (dir, prompts path,
     responses)."""
-    from eagle3_capture.doctor.accept import evaluate, load_pair, served_walks
+    from eagle3_capture.doctor.draft_side import load_draft_side
+    from eagle3_capture.doctor.replay import evaluate, served_walks
     from eagle3_capture.doctor.server_args import SpecResolution
+    from eagle3_capture.doctor.target_transformers import TransformersTarget
 
     res, out = demo_fast()
     root = tmp_path_factory.mktemp("online")
     prompts = json.load(open(os.path.join(out, "prompts.json")))[:6]
     ppath = write_json(root / "prompts.json", prompts)
-    target, draft, spec, *_ = load_pair("demo", os.path.join(out, "draft"), None, "cpu", 0, False)
-    runs = evaluate(target, draft, prompts, spec, 3, N, SpecResolution(3, 1, 4), 8, "cpu", False)
+    side = TransformersTarget.load("demo")
+    m = side.target.model
+    ds = load_draft_side(os.path.join(out, "draft"), side.info, None, "cpu", None, m.get_input_embeddings().weight,
+                         m.get_output_embeddings().weight)
+    runs = evaluate(side, ds.draft, prompts, ds.taps, 3, N, SpecResolution(3, 1, 4), 8, False)
     lines = []
     for run, s in zip(runs, served_walks(runs, N)):
         lines.append({"input_ids": run.prompt, "output_ids": run.seq[len(run.prompt): len(run.prompt) + N].tolist(),

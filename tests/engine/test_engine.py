@@ -13,6 +13,8 @@ import torch
 
 from engine_fixtures import (CHAIN, NEW_TOKENS, PROMPTS, TREE, LaunchedServer, doctor, flags_text, pair,  # noqa: F401
                              post_json, serve_engine, wait_for_files)
+from engine_doctor import (NO_TARGET_TOKENS, TRAINING_READINGS, accept_with_target, dump_env, fingerprint_training,
+                           online_without_target)
 
 pytestmark = [pytest.mark.engine, pytest.mark.sglang, pytest.mark.slow]
 
@@ -37,13 +39,15 @@ DOCTOR_RID = "eagle3-doctor-engine-0"
 @pytest.fixture(scope="session")
 def launched(pair):
     """Plugin on, the draft as shipped (ids [-1, 0, 3]), chain flags, through `python -m sglang.launch_server`, the
-    capture dump on (EAGLE3_CAPTURE_DUMP_STREAM=all) and the stand-ins' witness of what the draft is fed:
-    `doctor online` against it while it runs, then the doctor's teacher-forced request (prompt + the served greedy
-    continuation, one prefill, rid eagle3-doctor-...)."""
+    capture dump on (every forward, the full stream of the doctor's requests: EAGLE3_CAPTURE_DUMP_STREAM=all) and the
+    stand-ins' witness of what the draft is fed. While it runs: `doctor online` with the transformers target, the
+    doctor's teacher-forced request by hand (prompt + the served greedy continuation, one prefill, rid
+    eagle3-doctor-...), `doctor online` without the target (the server as the target side), and the fingerprint of
+    SpecForge-layout training data under both readings of ids [0, 1, 4]."""
     out = os.path.join(pair.root, "online_launched.json")
     dump = os.path.join(pair.root, "dump_launched")
     fed = os.path.join(pair.root, "draft_fed_launched")
-    env = {"EAGLE3_CAPTURE_DUMP": dump, "EAGLE3_CAPTURE_DUMP_STREAM": "all", "E3_SGLANG_CPU_RECORD_DRAFT": fed}
+    env = {**dump_env(dump), "E3_SGLANG_CPU_RECORD_DRAFT": fed}
     with open(pair.prompts) as f:
         prompt = json.load(f)[0]
     with LaunchedServer(pair, pair.draft, CHAIN, env=env) as srv:
@@ -57,12 +61,15 @@ def launched(pair):
                    "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 1}
         forced = post_json(srv.url + "/generate", teacher)
         wait_for_files(os.path.join(dump, "*.pt"), lambda fs: any(_holds(f, DOCTOR_RID) for f in fs))
+        no_target = online_without_target(pair, srv.url, dump, "launched")
+        training = {name: fingerprint_training(pair, srv.url, dump, name, layers)
+                    for name, layers in TRAINING_READINGS.items()}
         log = srv.log()
     with open(os.path.join(pair.root, "online_launched.txt"), "w") as f:
         f.write(text)
     return {"code": code, "text": text, "err": err, "json": json.load(open(out)) if os.path.exists(out) else None,
             "log": log, "dump": dump, "fed": fed, "prompt": prompt, "served": served, "teacher": teacher,
-            "forced": forced}
+            "forced": forced, "no_target": no_target, "training": training}
 
 
 def _holds(path, rid):
@@ -99,12 +106,20 @@ def stock_shipped(pair):
 def miswired(pair):
     """Plugin on, but the draft config declares its ids as layer inputs [1, 4, 7] = [LayerOutput(0), LayerOutput(3),
     LayerOutput(6)] (the plugin captures what is declared): no embedding, every slot one tap later than trained.
-    The capture dump is on."""
+    The capture dump is on (the full stream of the doctor's requests). While it runs: `doctor online` with the
+    transformers target and without it."""
     dump = os.path.join(pair.root, "dump_miswired")
-    srv = serve_engine(pair, "miswired", pair.draft_variant(
-        "miswired", eagle_aux_hidden_state_layer_ids=[1, 4, 7], eagle_aux_hidden_state_convention="layer_inputs"),
-        env={"EAGLE3_CAPTURE_DUMP": dump, "EAGLE3_CAPTURE_DUMP_MAX": "2"})
-    return srv, dump
+    out = os.path.join(pair.root, "online_miswired.json")
+    variant = pair.draft_variant("miswired", eagle_aux_hidden_state_layer_ids=[1, 4, 7],
+                                 eagle_aux_hidden_state_convention="layer_inputs")
+    with LaunchedServer(pair, variant, CHAIN, env=dump_env(dump)) as srv:
+        code, text, err = doctor("online", "--server", srv.url, "--prompts", pair.prompts, "--target", pair.target,
+                                 "--draft", pair.draft, "--new-tokens", NEW_TOKENS, "--json", out, "--no-progress",
+                                 "--device", "cpu", "--threads", 1)
+        no_target = online_without_target(pair, srv.url, dump, "miswired")
+        log = srv.log()
+    return {"code": code, "text": text, "err": err, "json": json.load(open(out)) if os.path.exists(out) else None,
+            "log": log, "dump": dump, "no_target": no_target}
 
 
 @pytest.fixture(scope="session")
@@ -185,23 +200,16 @@ def test_stock_with_the_shipped_draft_fails_as_check_predicts(pair, stock_shippe
 # ----------------------------------------------------------------------------------------------------------------
 
 def test_miswired_capture_is_named_online_and_by_fingerprint(pair, miswired, reference):
-    srv, dump = miswired
-    assert srv.error is None, srv.log[-3000:]
-    assert "layers_to_capture [1, 4, 7]" in srv.log
-    out = os.path.join(pair.root, "online_miswired.json")
-    code, text, err = doctor("online", "--server", srv.path, "--prompts", pair.prompts, "--target", pair.target,
-                             "--draft", pair.draft, "--server-args", flags_text(CHAIN), "--json", out,
-                             "--no-progress", "--device", "cpu", "--threads", 1)
+    assert "layers_to_capture [1, 4, 7]" in miswired["log"]
+    code, text, err, j = miswired["code"], miswired["text"], miswired["err"], miswired["json"]
     assert code == 1, text + err
-    j = json.load(open(out))
     assert all(j["lossless"]) and not j["ok"]
     assert "online below offline" in j["verdict"] and "at step 1" in j["verdict"] and "EAGLE3_CAPTURE_DUMP" in j["verdict"]
-    assert j["online"]["served_accept_length"] == pytest.approx(srv.tokens_per_verify)
     # the prediction is for the trained taps, i.e. what a correct capture serves (the tests above): clearly more
-    assert srv.tokens_per_verify < j["predicted"]["served_accept_length"] - 0.1
+    assert j["online"]["served_accept_length"] < j["predicted"]["served_accept_length"] - 0.1
     # the dump of that server, against the reference, with the taps the draft was trained on
-    code, text, err = doctor("fingerprint", "--reference", reference, "--captured", dump, "--draft-config",
-                             pair.draft, "--target-config", pair.target)
+    code, text, err = doctor("fingerprint", "--reference", reference, "--captured", miswired["dump"],
+                             "--draft-config", pair.draft, "--target-config", pair.target)
     assert code == 1, text + err
     assert "fingerprint-missing-embedding" in text and "MISMATCH" in text
 
@@ -315,7 +323,8 @@ def _rows(rec, req):
 def test_served_traffic_is_dumped_as_the_contract_says(pair, launched):
     assert launched["code"] == 0, launched["text"] + launched["err"]  # the dump changed nothing served
     everything = _records(launched["dump"])
-    recs = [r for r in everything if not any(q["rid"] == DOCTOR_RID for q in r["requests"])]
+    # served traffic: not the doctor's requests (this test's own and `doctor online`'s without a target)
+    recs = [r for r in everything if not any((q["rid"] or "").startswith("eagle3-doctor-") for q in r["requests"])]
     assert not any(q["rid"].startswith("HEALTH_CHECK") for r in recs for q in r["requests"])  # /health's generates
     modes = {r["forward_mode"] for r in recs}
     assert {"EXTEND", "TARGET_VERIFY"} <= modes, modes
@@ -401,3 +410,128 @@ def test_a_typo_in_the_off_switch_stops_the_server_with_one_line(refused):
     assert line in refused.log, refused.log[-4000:]
     assert "Failed to execute general plugin" not in refused.log  # register() did not raise: no stock SGLang
     assert "RuntimeError: " + line in refused.log  # raised at model load, which stops the server
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# (e) the doctor with only the draft: the server is the target side (its teacher-forced pass and its dump)
+# ----------------------------------------------------------------------------------------------------------------
+
+def _per_prompt(figures):
+    return [(p["verify_ct"], p["correct_drafts_histogram"]) for p in figures["per_prompt"]]
+
+
+def test_online_without_target_predicts_the_server_exactly(pair, launched):
+    nt = launched["no_target"]
+    assert nt["code"] == 0, nt["text"] + nt["err"]
+    j = nt["json"]
+    assert j["ok"] and j["verdict"].startswith("matches") and all(j["lossless"]) and len(j["lossless"]) == PROMPTS
+    on, pred = j["online"], j["predicted"]
+    assert (on["completion_tokens"], on["verify_ct"]) == (pred["completion_tokens"], pred["verify_ct"])
+    assert on["correct_drafts_histogram"] == pred["correct_drafts_histogram"] and _per_prompt(on) == _per_prompt(pred)
+    # ... and the transformers-based prediction on the same prompts, figure for figure
+    hf = accept_with_target(pair, NO_TARGET_TOKENS)["served"]
+    assert _per_prompt(pred) == _per_prompt(hf) and pred["served_accept_length"] == hf["served_accept_length"]
+    assert j["target"].startswith("server http://127.0.0.1:")
+
+
+def test_online_without_target_fingerprints_the_served_slots_from_the_full_stream(launched):
+    """Needs the plugin's version-2 dump (the residual stream of the doctor's requests)."""
+    fp = launched["no_target"]["json"]["fingerprint"]
+    assert fp["stream_layer_inputs"] == list(range(9)), ("the server's dump has no stream: this test needs the "
+                                                         f"plugin's version-2 writer ({fp['notes']})")
+    assert [(s["verdict"], s["best"], s["ok"]) for s in fp["slots"]] == [("exact", 0, True), ("exact", 1, True),
+                                                                          ("exact", 4, True)]
+
+
+def test_miswired_server_without_target_exits_1_and_names_each_slot(pair, miswired):
+    """The prediction reads the declared taps from the stream (so it is the correct capture's, not the miswired
+    server's own), and the full-stream fingerprint names each served slot's layer. Needs the version-2 dump."""
+    nt = miswired["no_target"]
+    assert nt["code"] == 1, nt["text"] + nt["err"]
+    j = nt["json"]
+    assert all(j["lossless"])
+    assert _per_prompt(j["predicted"]) == _per_prompt(accept_with_target(pair, NO_TARGET_TOKENS)["served"])
+    assert [(s["verdict"], s["best"], s["expected"]) for s in j["fingerprint"]["slots"]] == \
+        [("exact", 1, 0), ("exact", 4, 1), ("exact", 7, 4)]
+    assert "served slot 0 holds LayerOutput(0) (bit for bit), the draft declares Embedding" in j["verdict"]
+
+
+def test_training_data_says_which_reading_the_server_captures(launched):
+    """The demo pair's training data under both readings of ids [0, 1, 4]: the server (the plugin with the demo draft)
+    captures the SGLang reading's taps, slot by slot; bf16 training data against an fp32 server is close, not
+    equal."""
+    sg, hf = launched["training"]["sglang_reading"], launched["training"]["hf_reading"]
+    assert sg["code"] == 0, sg["text"] + sg["err"]
+    assert sg["json"]["same_as_served"] and "the server captures what training used" in sg["text"]
+    assert [(m["best"], m["verdict"]) for m in sg["json"]["vs_served"]] == [(0, "clear"), (1, "clear"), (2, "clear")]
+    assert hf["code"] == 1, hf["text"] + hf["err"]
+    assert not hf["json"]["same_as_served"] and "does NOT capture what training used" in hf["text"]
+
+
+def test_training_data_names_each_training_slots_layer(launched):
+    """With the full stream, which layer each training slot was: the [2, 30, 58] question answered on the demo pair.
+    Needs the version-2 dump."""
+    for name, layers in TRAINING_READINGS.items():
+        j = launched["training"][name]["json"]
+        assert j["training_layer_inputs"] == layers, (name, j["notes"])
+    assert "HF backend" in launched["training"]["hf_reading"]["json"]["reading"]
+    assert "SGLang" in launched["training"]["sglang_reading"]["json"]["reading"]
+
+
+def test_accept_on_the_servers_dump_predicts_the_server(pair, launched):
+    """After the server stopped: `doctor accept --hidden-states` on its dump, no target."""
+    out = os.path.join(pair.root, "accept_hidden_states.json")
+    code, text, err = doctor("accept", "--hidden-states", launched["dump"], "--draft", pair.draft, "--prompts",
+                             pair.prompts, "--server-args", flags_text(CHAIN), "--json", out, "--no-progress",
+                             "--device", "cpu", "--threads", 1)
+    assert code == 0, text + err
+    sv = json.load(open(out))["served"]
+    assert sv["max_new_tokens"] == NO_TARGET_TOKENS  # as many as the dumped teacher-forced requests hold
+    assert _per_prompt(sv) == _per_prompt(launched["no_target"]["json"]["online"])
+
+
+def test_bad_inputs_against_the_servers_dump(pair, launched, tmp_path):
+    import shutil
+
+    import torch
+
+    from eagle3_capture.doctor.dump_records import load_record
+    from eagle3_capture.doctor.training_data import save_sample
+
+    dump = launched["dump"]
+    base = ("--draft", pair.draft, "--server-args", flags_text(CHAIN), "--no-progress", "--device", "cpu")
+
+    def one_line(code, text, err, *needles):
+        assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, text + err
+        for n in needles:
+            assert n in err, err
+
+    # a dump from another model: its records say L=8, H=64; this checkpoint's config says 12 layers
+    other = tmp_path / "other_model"
+    other.mkdir()
+    cfg = json.load(open(os.path.join(pair.target, "config.json")))
+    json.dump({**cfg, "num_hidden_layers": 12}, open(other / "config.json", "w"))
+    shutil.copy(os.path.join(pair.target, "model.safetensors"), other / "model.safetensors")
+    one_line(*doctor("accept", "--hidden-states", dump, "--prompts", pair.prompts, "--target-checkpoint", other,
+                     *base), "from another model")
+    # a truncated record
+    trunc = tmp_path / "truncated"
+    shutil.copytree(dump, trunc)
+    victim = sorted(f for f in os.listdir(trunc) if f.endswith(".pt"))[-1]
+    data = open(trunc / victim, "rb").read()
+    open(trunc / victim, "wb").write(data[: len(data) // 3])
+    one_line(*doctor("accept", "--hidden-states", trunc, "--prompts", pair.prompts, *base), victim,
+             "not a readable dump record")
+    # tokens that do not align: prompts the server never saw
+    prompts = json.load(open(pair.prompts))
+    bad = tmp_path / "other_prompts.json"
+    json.dump([list(reversed(p)) for p in prompts], open(bad, "w"))
+    one_line(*doctor("accept", "--hidden-states", dump, "--prompts", bad, *base), "do not align")
+    # training data of another hidden size
+    rec = max((load_record(os.path.join(dump, f)) for f in sorted(os.listdir(dump))[:8]), key=lambda r: r.rows)
+    wide = tmp_path / "wide"
+    ids = rec.input_ids[:8]
+    save_sample(str(wide / "rows_0-5000" / "data_0.ckpt"), ids, torch.randn(ids.numel(), 3 * 48,
+                                                                             dtype=torch.bfloat16),
+                torch.randn(ids.numel(), 48, dtype=torch.bfloat16))
+    one_line(*doctor("fingerprint", "--training-data", wide, "--captured", dump), "another model")

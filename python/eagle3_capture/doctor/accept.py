@@ -16,47 +16,31 @@ equals the target's greedy token at t+j.
   ``spec_accept_length`` is compared with: the server's walk visits hard stretches more often than tau weighs them.
 
 The taps fed to the draft are the declared ones unless ``--taps`` says otherwise (to predict a miswired server).
+
+The target side (:mod:`.target_side`) is a transformers model (``--target``), or a recorded dump of the doctor's
+teacher-forced requests (``--hidden-states DUMP``: the server's own residual stream; the continuation is the dumped
+request's tokens after the prompt -- the server's greedy output, which ``doctor online`` sent back -- and the
+target's greedy token after position t is the token at t+1). The replay is :mod:`.replay`.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 import torch
 
-from .. import configs
-from ..spec import CONVENTIONS, Embedding, TapError, TapSpec
+from ..spec import TapSpec
 from .common import DoctorError, read_prompts, save_safetensors, write_json
-from .serving import Served, chain_accepted, total, tree_accepted, walk
+from .draft_side import parse_taps
+from .replay import chain_correct_taps
+from .serving import Served, chain_accepted, total
 from .server_args import parse_server_args, resolve_speculative
+from .target_side import layer_inputs
 
 
 def tap_indices(spec: TapSpec) -> List[int]:
     """Index of each tap in the residual-stream stack (0 Embedding, k+1 LayerOutput(k))."""
-    return [0 if isinstance(t, Embedding) else t.k + 1 for t in spec.taps]
-
-
-def parse_taps(text: str, num_layers: int, hidden_size: int) -> TapSpec:
-    """``"<convention>:<i,j,...>"`` with convention draft_ids | layer_inputs | hf_hidden_states (``hf`` for short),
-    or bare integers (draft ids)."""
-    conv, sep, rest = text.partition(":")
-    if not sep:
-        conv, rest = "draft_ids", text
-    conv = {"hf": "hf_hidden_states", "draft": "draft_ids", "inputs": "layer_inputs"}.get(conv.strip(), conv.strip())
-    if conv not in CONVENTIONS:
-        raise DoctorError(f"--taps {text!r}: unknown convention {conv!r}; expected one of {sorted(CONVENTIONS)} "
-                          "(e.g. draft_ids:-1,2,5)")
-    try:
-        ids = [int(v) for v in rest.replace(" ", "").split(",") if v != ""]
-    except ValueError:
-        raise DoctorError(f"--taps {text!r}: expected comma-separated integers after '{conv}:'") from None
-    opts = {"allow_final_boundary": True} if conv == "layer_inputs" else (
-        {"final_is_prenorm": True} if conv == "hf_hidden_states" else {})
-    try:
-        return TapSpec.from_convention(conv, ids, num_layers, hidden_size, **opts)
-    except TapError as e:
-        raise DoctorError(f"--taps {text!r}: {e}") from None
+    return layer_inputs(spec)
 
 
 @torch.no_grad()
@@ -66,16 +50,8 @@ def chain_correct(draft, stack: torch.Tensor, seq: torch.Tensor, greedy: torch.T
 
     stack: [B, T, L+1, H] residual-stream taps; seq: [B, T] tokens; greedy: [B, T] target argmax tokens."""
     B, T = seq.shape
-    A = T - steps - first_anchor
-    if A <= 0:
-        return torch.zeros(B, 0, steps, dtype=torch.bool)
-    taps = stack[:, : T - steps, list(tap_idx)].reshape(B, T - steps, -1)
-    logits = draft.unroll(taps.to(next(draft.parameters()).dtype), seq[:, 1:], steps, use_op=use_op)
-    out = []
-    for j, lg in enumerate(logits, start=1):
-        pred = draft.to_target_ids(lg.argmax(-1))
-        out.append((pred == greedy[:, j: j + T - steps])[:, first_anchor:])
-    return torch.stack(out, -1).cpu()
+    return chain_correct_taps(draft, stack[:, :, list(tap_idx)].reshape(B, T, -1), seq, greedy, steps, first_anchor,
+                              use_op)
 
 
 @dataclass
@@ -214,113 +190,52 @@ def render(rep: AcceptReport) -> str:
     return "\n".join(lines)
 
 
-@dataclass
-class PromptRun:
-    """One prompt's offline run: its continuation and, per anchor, the chain's correctness and what a verify
-    there accepts under the server flags."""
+def open_target(target: Optional[str], hidden_states: Optional[str], target_checkpoint: Optional[str],
+                device: str, seed: int, progress: bool):
+    """(the target side, its embedding, its lm_head) for accept: a transformers model, or a recorded dump (with the
+    embedding / lm_head read alone from --target-checkpoint when the draft lacks them)."""
+    if (target is None) == (hidden_states is None):
+        raise DoctorError("give the target side: --target (a transformers model) or --hidden-states (a dump of the "
+                          "server's teacher-forced requests), one of them")
+    if target is not None:
+        from .target_transformers import TransformersTarget
 
-    prompt: List[int]
-    seq: torch.Tensor          # [P + new_tokens + S] prompt + greedy continuation
-    correct: torch.Tensor      # [A, S] bool
-    accepted: Optional[torch.Tensor]  # [A] int64, None when the flags are refused
+        if target_checkpoint is not None:
+            raise DoctorError("--target-checkpoint is for --hidden-states (without a model to take the embedding "
+                              "from); --target has its own")
+        side = TransformersTarget.load(target, device=device, seed=seed, quiet=not progress)
+        m = side.target.model
+        return side, m.get_input_embeddings().weight.detach(), m.get_output_embeddings().weight.detach()
+    from .checkpoint_tensors import CheckpointSide
+    from .target_stream import DumpTarget
 
-
-def evaluate(target, draft, prompts: List[List[int]], spec: TapSpec, S: int, new_tokens: int, res, batch_size: int,
-             device: str, progress: bool, desc: str = "accept") -> List[PromptRun]:
-    """Greedy continuations, per-anchor chain correctness and served acceptance for every prompt (in order)."""
-    from .target_model import greedy_continue, residual_stream
-
-    idx = tap_indices(spec)
-    groups: Dict[int, List[int]] = {}  # equal-length prompts batch together
-    for i, p in enumerate(prompts):
-        groups.setdefault(len(p), []).append(i)
-    batches = [(P, g[i:i + batch_size]) for P, g in sorted(groups.items()) for i in range(0, len(g), batch_size)]
-    runs: List[Optional[PromptRun]] = [None] * len(prompts)
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(prompts), desc=desc, unit="prompt", leave=False)
-    for P, members in batches:
-        ids = torch.tensor([prompts[i] for i in members], dtype=torch.int64, device=device)
-        seq = greedy_continue(target.model, ids, new_tokens + S)
-        stack, _, greedy = residual_stream(target.model, seq)
-        c = chain_correct(draft, stack, seq, greedy, idx, S, first_anchor=P - 1, use_op=True)
-        acc = None
-        if unserved_reason(res) is None:
-            if res.topk == 1:
-                acc = chain_accepted(c, res.steps)
-            else:
-                acc = tree_accepted(draft, stack, seq, greedy, idx, res.steps, res.topk, res.draft_tokens,
-                                    first_anchor=P - 1, use_op=True)
-        for j, i in enumerate(members):
-            runs[i] = PromptRun(prompts[i], seq[j].cpu(), c[j], None if acc is None else acc[j])
-        if bar is not None:
-            bar.update(len(members))
-    if bar is not None:
-        bar.close()
-    return runs
+    ck = CheckpointSide(target_checkpoint)
+    side = DumpTarget(hidden_states, ck.config, ck.vocab_size, ck.tokenizer)
+    embed, head = ck.weights(side.info, device)
+    return side, embed, head
 
 
-def unserved_reason(res) -> Optional[str]:
-    """Why no served accept length can be predicted for these resolved flags (None: it can)."""
-    if res.error:
-        return f"SGLang 0.5.23 refuses the flags ({res.error})"
-    if res.steps is None or res.topk is None or res.draft_tokens is None:
-        return ("num-steps / eagle-topk / num-draft-tokens are not all known before serving (e.g. "
-                "--speculative-adaptive changes them while serving)")
-    return None
-
-
-def served_walks(runs: Sequence[PromptRun], new_tokens: int) -> List[Served]:
-    return [walk(r.accepted.tolist(), new_tokens) for r in runs] if runs and runs[0].accepted is not None else []
-
-
-def load_pair(target_path: str, draft_path: str, taps: Optional[str], device: str, seed: int, progress: bool):
-    """(target, draft, taps fed, declared taps, target config, notes) for ``accept`` and ``online``."""
-    from .draft_checkpoint import load_draft
-    from .target_model import load_target
-
-    target = load_target(target_path, device=device, seed=seed, quiet=not progress)
-    try:
-        tcfg = configs.read_target_config(target.config_dict)
-    except ValueError as e:
-        raise DoctorError(f"target {target_path}: {e}") from None
-    draft = load_draft(draft_path, target.model.get_input_embeddings().weight.detach().cpu(),
-                       target.model.get_output_embeddings().weight.detach().cpu(), device=device)
-    dcfg = configs.read_draft_config(os.path.join(draft_path, "config.json"))
-    declared = None
-    notes: List[str] = list(getattr(draft, "notes", []))
-    try:
-        declared = configs.draft_taps(dcfg, tcfg)
-    except (TapError, ValueError) as e:
-        if taps is None:
-            raise DoctorError(f"the draft's declared taps do not fit the target: {e}; give --taps") from None
-        notes.append(f"declared taps unusable ({e})")
-    spec = parse_taps(taps, target.num_layers, target.hidden_size) if taps else declared
-    if spec.K != draft.arch.num_aux:
-        raise DoctorError(f"the draft's fc takes K={draft.arch.num_aux} taps of H={draft.arch.target_hidden_size}, "
-                          f"--taps gives K={spec.K}: {list(spec.taps)}")
-    if spec.hidden_size != draft.arch.target_hidden_size:
-        raise DoctorError(f"the draft was built for a target of H={draft.arch.target_hidden_size}, this target has "
-                          f"H={spec.hidden_size}")
-    return target, draft, spec, declared, tcfg, notes
-
-
-def run_accept(target_path: str, draft_path: str, prompts_path: str, server_args: Optional[str] = None,
-               taps: Optional[str] = None, new_tokens: int = 64, steps: Optional[int] = None,
+def run_accept(target_path: Optional[str], draft_path: str, prompts_path: str, server_args: Optional[str] = None,
+               taps: Optional[str] = None, new_tokens: Optional[int] = 64, steps: Optional[int] = None,
                batch_size: int = 8, device: str = "cpu", out_json: Optional[str] = None,
-               out_tensors: Optional[str] = None, progress: bool = True, seed: int = 0) -> AcceptReport:
-    if new_tokens < 2:
+               out_tensors: Optional[str] = None, progress: bool = True, seed: int = 0,
+               hidden_states: Optional[str] = None, target_checkpoint: Optional[str] = None,
+               dtype: Optional[str] = None) -> AcceptReport:
+    from .draft_side import draft_dtype, load_draft_side
+    from .replay import evaluate, served_walks, unserved_reason
+
+    if new_tokens is not None and new_tokens < 2:
         raise DoctorError(f"--new-tokens {new_tokens}: need at least 2 continuation tokens")
     if batch_size < 1:
         raise DoctorError(f"--batch-size {batch_size}: need at least 1")
     if steps is not None and steps < 1:
         raise DoctorError(f"--steps {steps}: need at least 1")
     flags = parse_server_args(server_args) if server_args else None
-    target, draft, spec, declared, tcfg, notes = load_pair(target_path, draft_path, taps, device, seed, progress)
-    arch = tcfg.architectures[0] if tcfg.architectures else None
-    res = resolve_speculative(flags or parse_server_args(""), arch)
+    side, embed, head = open_target(target_path, hidden_states, target_checkpoint, device, seed, progress)
+    ds = load_draft_side(draft_path, side.info, taps, device, draft_dtype(dtype, device, target_path is not None),
+                         embed, head)
+    spec, declared, notes = ds.taps, ds.declared, list(ds.notes)
+    res = resolve_speculative(flags or parse_server_args(""), side.info.architecture)
     n_chain = res.steps if (res.steps is not None and not res.error) else 3
     if steps is not None and steps < n_chain:
         raise DoctorError(f"--steps {steps}: fewer than the {n_chain} draft steps of the chain "
@@ -329,12 +244,19 @@ def run_accept(target_path: str, draft_path: str, prompts_path: str, server_args
                           + "; the served accept length needs every step of the chain: give --steps "
                           f">= {n_chain}, or server flags with fewer --speculative-num-steps")
     S = max(1, n_chain, steps or 0)
-    prompts = read_prompts(prompts_path, target.tokenizer, vocab_size=target.vocab_size)
-    runs = evaluate(target, draft, prompts, spec, S, new_tokens, res, batch_size, device, progress)
+    vocab = side.info.vocab_size or ds.draft.arch.vocab_size
+    prompts = read_prompts(prompts_path, side.tokenizer, vocab_size=vocab)
+    if new_tokens is None:
+        new_tokens = side.available_new_tokens(prompts, S) if hidden_states is not None else 64
+        if new_tokens < 2:
+            raise DoctorError(f"--hidden-states {hidden_states}: its requests hold too few tokens after the prompts "
+                              f"for {S} draft steps (need the new tokens + {S + 1})")
+    runs = evaluate(side, ds.draft, prompts, spec, S, new_tokens, res, batch_size, progress)
+    notes += side.notes
     allc = torch.cat([r.correct for r in runs], 0)
     m = metrics(allc)
     topk = res.topk if res.topk is not None else 1
-    rep = AcceptReport(target.source, draft_path, spec, declared, flags.raw if flags else "",
+    rep = AcceptReport(side.source, draft_path, spec, declared, flags.raw if flags else "",
                        res.steps if res.steps is not None else n_chain, topk,
                        res.draft_tokens if res.draft_tokens is not None else n_chain + 1, res.error, m,
                        len(prompts), sum(int(r.seq.numel()) for r in runs), new_tokens,
@@ -348,5 +270,5 @@ def run_accept(target_path: str, draft_path: str, prompts_path: str, server_args
     return rep
 
 
-__all__ = ["tap_indices", "parse_taps", "chain_correct", "Metrics", "metrics", "AcceptReport", "PromptRun",
-           "evaluate", "unserved_reason", "served_walks", "load_pair", "render", "render_served", "run_accept"]
+__all__ = ["tap_indices", "parse_taps", "chain_correct", "Metrics", "metrics", "AcceptReport", "open_target",
+           "render", "render_served", "run_accept"]

@@ -129,12 +129,40 @@ def config_findings(draft: configs.DraftConfig, target: configs.TargetConfig, ra
                 "off by one",
                 f"declare eagle_config.eagle_aux_hidden_state_convention = \"{HF_HIDDEN_STATES}\", or rewrite them "
                 f"as draft ids {[i - 1 for i in ids]}"))
+    out += pipeline_findings(draft, target, raw_draft)
     arch_layers = raw_draft.get("num_hidden_layers")
     if isinstance(arch_layers, int) and arch_layers != 1 and "Eagle3" in " ".join(draft.architectures):
         out.append(Finding("error", "draft-layers",
                            f"the draft config has num_hidden_layers {arch_layers}; SGLang's EAGLE-3 drafts support 1",
                            "use a one-layer EAGLE-3 draft"))
     return out
+
+
+FINGERPRINT_TRAINING = ("eagle3-capture doctor fingerprint --training-data <SpecForge hidden-states dir> --server "
+                        "<URL of the server, started with EAGLE3_CAPTURE_DUMP=<dir> EAGLE3_CAPTURE_DUMP_STREAM=all> "
+                        "--captured <that dir> --draft-config <draft> --target-config <target>")
+
+
+def pipeline_findings(draft: configs.DraftConfig, target: configs.TargetConfig, raw_draft: dict) -> List[Finding]:
+    """A warning when the config states no convention and the common training pipelines would read its ids as
+    different taps (pipelines.py): which one trained the draft decides what the server must capture."""
+    ec = raw_draft.get("eagle_config") if isinstance(raw_draft.get("eagle_config"), dict) else {}
+    fam = target.sglang_0523_family
+    if draft.layer_ids is None or "eagle_aux_hidden_state_convention" in ec or fam is None:
+        return []
+    from .pipelines import HF_READING, SGLANG_READING, Readings, readings_of
+
+    r = readings_of(draft.layer_ids, target.num_layers, target.hidden_size, fam)
+    if r.hf is None or r.sglang is None or not r.differ:
+        return []  # one reading cannot have trained it (e.g. SGLang fails on -1): no doubt which one did
+    hf, sg = Readings.taps(r.hf), Readings.taps(r.sglang)
+    return [Finding(
+        "warning", "ids-convention-unknown",
+        f"the draft config does not say how its ids {draft.layer_ids} are meant, and the training pipelines read them "
+        f"as different taps: {HF_READING}: {hf}; {SGLANG_READING}: {sg}. This project's plugin reads them the first "
+        "way; if the draft was trained the second way, every slot is one layer off",
+        f"settle it with the training data: {FINGERPRINT_TRAINING}; then write eagle_config."
+        "eagle_aux_hidden_state_convention: \"draft_ids\" (the first reading) or \"layer_inputs\" (the second)")]
 
 
 def checkpoint_findings(draft_path: str, draft: configs.DraftConfig, target: configs.TargetConfig

@@ -29,44 +29,9 @@ def _cmd_check(args) -> int:
 
 
 def _cmd_fingerprint(args) -> int:
-    from . import fingerprint as fp
-    from .. import configs
-    from ..spec import TapError
+    from .fingerprint_run import command
 
-    declared, src = None, ""
-    if args.taps is not None and (args.draft_config is not None or args.target_config is not None):
-        raise DoctorError("--taps and --draft-config/--target-config both declare the taps; give one of them")
-    if (args.draft_config is None) != (args.target_config is None):
-        given, missing = ("--draft-config", "--target-config") if args.target_config is None else \
-            ("--target-config", "--draft-config")
-        raise DoctorError(f"{given} needs {missing} (the draft ids are read against the target's layer count)")
-    if args.taps is not None and not args.taps.strip():
-        raise DoctorError("--taps '': expected CONV:IDS, e.g. draft_ids:-1,2,30")
-    if args.draft_config is not None or args.taps is not None:
-        ref = fp.load_reference(args.reference)
-        if args.taps is not None:
-            from .accept import parse_taps
-
-            declared, src = parse_taps(args.taps, ref.num_layers, ref.hidden_size), f"--taps {args.taps}"
-        else:
-            try:
-                t = configs.read_target_config(args.target_config)
-                d = configs.read_draft_config(args.draft_config)
-                declared = configs.draft_taps(d, t)
-            except (FileNotFoundError, ValueError, TapError) as e:
-                raise DoctorError(str(e)) from None
-            src = f"draft config {args.draft_config}"
-    res = fp.fingerprint(args.reference, args.captured, declared=declared, declared_source=src,
-                         min_cos=args.min_cos)
-    if args.json:
-        write_json(args.json, res.to_json())
-    print(fp.render(res))
-    errs = [f for f in res.findings if f.severity == "error"]
-    if res.findings:
-        print()
-        for f in res.findings:
-            print(f"  [{f.severity}] {f.code}: {f.message}" + (f"\n      fix: {f.fix}" if f.fix else ""))
-    return EXIT_FINDINGS if errs else EXIT_OK
+    return command(args)
 
 
 def _cmd_dump_reference(args) -> int:
@@ -100,21 +65,23 @@ def _cmd_accept(args) -> int:
         rep = run_accept(args.target, args.draft, args.prompts, server_args=args.server_args, taps=args.taps,
                          new_tokens=args.new_tokens, steps=args.steps, batch_size=args.batch_size, device=device,
                          out_json=args.json, out_tensors=args.tensors, progress=not args.no_progress,
-                         seed=args.seed)
+                         seed=args.seed, hidden_states=args.hidden_states, target_checkpoint=args.target_checkpoint,
+                         dtype=args.dtype)
     print(render(rep))
     return EXIT_OK
 
 
 def _cmd_online(args) -> int:
     from .common import pick_device, torch_threads
-    from .online import render, run_online
+    from .online_run import render, run_online
 
     device = pick_device(args.device)
     with torch_threads(args.threads):
         rep = run_online(args.server, args.prompts, args.target, args.draft, server_args=args.server_args,
                          new_tokens=args.new_tokens, taps=args.taps, batch_size=args.batch_size, device=device,
                          timeout=args.timeout, concurrency=args.concurrency, tolerance=args.tolerance,
-                         out_json=args.json, progress=not args.no_progress, seed=args.seed)
+                         out_json=args.json, progress=not args.no_progress, seed=args.seed, dump=args.dump,
+                         target_checkpoint=args.target_checkpoint, dtype=args.dtype)
     print(render(rep))
     return EXIT_OK if rep.ok else EXIT_FINDINGS
 
@@ -156,6 +123,19 @@ def _add_seed(s, help: Optional[str] = None) -> None:
     s.add_argument("--seed", type=at.seed, default=0, help=help)
 
 
+def _add_target_checkpoint(s) -> None:
+    s.add_argument("--target-checkpoint", metavar="DIR",
+                   help="without --target: the target's checkpoint directory; only its config, tokenizer and the "
+                        "tensors the draft lacks (embed_tokens, lm_head) are read, each alone from the shard that "
+                        "model.safetensors.index.json names -- never the whole model")
+
+
+def _add_dtype(s) -> None:
+    s.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+                   help="the draft's dtype (default auto: float32 beside --target and on the CPU, bfloat16 on a GPU "
+                        "without --target)")
+
+
 def _add_server_args(s, help: str = SERVER_ARGS_HELP) -> None:
     s.add_argument("--server-args", metavar="\"FLAGS\"", help=help)
 
@@ -187,15 +167,35 @@ def add_doctor_parser(sub) -> None:
     _add_json(s, "also write the report as JSON")
     s.set_defaults(func=_cmd_check)
 
-    s = ds.add_parser("fingerprint", help="cosine table: every captured slot vs every reference index",
-                      description="Compares each captured slot with every reference hidden state (HF hidden_states "
-                                  "indices, plus the pre-norm final boundary) by mean cosine similarity over the "
-                                  "tokens, names the index each slot matches and whether it is the declared one. "
-                                  "Declared taps come from --taps, --draft-config + --target-config, or the draft ids "
-                                  "recorded in the dump. Exit 1 when a slot is not the declared tap.")
-    s.add_argument("--reference", required=True, metavar="REF.safetensors", help="from doctor dump-reference")
+    s = ds.add_parser("fingerprint", help="which layer each captured slot holds (a reference, the server's own stream, "
+                                          "or training data)",
+                      description="Compares each captured slot with every reference hidden state by mean cosine "
+                                  "similarity over the tokens, names the layer each slot matches and whether it is the "
+                                  "declared one. The reference is a transformers model's hidden states "
+                                  "(--reference, from dump-reference), or, without one, the server's own residual "
+                                  "stream in its dump (the doctor's requests; EAGLE3_CAPTURE_DUMP_STREAM=all names any "
+                                  "layer). With --training-data (SpecForge's .ckpt samples) it says, on the same token "
+                                  "ids, whether the server captures what training used, slot by slot, and which layer "
+                                  "each training slot was. A match is called ambiguous when the best layer does not "
+                                  "beat the next by more than two captures of one tap differ. Declared taps come from "
+                                  "--taps, --draft-config + --target-config, or the dump. Exit 1 when a slot is not "
+                                  "the declared tap (or the server does not capture what training used).")
+    s.add_argument("--reference", metavar="REF.safetensors", help="from doctor dump-reference (leave out to use the "
+                                                                   "server's own stream)")
     s.add_argument("--captured", required=True, metavar="CAP",
                    help="the plugin's capture dump (EAGLE3_CAPTURE_DUMP file or directory) or a safetensors capture")
+    s.add_argument("--training-data", metavar="DIR",
+                   help="SpecForge offline training data (rows_*/data_*.ckpt: input_ids, loss_mask, hidden_state, "
+                        "aux_hidden_state) to compare with what the server captures on the same token ids")
+    s.add_argument("--server", metavar="URL", help="with --training-data: send the samples' token ids to this server "
+                                                   "first (as the doctor's requests, whose stream the plugin dumps to "
+                                                   "--captured)")
+    _add_target_checkpoint(s)
+    s.add_argument("--samples", type=at.POSITIVE, default=None, help="training samples to use (default 8)")
+    s.add_argument("--max-tokens", type=at.POSITIVE, default=None,
+                   help="tokens of each sample to use (default 512: a full-stream dump is L+1 rows of H per token)")
+    s.add_argument("--timeout", type=at.finite_float(0.0, low_open=True), default=120.0,
+                   help="seconds to wait for the server's answers and dump (default 120)")
     s.add_argument("--draft-config", metavar="PATH", help="declared taps from this draft config")
     s.add_argument("--target-config", metavar="PATH", help="target config (with --draft-config)")
     s.add_argument("--taps", metavar="CONV:IDS", help="declared taps, e.g. draft_ids:-1,2,30 or layer_inputs:0,3,31")
@@ -228,20 +228,29 @@ def add_doctor_parser(sub) -> None:
                                   "loop, chain or tree, per prompt and in total: the figure to compare with a "
                                   "server's); and tau = 1 + sum_k prod_(i<=k) acc_i over every position (not a "
                                   "served figure).")
-    s.add_argument("--target", required=True, metavar="PATH|demo", help="transformers model directory, or 'demo'")
+    s.add_argument("--target", metavar="PATH|demo", help="transformers model directory, or 'demo' (or instead: "
+                                                          "--hidden-states)")
+    s.add_argument("--hidden-states", metavar="DUMP",
+                   help="instead of --target: a dump of the server's own residual stream for the doctor's "
+                        "teacher-forced requests (the EAGLE3_CAPTURE_DUMP directory of a `doctor online --dump` "
+                        "run); the continuation is each request's tokens after its prompt (the server's greedy "
+                        "output) and the target's greedy token after position t is the token at t+1")
     s.add_argument("--draft", required=True, metavar="PATH",
                    help="EAGLE-3 draft directory (config.json + *.safetensors, SpecForge / llama_eagle3 layout)")
+    _add_target_checkpoint(s)
     s.add_argument("--prompts", required=True, metavar="FILE", help="as for dump-reference")
     _add_server_args(s)
     s.add_argument("--taps", metavar="CONV:IDS",
                    help="feed these taps instead of the declared ones (predict a miswired server), e.g. "
                         "layer_inputs:3,31,59")
-    s.add_argument("--new-tokens", type=at.int_at_least(2), default=64,
-                   help="continuation tokens per prompt (default 64)")
+    s.add_argument("--new-tokens", type=at.int_at_least(2), default=None,
+                   help="continuation tokens per prompt (default 64 with --target; with --hidden-states, as many as "
+                        "the dumped requests hold)")
     s.add_argument("--steps", type=at.POSITIVE, default=None,
                    help="draft steps to measure (default: the chain length, >= 3; not fewer than the chain length)")
     s.add_argument("--batch-size", type=at.POSITIVE, default=8)
     _add_device_threads(s)
+    _add_dtype(s)
     _add_json(s, "write the report as JSON")
     s.add_argument("--tensors", metavar="OUT.safetensors", type=at.output_file,
                    help="write per-position results (correct [N, steps])")
@@ -254,14 +263,29 @@ def add_doctor_parser(sub) -> None:
                                   "ignore_eos, max_new_tokens N), or reads recorded responses, checks the outputs "
                                   "equal the target's greedy continuation, replays SGLang's speculative loop offline "
                                   "for the server's flags, and compares per prompt and in total: the served accept "
-                                  "length and the per-step acceptance. Exit 0 when they match, 1 on a mismatch "
-                                  "(with what it means), 2 on bad input or an unreachable server.")
+                                  "length and the per-step acceptance. The target side is --target (a transformers "
+                                  "model run here) or, without it, the server itself (--dump: its teacher-forced pass "
+                                  "and residual stream; only the draft is loaded here, and the served slots are "
+                                  "fingerprinted too). Exit 0 when they match, 1 on a mismatch (with what it means), "
+                                  "2 on bad input or an unreachable server.")
     s.add_argument("--server", required=True, metavar="URL|FILE.jsonl",
                    help="http://host:port of a running server, or a JSONL file of recorded responses "
                         "({\"input_ids\", \"output_ids\", \"meta_info\"} a line)")
     s.add_argument("--prompts", required=True, metavar="FILE", help="as for dump-reference")
-    s.add_argument("--target", required=True, metavar="PATH|demo", help="the served target (transformers directory)")
+    s.add_argument("--target", metavar="PATH|demo",
+                   help="the served target as a transformers directory, run here; leave it out to take the target "
+                        "side from the server itself (--dump)")
+    s.add_argument("--dump", metavar="DIR",
+                   help="without --target: the directory the server was started with in EAGLE3_CAPTURE_DUMP. The "
+                        "doctor sends each prompt + the server's continuation once more as one teacher-forced "
+                        "prefill (rid eagle3-doctor-..., with input logprobs for the target's greedy token at every "
+                        "position) and reads the plugin's dump of that forward: the residual stream at the layers the "
+                        "draft declares, which the prediction uses (never the slots the server fed its draft: those "
+                        "are fingerprinted). The doctor reads the files itself, so the server must write them where "
+                        "this machine sees them (a shared filesystem). With a recorded --server file: a dump of such "
+                        "a run")
     s.add_argument("--draft", required=True, metavar="PATH", help="the EAGLE-3 draft directory the server runs")
+    _add_target_checkpoint(s)
     _add_server_args(s, SERVER_ARGS_HELP + "; optional with a URL (the server's /server_info says), needed with a file")
     s.add_argument("--new-tokens", type=at.int_at_least(2), default=None,
                    help="max_new_tokens per request (needed with a URL; a file's completion tokens otherwise)")
@@ -274,6 +298,7 @@ def add_doctor_parser(sub) -> None:
     s.add_argument("--concurrency", type=at.POSITIVE, default=8, help="requests in flight at once (default 8)")
     s.add_argument("--batch-size", type=at.POSITIVE, default=8, help="prompts per offline batch")
     _add_device_threads(s)
+    _add_dtype(s)
     _add_json(s, "write the report as JSON")
     _add_no_progress(s)
     _add_seed(s, "seed of the demo target (with --target demo)")

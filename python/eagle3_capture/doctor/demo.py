@@ -23,7 +23,8 @@ from typing import Dict, List, Optional
 import torch
 
 from ..spec import EMBEDDING, TapSpec
-from .accept import Metrics, chain_correct, evaluate, metrics, served_walks
+from .accept import Metrics, chain_correct, metrics
+from .replay import evaluate, served_walks
 from .common import pick_device, torch_threads, write_json
 from .server_args import parse_server_args, resolve_speculative
 from .serving import total
@@ -78,6 +79,7 @@ def _run(out_dir: str, fast: bool, dev: str, seed: int, plot: bool, progress: bo
     from .fingerprint import save_captured
     from .reference_dump import reference_tensors, write_reference
     from .target_model import Target, build_demo_target, demo_target_config_dict, greedy_continue, residual_stream
+    from .target_transformers import TransformersTarget
     from .train import TrainConfig, init_draft_from_target, train_draft
 
     settings = _settings(fast)
@@ -194,8 +196,9 @@ def _run(out_dir: str, fast: bool, dev: str, seed: int, plot: bool, progress: bo
         "miswired": (m_mis.tau(resolved.steps), m_mis.tau(default.steps), m_mis.tau(steps)),
     }
     served = {}
+    side = TransformersTarget(target)
     for name, spec in (("correct", trained), ("miswired", miswired)):
-        served[name] = tuple(total(served_walks(evaluate(target, draft, eval_prompts, spec, r.steps, N, r, 256, dev,
+        served[name] = tuple(total(served_walks(evaluate(side, draft, eval_prompts, spec, r.steps, N, r, 256,
                                                          progress=False), N)) for r in (resolved, default))
     lap("served")
 

@@ -67,11 +67,13 @@ def arch_from_config(cfg: dict, label: str, num_aux: int, target_hidden: int, la
     )
 
 
-def load_draft(path: str, target_embed: Optional[torch.Tensor] = None,
-               target_lm_head: Optional[torch.Tensor] = None, device: str = "cpu") -> Eagle3Draft:
+def load_draft(path: str, target_embed=None, target_lm_head=None, device: str = "cpu",
+               dtype: Optional[torch.dtype] = None) -> Eagle3Draft:
     """Build the draft from a checkpoint directory (config.json + *.safetensors). The fc (and fc_norm) is read by
     :func:`eagle3_capture.weights.load_draft_fc`; a missing ``embed_tokens`` / ``lm_head`` is taken from the target,
-    as SGLang does. Raises DoctorError on anything it cannot use."""
+    as SGLang does (``target_embed`` / ``target_lm_head``: a tensor, or a function giving one, called only when the
+    checkpoint lacks it). The weights are read straight onto ``device`` and held in ``dtype`` (default float32), the
+    module built without a second copy. Raises DoctorError on anything it cannot use."""
     from safetensors import safe_open
 
     from .. import configs
@@ -105,11 +107,13 @@ def load_draft(path: str, target_embed: Optional[torch.Tensor] = None,
                           f"declares K={dc.K} taps of H={target_hidden} ({dc.K * target_hidden})")
     arch = arch_from_config(cfg, f"draft config {cfg_path}", dc.K, target_hidden, dc.layer_ids)
     arch.fc_bias = fc.bias is not None
-    model = Eagle3Draft(arch)
+    dtype = dtype or torch.float32
+    with torch.device("meta"):  # no memory until the checkpoint's tensors are assigned
+        model = Eagle3Draft(arch)
     state: Dict[str, torch.Tensor] = {}
     try:
         for f in files:
-            with safe_open(f, framework="pt") as h:
+            with safe_open(f, framework="pt", device=str(device)) as h:
                 for k in h.keys():
                     state[_module_name(k)] = h.get_tensor(k)
     except Exception as e:  # safetensors raises several types for a corrupt file
@@ -129,12 +133,13 @@ def load_draft(path: str, target_embed: Optional[torch.Tensor] = None,
             state[f"fc_norm.{k}.weight"] = fc.norm_weight[k]
     if "embed_tokens.weight" not in state:
         if target_embed is None:
-            raise DoctorError(f"draft checkpoint {path}: no embed_tokens.weight, and no target embedding given")
-        state["embed_tokens.weight"] = target_embed
+            raise DoctorError(f"draft checkpoint {path}: no embed_tokens.weight, and no target embedding given (SGLang "
+                              "shares the target's: give the target, or --target-checkpoint to read it alone)")
+        state["embed_tokens.weight"] = target_embed() if callable(target_embed) else target_embed
     if "lm_head.weight" not in state:
         if target_lm_head is None or arch.draft_vocab_size != arch.vocab_size:
             raise DoctorError(f"draft checkpoint {path}: no lm_head.weight (and the target's cannot stand in)")
-        state["lm_head.weight"] = target_lm_head
+        state["lm_head.weight"] = target_lm_head() if callable(target_lm_head) else target_lm_head
     if "d2t" not in state:
         state["d2t"] = torch.zeros(arch.draft_vocab_size, dtype=torch.int64)
     state = {k: v for k, v in state.items() if k != "t2d"}
@@ -147,7 +152,9 @@ def load_draft(path: str, target_embed: Optional[torch.Tensor] = None,
         if tuple(state[k].shape) != tuple(v.shape):
             raise DoctorError(f"draft checkpoint {path}: {k} has shape {tuple(state[k].shape)}, the config "
                               f"implies {tuple(v.shape)}")
-    model.load_state_dict({k: state[k].to(v.dtype) for k, v in own.items()})
+    model.load_state_dict({k: state[k].to(device=device, dtype=v.dtype if k == "d2t" else dtype)
+                           for k, v in own.items()}, assign=True)
+    del state
     model.notes = []
     scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters")
     if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type", "default")) not in ("default", None):

@@ -276,8 +276,23 @@ def load_captured(path: str) -> List[Captured]:
                                   f"{str(e).splitlines()[0] if str(e) else ''})") from None
             if not isinstance(d, dict):
                 raise DoctorError(f"captured {f}: expected the plugin's dump (a dict), got {type(d).__name__}")
-            out.append(_captured_from_dict(d, f))
+            if d.get("format") is not None and d.get("aux") is None:
+                continue  # a version-2 record of a forward that fed the draft nothing (an idle batch)
+            out.extend(_requests_of(_captured_from_dict(d, f)))
     return out
+
+
+def _requests_of(cap: Captured) -> List[Captured]:
+    """A forward's rows split into its requests' runs (positions count up by one within a request): a server batches
+    concurrent requests in any order, so only each request's rows are a run of some reference's tokens."""
+    if cap.positions is None or cap.input_ids is None or cap.positions.numel() < 2:
+        return [cap]
+    pos = cap.positions
+    cuts = [0] + (torch.nonzero(pos[1:] != pos[:-1] + 1).flatten() + 1).tolist() + [pos.numel()]
+    if len(cuts) == 2:
+        return [cap]
+    return [Captured(cap.aux[s:e], cap.input_ids[s:e], pos[s:e], cap.layers_to_capture, cap.draft_ids,
+                     cap.num_layers, cap.hidden_size, f"{cap.path}[rows {s}:{e}]") for s, e in zip(cuts, cuts[1:])]
 
 
 def save_captured(path: str, aux: torch.Tensor, input_ids: torch.Tensor, *, layers_to_capture=None,

@@ -3,8 +3,10 @@
 The prompts go to the server's native ``/generate`` as token ids (temperature 0, ``ignore_eos``,
 ``max_new_tokens`` N), or come from a JSONL file of recorded responses (``{"input_ids", "output_ids",
 "meta_info"}`` a line). Each response's ``meta_info`` gives ``completion_tokens``, ``spec_verify_ct`` and
-``spec_correct_drafts_histogram``. Offline, the target writes its greedy continuation of the same prompts and
-:mod:`.serving` replays SGLang's loop for the server's flags (``accept`` does the same). Then:
+``spec_correct_drafts_histogram``. Offline, the target side (a transformers model with ``--target``, or, without
+it, the server itself: its teacher-forced pass and residual-stream dump, :mod:`.target_server`) gives the greedy
+continuation of the same prompts and the draft's taps, and :mod:`.serving` replays SGLang's loop for the server's
+flags (``accept`` does the same; the run itself is :mod:`.online_run`). Then:
 
 1. the outputs must equal the target's greedy continuation, or the comparison means nothing (not lossless:
    sampling, another dtype, another target);
@@ -19,17 +21,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
-import torch
-
-from .common import DoctorError, jsonl_records, read_prompts, read_text, require_file, write_json
-from .serving import Served, step_acceptance, total
+from .common import DoctorError, jsonl_records, read_text, require_file
+from .serving import Served, total
 
 DUMP_HINT = "run the server with EAGLE3_CAPTURE_DUMP=<dir> and `eagle3-capture doctor fingerprint`"
 
@@ -192,9 +191,14 @@ class OnlineReport:
     ok: bool
     tau: float
     notes: List[str] = field(default_factory=list)
+    fingerprint: Optional[dict] = None          # the served slots against the server's stream (no --target)
+    fingerprint_lines: List[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
         s, k, d = self.flags
+        return {"fingerprint": self.fingerprint, **self._fields(s, k, d)}
+
+    def _fields(self, s, k, d) -> dict:
         return {
             "server": self.server, "target": self.target, "draft": self.draft, "taps": self.taps,
             "server_flags": {"num_steps": s, "eagle_topk": k, "num_draft_tokens": d}, "max_new_tokens": self.new_tokens,
@@ -266,91 +270,6 @@ def _flags_from(server_args: Optional[str], arch: Optional[str], from_server, re
     return flags
 
 
-def run_online(server: str, prompts_path: str, target_path: str, draft_path: str, server_args: Optional[str] = None,
-               new_tokens: Optional[int] = None, taps: Optional[str] = None, batch_size: int = 8,
-               device: str = "cpu", timeout: float = 600.0, concurrency: int = 8, tolerance: float = 0.02,
-               out_json: Optional[str] = None, progress: bool = True, seed: int = 0) -> OnlineReport:
-    from .accept import evaluate, load_pair, metrics, served_walks
-    from .server_args import SpecResolution
-
-    if not 0 <= tolerance < 1:
-        raise DoctorError(f"--tolerance {tolerance}: expected a share in [0, 1)")
-    if timeout <= 0:
-        raise DoctorError(f"--timeout {timeout}: expected a positive number of seconds")
-    if concurrency < 1:
-        raise DoctorError(f"--concurrency {concurrency}: expected at least 1")
-    if batch_size < 1:
-        raise DoctorError(f"--batch-size {batch_size}: expected at least 1")
-    if new_tokens is not None and new_tokens < 2:
-        raise DoctorError(f"--new-tokens {new_tokens}: need at least 2")
-    is_url = server.startswith(("http://", "https://"))
-    if not is_url and not os.path.exists(server):
-        raise DoctorError(f"--server {server!r}: neither an http(s):// URL nor an existing JSONL file of recorded "
-                          "responses")
-    target, draft, spec, declared, tcfg, notes = load_pair(target_path, draft_path, taps, device, seed, progress)
-    prompts = read_prompts(prompts_path, target.tokenizer, vocab_size=target.vocab_size)
-    if is_url:
-        if new_tokens is None:
-            raise DoctorError("--new-tokens is needed with a server URL (max_new_tokens of each request)")
-        if new_tokens < 2:
-            raise DoctorError(f"--new-tokens {new_tokens}: need at least 2")
-        from_server = server_flags(server, min(timeout, 30.0))
-        responses = fetch(server, prompts, new_tokens, timeout, concurrency, progress)
-    else:
-        from_server = None
-        recorded = read_recorded(server)
-        by_ids: Dict[Tuple[int, ...], Response] = {tuple(r.input_ids): r for r in recorded}
-        missing = [i for i, p in enumerate(prompts) if tuple(p) not in by_ids]
-        if missing:
-            raise DoctorError(f"--server {server}: no recorded response for prompt {missing[0]} of {prompts_path}"
-                              f" ({len(missing)} of {len(prompts)} missing)")
-        responses = [by_ids[tuple(p)] for p in prompts]
-        lengths = sorted({r.served.completion_tokens for r in responses})
-        if new_tokens is None:
-            if len(lengths) != 1:
-                raise DoctorError(f"--server {server}: the responses have {lengths} completion tokens; give "
-                                  "--new-tokens (the max_new_tokens they were served with)")
-            new_tokens = lengths[0]
-        if new_tokens < 2:
-            raise DoctorError(f"--new-tokens {new_tokens}: need at least 2")
-    short = [i for i, r in enumerate(responses) if r.served.completion_tokens != new_tokens]
-    if short:
-        r = responses[short[0]]
-        raise DoctorError(f"prompt {short[0]}: the server returned {r.served.completion_tokens} tokens, not "
-                          f"max_new_tokens {new_tokens} (context limit or an early stop); the replay needs full-length "
-                          "greedy responses with ignore_eos")
-    arch = tcfg.architectures[0] if tcfg.architectures else None
-    flags = _flags_from(server_args, arch, from_server, responses)
-    S, k, D = flags
-    res = SpecResolution(S, k, D, requested=flags)
-    runs = evaluate(target, draft, prompts, spec, S, new_tokens, res, batch_size, device, progress, desc="offline")
-    predicted = served_walks(runs, new_tokens)
-    lossless, first = [], None
-    for i, (run, resp) in enumerate(zip(runs, responses)):
-        want = run.seq[len(run.prompt): len(run.prompt) + new_tokens].tolist()
-        same = want == resp.output_ids
-        lossless.append(same)
-        if not same and first is None:
-            pos = next((j for j, (a, b) in enumerate(zip(want, resp.output_ids)) if a != b),
-                       min(len(want), len(resp.output_ids)))
-            first = (i, pos)
-    on_tot, pr_tot = total([r.served for r in responses]), total(predicted)
-    m = metrics(torch.cat([r.correct for r in runs], 0))
-    on_steps, pr_steps = step_acceptance(on_tot.histogram, S), step_acceptance(pr_tot.histogram, S)
-    rows = [StepRow(j + 1, on_steps[j], pr_steps[j], m.conditional[j] if k == 1 else float("nan"))
-            for j in range(S)]
-    ok, verdict = verdict_of(lossless, first, rows, on_tot, pr_tot, tolerance)
-    if k > 1:
-        notes.append("eagle-topk > 1: the per-step shares are of the tree's accepted depth; 'all positions' is "
-                     "given for chains only")
-    rep = OnlineReport(server, target.source, draft_path, [repr(t) for t in spec.taps], flags, new_tokens,
-                       [r.served for r in responses], predicted, lossless, first, rows, tolerance, verdict, ok,
-                       m.tau(S), notes)
-    if out_json:
-        write_json(out_json, rep.to_json())
-    return rep
-
-
 def render(rep: OnlineReport) -> str:
     from .accept import SERVED_MEANS
 
@@ -372,6 +291,8 @@ def render(rep: OnlineReport) -> str:
     for r in rep.steps:
         lines.append(f"{r.step:>4}  {_fmt(r.online):>6}  {_fmt(r.offline):>23}  {_fmt(r.offline_all):>23}")
     lines += ["", f"  {SERVED_MEANS}", f"  tau over every position (not a served figure): {rep.tau:.3f}"]
+    if rep.fingerprint_lines:
+        lines += [""] + rep.fingerprint_lines
     lines += [f"note: {n}" for n in rep.notes]
     lines += ["", f"verdict: {rep.verdict}"]
     return "\n".join(lines)
@@ -382,4 +303,4 @@ def _fmt(v: float) -> str:
 
 
 __all__ = ["Response", "parse_response", "read_recorded", "fetch", "server_flags", "OnlineReport", "StepRow",
-           "verdict_of", "run_online", "render"]
+           "verdict_of", "render"]

@@ -182,13 +182,23 @@ def tree_accepted(draft, stack: torch.Tensor, seq: torch.Tensor, greedy: torch.T
     """topk > 1: accepted draft tokens [B, A] of SGLang's tree at anchors first_anchor..T-1-steps.
 
     stack: [B, T, L+1, H] residual-stream taps; seq: [B, T] tokens; greedy: [B, T] target argmax tokens."""
+    _check_tree(int(steps), topk, draft_tokens)
+    B, T = seq.shape
+    return tree_accepted_taps(draft, stack[:, :, list(tap_idx)].reshape(B, T, -1), seq, greedy, steps, topk,
+                              draft_tokens, first_anchor, use_op)
+
+
+@torch.no_grad()
+def tree_accepted_taps(draft, taps: torch.Tensor, seq: torch.Tensor, greedy: torch.Tensor, steps: int, topk: int,
+                       draft_tokens: int, first_anchor: int, use_op: bool = True) -> torch.Tensor:
+    """:func:`tree_accepted` from the packed taps [B, T, K*H] at every position."""
     S = int(steps)
     n_cand = _check_tree(S, topk, draft_tokens)
     B, T = seq.shape
     if T - S - first_anchor <= 0:
         return torch.zeros(B, 0, dtype=torch.int64)
     Tp = T - S
-    taps = stack[:, :Tp, list(tap_idx)].reshape(B, Tp, -1).to(next(draft.parameters()).dtype)
+    taps = taps[:, :Tp].to(next(draft.parameters()).dtype)
     tree = tree_candidates(draft, taps, seq, S, topk, draft_tokens, use_op)
     want = torch.stack([greedy[:, d: d + Tp] for d in range(1, S + 1)], -1)      # [B, Tp, S]: depth d's token
     matched = torch.zeros_like(tree.selected)
@@ -204,4 +214,4 @@ def tree_accepted(draft, stack: torch.Tensor, seq: torch.Tensor, greedy: torch.T
 
 
 __all__ = ["Served", "add_histograms", "total", "walk", "step_acceptance", "chain_accepted", "TreeCandidates",
-           "tree_candidates", "tree_accepted"]
+           "tree_candidates", "tree_accepted", "tree_accepted_taps"]
