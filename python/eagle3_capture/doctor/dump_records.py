@@ -22,12 +22,12 @@ from typing import Any, Dict, Iterable, List, Optional
 
 import torch
 
+from .. import dump_format as _dump_format
 from .common import DoctorError, require_file, shown
 
-# The writer's module (eagle3_capture/dump_format.py, from the plugin's side) owns these; this is the reader's copy
-# until both sides meet in one tree.
-DUMP_FORMAT = "eagle3-capture-dump/2"
-DOCTOR_RID_PREFIX = "eagle3-doctor-"
+# The writer's module owns the format constant and the doctor's rid prefix; version-1 files have no `tp` part.
+DUMP_FORMAT = _dump_format.FORMAT
+DOCTOR_RID_PREFIX = _dump_format.DOCTOR_RID_PREFIX
 FILE_PATTERN = re.compile(r"^eagle3_capture_pid\d+_(?:tp\d+_)?\d+\.pt$")
 # forwards whose rows are the request's own tokens (a verify's rows are draft tokens, a decode's one new token)
 PREFILL_MODES = ("EXTEND", "MIXED", "PREFILL", "SPLIT_PREFILL")
