@@ -33,9 +33,10 @@ def setup_process(world_size: int = 1, rank: int = 0, port: Optional[int] = None
     global _SETUP_DONE
     if _SETUP_DONE:
         return
-    from e3_sglang_cpu import stub_vllm  # the test-only CPU stand-ins (tests/sglang_cpu_plugin)
+    if not torch.cuda.is_available():  # SGLang's rotary embedding imports vllm only where there is no GPU
+        from e3_sglang_cpu import stub_vllm  # the test-only CPU stand-ins (tests/sglang_cpu_plugin)
 
-    stub_vllm()
+        stub_vllm()
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ["MASTER_PORT"] = str(port if port is not None else free_port())
     from sglang.srt import runtime_context
@@ -120,8 +121,9 @@ def build_hf(cfg, seed: int = 0):
     return model
 
 
-def build_sglang(cfg, hf_model):
-    """SGLang's own DeepseekV3ForCausalLM for `cfg`, loaded from the HF model's state dict via its load_weights."""
+def build_sglang(cfg, hf_model, device: str = "cpu"):
+    """SGLang's own DeepseekV3ForCausalLM for `cfg`, loaded from the HF model's state dict via its load_weights
+    (built on `device`, as SGLang's loader builds a model: parameters created there, weights copied in)."""
     from sglang.srt.models.deepseek_v2 import DeepseekV3ForCausalLM
 
     from sglang.srt.layers.moe.utils import resolve_shared_experts_config
@@ -132,7 +134,7 @@ def build_sglang(cfg, hf_model):
     # as SGLang's loader builds a model (model_loader/loader.py: _initialize_model): the shared-experts layout
     # resolved first, kept on the model (the model runner's forward reads it)
     shared = resolve_shared_experts_config(DeepseekV3ForCausalLM, cfg, None)
-    with _default_dtype(torch.float32), get_model().override(shared_experts=shared):
+    with _default_dtype(torch.float32), torch.device(device), get_model().override(shared_experts=shared):
         model = DeepseekV3ForCausalLM(cfg).eval()
     model.shared_experts_config = shared
     model.load_weights(list(hf_model.state_dict().items()))
@@ -148,11 +150,12 @@ class SglangRunner:
     """SGLang's KV pools and torch_native attention backend for one sequence (the attention test kit's mock model
     runner: MLA for DeepseekV2-family models, MHA for Llama-family drafts); runs extend, then decode steps."""
 
-    def __init__(self, cfg, max_context_len: int = 64, attention: str = "mla"):
+    def __init__(self, cfg, max_context_len: int = 64, attention: str = "mla", device: str = "cpu"):
         setup_process()
         from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
         self.cfg = cfg
+        self.device = device
         self.attention = attention
         self.max_context_len = max_context_len
         self.seq_len = 0
@@ -165,13 +168,13 @@ class SglangRunner:
                                         qk_rope_head_dim=cfg.qk_rope_head_dim, hidden_size=cfg.hidden_size,
                                         context_len=max_context_len)
             self.runner = kit.MockMLAModelRunner(case=self._case(ForwardMode.EXTEND, 1), model_config=mc,
-                                                 dtype=torch.float32, device="cpu", max_context_len=max_context_len,
+                                                 dtype=torch.float32, device=device, max_context_len=max_context_len,
                                                  kv_lora_rank=cfg.kv_lora_rank,
                                                  qk_rope_head_dim=cfg.qk_rope_head_dim)
             # The kit's pool has one layer; the model has num_hidden_layers.
             self.runner.token_to_kv_pool = MLATokenToKVPool(
                 size=max_context_len + 2, page_size=1, dtype=torch.float32, kv_lora_rank=cfg.kv_lora_rank,
-                qk_rope_head_dim=cfg.qk_rope_head_dim, layer_num=cfg.num_hidden_layers, device="cpu",
+                qk_rope_head_dim=cfg.qk_rope_head_dim, layer_num=cfg.num_hidden_layers, device=device,
                 enable_memory_saver=False)
         elif attention == "mha":
             from sglang.test.kits.attention_unittest.attention_methods import dense_attention as kit
@@ -182,7 +185,7 @@ class SglangRunner:
             mc = kit.TinyModelConfig(num_heads=cfg.num_attention_heads, num_kv_heads=cfg.num_key_value_heads,
                                      head_dim=head_dim, hidden_size=cfg.hidden_size, context_len=max_context_len)
             self.runner = kit.MockModelRunner(case=self._case(ForwardMode.EXTEND, 1), model_config=mc,
-                                              dtype=torch.float32, device="cpu", max_context_len=max_context_len,
+                                              dtype=torch.float32, device=device, max_context_len=max_context_len,
                                               head_dim=head_dim)
         else:
             raise ValueError(f"attention must be 'mla' or 'mha', got {attention!r}")
@@ -211,8 +214,9 @@ class SglangRunner:
         if mode is None:
             mode = ForwardMode.EXTEND if self.seq_len == 0 else ForwardMode.DECODE
         case = self._case(mode, int(input_ids.numel()))
-        fb = self.kit._make_forward_batch(case, self.runner, max_context_len=self.max_context_len, device="cpu")
-        fb.input_ids = input_ids.to(torch.int64)
+        fb = self.kit._make_forward_batch(case, self.runner, max_context_len=self.max_context_len,
+                                          device=self.device)
+        fb.input_ids = input_ids.to(device=self.device, dtype=torch.int64)
         fb.capture_hidden_mode = CaptureHiddenMode.FULL
         return fb
 
@@ -248,24 +252,25 @@ class ServedRunner:
     ``graph_runner``: an object standing where SGLang keeps its decode CUDA-graph runner (e.g. a
     ``DecodeCudaGraphRunner`` made with ``__new__``), whose ``can_run_graph`` the model runner then asks."""
 
-    def __init__(self, model, cfg, *, rid: str = "req-0", graph_runner=None, is_draft_worker: bool = False):
+    def __init__(self, model, cfg, *, rid: str = "req-0", graph_runner=None, is_draft_worker: bool = False,
+                 device: str = "cpu"):
         from sglang.srt.model_executor.cuda_graph_buffer_registry import build_eager_registry
         from sglang.srt.model_executor.model_runner import ModelRunner
         from sglang.srt.model_executor.runner.base_runner import BaseRunner
         from sglang.srt.model_executor.runner.eager_runner import EagerRunner
 
-        self.seq = SglangRunner(cfg)
+        self.seq = SglangRunner(cfg, device=device)
         self.model, self.cfg, self.rid = model, cfg, rid
         mr = ModelRunner.__new__(ModelRunner)
         mr.__dict__.update(
             forward_pass_id=0, msprobe_debugger=None, is_draft_worker=is_draft_worker, canary_manager=None,
-            model=model, device="cpu", attn_backend=self.seq.backend, decode_cuda_graph_runner=graph_runner,
+            model=model, device=device, attn_backend=self.seq.backend, decode_cuda_graph_runner=graph_runner,
             prefill_cuda_graph_runner=None, hisparse_coordinator=None, lora_manager=None, enable_elastic_ep=False,
             eplb_manager=None, req_to_token_pool=self.seq.runner.req_to_token_pool, pp_group=model.pp_group,
             support_pp=False, is_generation=True, device_timer=None, _kernel_warmed_up=True)
         er = EagerRunner.__new__(EagerRunner)
         BaseRunner.__init__(er, mr)
-        er._eager_registry = build_eager_registry(device=torch.device("cpu"), max_bs=4, max_num_token=128,
+        er._eager_registry = build_eager_registry(device=torch.device(device), max_bs=4, max_num_token=128,
                                                   cache_loc_dtype=torch.int64, encoder_lens_dtype=torch.int64)
         mr.eager_runner = er
         if graph_runner is not None:
@@ -315,7 +320,8 @@ def _fill(model, seed: int) -> None:
                 p.copy_(0.05 * torch.randn(p.shape, generator=g))
 
 
-def build_mla_draft(fc_norm: bool = True, seed: int = 5, dtype=torch.float32, fill: bool = True):
+def build_mla_draft(fc_norm: bool = True, seed: int = 5, dtype=torch.float32, fill: bool = True,
+                    device: str = "cpu"):
     """SGLang's kimi_k25_eagle3.Eagle3DeepseekV2ForCausalLM: fc_norm ModuleList + ColumnParallelLinear fc."""
     from sglang.srt.models.kimi_k25_eagle3 import Eagle3DeepseekV2ForCausalLM
 
@@ -325,15 +331,16 @@ def build_mla_draft(fc_norm: bool = True, seed: int = 5, dtype=torch.float32, fi
     cfg.target_hidden_size = cfg.hidden_size
     cfg.eagle_config = {"eagle_aux_hidden_state_layer_ids": list(DRAFT_IDS)}
     cfg.draft_vocab_size = cfg.vocab_size
-    with _default_dtype(dtype):  # as SGLang's loader builds a model (a later .to() would convert shared RoPE caches)
-        model = Eagle3DeepseekV2ForCausalLM(cfg).eval()
+    with _default_dtype(dtype), torch.device(device):  # as SGLang's loader builds a model (a later .to() would
+        model = Eagle3DeepseekV2ForCausalLM(cfg).eval()    # convert shared RoPE caches)
     if fill:
         _fill(model, seed)
         model.post_load_weights()
     return cfg, model
 
 
-def build_llama_draft(fc_norm: bool = False, norm_before_fc: bool = False, seed: int = 6, dtype=torch.float32):
+def build_llama_draft(fc_norm: bool = False, norm_before_fc: bool = False, seed: int = 6, dtype=torch.float32,
+                      device: str = "cpu"):
     """SGLang's llama_eagle3.LlamaForCausalLMEagle3: nn.Linear fc, optional fc_norm and input_norm."""
     from transformers import LlamaConfig
 
@@ -348,7 +355,7 @@ def build_llama_draft(fc_norm: bool = False, norm_before_fc: bool = False, seed:
     cfg.target_hidden_size = cfg.hidden_size
     cfg.draft_vocab_size = cfg.vocab_size
     cfg.eagle_config = {"eagle_aux_hidden_state_layer_ids": list(DRAFT_IDS), "norm_before_fc": norm_before_fc}
-    with _default_dtype(dtype):
+    with _default_dtype(dtype), torch.device(device):
         model = LlamaForCausalLMEagle3(cfg).eval()
     _fill(model, seed)
     return cfg, model
@@ -362,13 +369,13 @@ def target_features(T: int, H: int, K: int, seed: int = 7, dtype=torch.float32) 
     return torch.cat(taps, dim=1).to(dtype)
 
 
-def run_draft(model, cfg, features: torch.Tensor, attention: str, forward=None, prompt=PROMPT):
+def run_draft(model, cfg, features: torch.Tensor, attention: str, forward=None, prompt=PROMPT, device: str = "cpu"):
     """One draft extend of SGLang's draft model over `prompt`, with `features` as spec_info.hidden_states.
     `forward(model.model, input_ids, positions, fb)` replaces the model's forward (e.g. the unhooked original).
     Returns (output of model.model, the spec_info after the call)."""
     from sglang.srt.speculative.eagle_info import EagleDraftInput
 
-    r = SglangRunner(cfg, attention=attention)
+    r = SglangRunner(cfg, attention=attention, device=device)
     fb = r.batch(torch.tensor(prompt))
     fb.spec_info = EagleDraftInput(hidden_states=features)
     fwd = forward or (lambda m, *a: m(*a))

@@ -242,3 +242,101 @@ def test_gather_hooks_target_sglangs_draft_extend():
         obj_path, attr = path.rsplit(".", 1)
         assert callable(getattr(pkgutil.resolve_name(obj_path), attr)), path
         assert hook is draft.gather_poll_hook
+
+
+def test_the_fc_hook_reads_the_build_info_once(harness, draft_hooks_on, monkeypatch):
+    """The extension's build info (a JSON parse and device queries) does not change in a process: the fc hook, which
+    runs at every draft extend, reads it once, not at every call."""
+    from eagle3_capture import native
+
+    calls = []
+    real = native.build_info
+    monkeypatch.setattr(native, "build_info", lambda: calls.append(1) or real())
+    monkeypatch.setattr(draft_hooks_on, "_backend_list", None, raising=False)  # (read anew here)
+    cfg, model = harness.build_llama_draft(fc_norm=True)
+    x = harness.target_features(3, cfg.hidden_size, 4)
+    with torch.no_grad():
+        outs = [draft_hooks_on._llama_fc(model.model, x) for _ in range(3)]
+    assert all(o is not None for o in outs) and len(calls) == 1, calls
+
+
+def _fc_forms(harness):
+    """(name, draft model, hook compute) for each form the hooks call the op in."""
+    from eagle3_capture.sglang import draft
+
+    forms = []
+    for name, kind, kw in (("mla fc_norm", "mla", dict(fc_norm=True)), ("llama plain", "mha", {}),
+                           ("llama input_norm", "mha", dict(norm_before_fc=True)),
+                           ("llama fc_norm + input_norm", "mha", dict(fc_norm=True, norm_before_fc=True))):
+        _, model = _build(harness, kind, kw, torch.float32)
+        model.requires_grad_(False)  # as SGLang's weights (the inference-only check is tested on its own)
+        forms.append((name, model.model, draft._mla_fc if kind == "mla" else draft._llama_fc))
+    return forms
+
+
+def test_the_fc_hook_calls_the_op_as_the_api_does_bit_for_bit(harness, draft_hooks_on):
+    """With grad mode off (SGLang's forwards) the hook calls torch.ops.eagle3_capture.draft_fc itself; with it on, it
+    goes through ops.draft_fc and its inference-only check. Same bits either way, in every form."""
+    x = harness.target_features(5, 64, 4)
+    for name, inner, fc in _fc_forms(harness):
+        with torch.no_grad():
+            fast = fc(inner, x)
+        slow = fc(inner, x)  # grad mode on: ops.draft_fc
+        assert fast is not None and torch.equal(fast, slow), name
+    _, inner, fc = _fc_forms(harness)[1]
+    inner.fc.weight.requires_grad_(True)
+    with pytest.raises(RuntimeError, match="inference-only"):
+        fc(inner, x)
+
+
+def test_the_fc_plan_follows_module_changes(harness, draft_hooks_on):
+    """What the op can take is decided once per set of modules and decided again when one changes: an fc_norm eps,
+    a norm module, the fc module, K."""
+    from sglang.srt.layers.layernorm import RMSNorm
+
+    cfg, model = harness.build_mla_draft(fc_norm=True)
+    inner = model.model
+    x = harness.target_features(3, cfg.hidden_size, 4)
+    fc = draft_hooks_on._mla_fc
+    with torch.no_grad():
+        assert fc(inner, x) is not None
+        inner.fc_norm[1].variance_epsilon = 1e-3
+        assert fc(inner, x) is None  # eps differ across taps
+        inner.fc_norm[1].variance_epsilon = inner.fc_norm[0].variance_epsilon
+        assert fc(inner, x) is not None
+        old = inner.fc_norm[2]
+        inner.fc_norm[2] = RMSNorm(cfg.hidden_size, eps=old.variance_epsilon, cast_x_before_out_mul=True)
+        assert fc(inner, x) is None
+        inner.fc_norm[2] = torch.nn.LayerNorm(cfg.hidden_size)  # not an RMSNorm, no variance_epsilon
+        assert fc(inner, x) is None
+        inner.fc_norm[2] = old
+        assert fc(inner, x) is not None
+        inner.num_aux_hidden_states = 2  # 4 fc_norm modules for 2 taps
+        assert fc(inner, x) is None
+        inner.num_aux_hidden_states = 4
+        old_fc = inner.fc
+        quantized = torch.nn.Linear(4 * cfg.hidden_size, cfg.hidden_size)
+        quantized.quant_method = type("Fp8LinearMethod", (), {})()
+        inner.fc = quantized
+        assert fc(inner, x) is None
+        inner.fc = old_fc
+        assert fc(inner, x) is not None
+
+
+def test_a_norm_weight_replaced_by_a_new_tensor_reaches_the_fused_fc(harness, draft_hooks_on):
+    """A fc_norm weight replaced by another parameter (not loaded in place) after the first call: its values are
+    copied into its row of the stack the op reads (the same stack: graphs hold its pointer) and used."""
+    cfg, model = harness.build_llama_draft(fc_norm=True)
+    inner = model.model
+    K, H = 4, cfg.hidden_size
+    x = harness.target_features(3, H, K)
+    with torch.no_grad():
+        before = draft_hooks_on._llama_fc(inner, x)
+        stack = inner.__dict__[draft_hooks_on._CACHE_ATTR]
+        inner.fc_norm[2].weight = torch.nn.Parameter(inner.fc_norm[2].weight.detach() * 3.0)
+        got = draft_hooks_on._llama_fc(inner, x)
+        assert inner.__dict__[draft_hooks_on._CACHE_ATTR] is stack
+        want = draft_hooks_on.fused_fc(x, inner.fc.weight, torch.stack([n.weight.detach() for n in inner.fc_norm]),
+                                       inner.fc_norm[0].variance_epsilon, inner.fc.bias)
+    assert torch.equal(got, want) and not torch.equal(got, before)
+    assert all(n.weight.data_ptr() == stack[k].data_ptr() for k, n in enumerate(inner.fc_norm))

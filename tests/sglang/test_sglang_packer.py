@@ -119,3 +119,29 @@ def test_packer_mixed_dtype_capture_converts_like_sglang(sglang_plugin):
     p.extend(hiddens)
     got = p.finalize()
     assert got.dtype == torch.bfloat16 and torch.equal(got, want)
+
+
+def test_with_grad_mode_off_the_hook_calls_the_op_and_with_it_on_the_api(sglang_plugin, monkeypatch):
+    """K captures per target forward: with grad mode off (SGLang's forwards) the hook calls
+    torch.ops.eagle3_capture.capture_ itself, not the Python API over it; with grad mode on it goes through
+    ops.capture_, whose inference-only check still refuses a tensor that requires grad."""
+    from eagle3_capture import ops
+    from sglang.srt.layers.aux_hidden_states import AuxHiddenStatePacker
+
+    api = []
+    real = ops.capture_
+    monkeypatch.setattr(ops, "capture_", lambda *a: api.append(1) or real(*a))
+    hiddens = _captures(4, torch.float32, seed=5)
+    want = _stock_pack(AuxHiddenStatePacker, hiddens)
+    for grad in (False, True):
+        api.clear()
+        p = AuxHiddenStatePacker(K)
+        counter = OpCounter()
+        with torch.set_grad_enabled(grad), counter:
+            p.extend(hiddens)
+        assert torch.equal(p.finalize(), want)
+        assert counter.counts["eagle3_capture.capture_.default"] == K, counter.counts
+        assert len(api) == (K if grad else 0), (grad, api)
+    p = AuxHiddenStatePacker(K)
+    with pytest.raises(RuntimeError, match="inference-only"):
+        p.capture(torch.randn(4, H, requires_grad=True))

@@ -340,3 +340,26 @@ def test_a_graph_replays_padded_rows_are_not_dumped(harness, target, plugin_env,
     assert served.runner_forward_hook(lambda self, b: replay, r.mr, fb) is replay
     (rec,) = _records(tmp_path)
     assert rec["graph"] is True and torch.equal(rec["aux"], aux) and rec["input_ids"].tolist() == harness.PROMPT
+
+
+def test_past_the_served_budget_only_doctor_forwards_read_the_batch(harness, target, plugin_env, tmp_path,
+                                                                    monkeypatch):
+    """Once the served budget is spent, a forward without a doctor request can get no record and no stream: the hook
+    reads its request ids and calls SGLang, without reading the batch's rows (an O(batch) walk at every served
+    forward otherwise); a doctor forward is still dumped whole, with its stream."""
+    from eagle3_capture.sglang import served
+
+    model, cfg = target["model"], target["cfg"]
+    plugin_env(EAGLE3_CAPTURE_DUMP=tmp_path, EAGLE3_CAPTURE_DUMP_MAX=1)
+    r = harness.ServedRunner(model, cfg, rid="a")
+    r.forward(harness.PROMPT)  # the one served record
+    r.forward([harness.DECODE_TOKEN])  # finds the budget spent
+    read = []
+    real = served.batch_rows
+    monkeypatch.setattr(served, "batch_rows", lambda fb: read.append(fb.rids) or real(fb))
+    r.forward([harness.DECODE_TOKEN])
+    assert read == []
+    harness.ServedRunner(model, cfg, rid="eagle3-doctor-late").forward(harness.PROMPT)
+    assert read == [["eagle3-doctor-late"]]
+    recs = [(x["requests"][0]["rid"], x["forward_mode"], x["stream"] is not None) for x in _records(tmp_path)]
+    assert recs == [("a", "EXTEND", False), ("eagle3-doctor-late", "EXTEND", True)], recs

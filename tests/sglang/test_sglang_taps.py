@@ -196,3 +196,16 @@ def test_startup_log_line(harness, sglang_plugin, no_declaration, caplog):
                  "layers_to_capture [0, 3, 31, 61 (final boundary, before the final norm)]",
                  "taps=on", "final_boundary=on", "capture=on", "EAGLE3_CAPTURE_DISABLE"):
         assert part in line, (part, line)
+
+
+def test_whether_a_spec_declares_the_final_boundary_is_asked_of_that_spec(sglang_plugin):
+    """The model forward hook asks at every forward whether the model's spec declares the final boundary; the answer
+    it keeps for the last spec asked about follows the spec (models with and without it, in any order)."""
+    from eagle3_capture.sglang import target
+    from eagle3_capture.spec import TapSpec
+
+    final = TapSpec.from_draft_ids([-1, 1, 5], 6, 64)
+    inner = TapSpec.from_draft_ids([-1, 1, 3], 6, 64)
+    for spec, want in ((final, True), (inner, False), (None, False), (final, True), (final, True), (inner, False),
+                       (TapSpec.from_draft_ids([-1, 1, 5], 6, 64), True)):
+        assert target._declares_final(spec) is want, spec

@@ -31,16 +31,18 @@ PACKER_APPEND_PATH = "sglang.srt.layers.aux_hidden_states.AuxHiddenStatePacker.a
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _ops = None
 _backends: Optional[frozenset] = None
+_capture_op = None  # torch.ops.eagle3_capture.capture_.default, once the extension is loaded
 _fallback_logged = set()
 
 
 def load_ops():
     """Import the capture ops (the compiled extension); raises ImportError with the build hint if missing."""
-    global _ops, _backends
+    global _ops, _backends, _capture_op
     if _ops is None:
         from .. import native, ops
 
         _backends = frozenset(native.build_info()["backends"])
+        _capture_op = torch.ops.eagle3_capture.capture_.default
         _ops = ops
     return _ops
 
@@ -66,16 +68,27 @@ def write_slot(dst, hidden) -> None:
 
 
 def packer_append_hook(original, self, hidden):
-    """AROUND ``AuxHiddenStatePacker.append``: the write goes through ``eagle3_capture::capture_``."""
-    load_ops()
-    why = _why_not(hidden)
-    if why is None:
+    """AROUND ``AuxHiddenStatePacker.append``: the write goes through ``eagle3_capture::capture_``.
+
+    It runs K times in every target forward, so the common case is one expression and one op call: the checks of
+    :func:`_why_not` inline, and with grad mode off (SGLang's forwards) the op itself, whose native checks are the
+    ones ``ops.capture_`` reaches too; with grad mode on, ``ops.capture_`` (its inference-only check)."""
+    op = _capture_op
+    if op is None:
+        load_ops()
+        op = _capture_op
+    if (isinstance(hidden, torch.Tensor) and hidden.dim() == 2 and hidden.dtype in _DTYPES
+            and (hidden.stride(1) == 1 or hidden.shape[1] == 0) and hidden.device.type in _backends):
         dst = self.slot(hidden)  # SGLang's bookkeeping: allocation / buffer checks / next slot
-        if dst.dim() == 2 and dst.dtype == hidden.dtype and (dst.shape[1] == 0 or dst.stride(1) == 1):
-            write_slot(dst, hidden)
+        if dst.dim() == 2 and dst.dtype == hidden.dtype and (dst.stride(1) == 1 or dst.shape[1] == 0):
+            if torch.is_grad_enabled():
+                _ops.capture_(dst, 0, hidden)
+            else:
+                op(dst, 0, hidden)
             return None
         dst.copy_(hidden)  # e.g. an fp32 residual into a bf16 buffer: SGLang's converting copy
         return None
+    why = _why_not(hidden)
     if why not in _fallback_logged:
         _fallback_logged.add(why)
         logger.warning("eagle3_capture: a capture of %s goes through SGLang's copy_ (capture_ takes 2-D "

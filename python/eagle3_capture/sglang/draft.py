@@ -29,6 +29,12 @@ turns a gather timeout into a GatherTimeout in SGLang's loop.
 CUDA graphs bake in pointers: the fc weight, bias and input_norm weight are the parameters themselves, and the
 fc_norm stack the op needs is made the storage of the fc_norm parameters (``_norm_stack``), so an in-place weight
 update of the draft (RL weight sync) reaches every replay.
+
+The fc hook runs at every draft extend, so its per-call work is kept small: whether the op can take the draft's
+modules is decided once per set of modules (``_FcPlan``, rebuilt when a module, K or an eps changes; the flags SGLang
+sets when it builds a module -- RMSNorm's has_weight, var_hidden_size and dtype casts, the fc's quant method -- are
+read then), the hidden states and weights are checked at every call, and with grad mode off the op is called
+directly. (Over 400 lines: the two draft models' hooks share these checks, the plan, the norm stack and the gather.)
 """
 from __future__ import annotations
 
@@ -45,17 +51,27 @@ LLAMA_DRAFT_FORWARD_PATH = "sglang.srt.models.llama_eagle3.LlamaModel.forward"
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _fallback_logged = set()
 _CACHE_ATTR = "_eagle3_capture_fc_norm_stack"
+_ROWS_ATTR = "_eagle3_capture_fc_norm_rows"  # (the stack, its rows' data pointers, a row's shape)
+_PLAN_ATTR = "_eagle3_capture_fc_plan"
+_modules = {}  # lazily imported modules: "ops", "tp", "RMSNorm"
+_draft_fc_op = None  # torch.ops.eagle3_capture.draft_fc.default, once the extension is loaded
 
 
 def _ops():
-    from .. import ops
+    ops = _modules.get("ops")
+    if ops is None:
+        from .. import ops
 
+        _modules["ops"] = ops
     return ops
 
 
 def _tp():
-    from .. import tp
+    tp = _modules.get("tp")
+    if tp is None:
+        from .. import tp
 
+        _modules["tp"] = tp
     return tp
 
 
@@ -76,10 +92,17 @@ def unavailable() -> Optional[str]:
     return problem
 
 
-def _backends():
-    from .. import native
+_backend_list = None
 
-    return native.build_info()["backends"]
+
+def _backends():
+    """The device types the extension was built for (read once: a process's build does not change)."""
+    global _backend_list
+    if _backend_list is None:
+        from .. import native
+
+        _backend_list = list(native.build_info()["backends"])
+    return _backend_list
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -87,8 +110,11 @@ def _backends():
 # ----------------------------------------------------------------------------------------------------------------
 
 def _rmsnorm_problem(norm) -> Optional[str]:
-    from sglang.srt.layers.layernorm import RMSNorm
+    RMSNorm = _modules.get("RMSNorm")
+    if RMSNorm is None:
+        from sglang.srt.layers.layernorm import RMSNorm
 
+        _modules["RMSNorm"] = RMSNorm
     if not isinstance(norm, RMSNorm):
         return f"a {type(norm).__name__}, not SGLang's RMSNorm"
     if not getattr(norm, "has_weight", True):
@@ -113,10 +139,13 @@ def _norms_problem(norms) -> Optional[str]:
     return None
 
 
-def _linear_problem(fc) -> Optional[str]:
-    weight = getattr(fc, "weight", None)
+def _weight_problem(weight) -> Optional[str]:
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
         return "an fc without a 2-D weight"
+    return None
+
+
+def _quant_problem(fc) -> Optional[str]:
     qm = getattr(fc, "quant_method", None)
     if qm is not None and type(qm).__name__ != "UnquantizedLinearMethod":
         return f"a quantized fc ({type(qm).__name__})"
@@ -154,7 +183,11 @@ def _norm_stack(model, norms, dtype) -> torch.Tensor:
     weights = [n.weight for n in norms]
     stack = model.__dict__.get(_CACHE_ATTR)
     if stack is not None and stack.dtype == dtype and stack.shape[0] == len(weights):
-        if all(w.data_ptr() == stack[k].data_ptr() and w.shape == stack[k].shape for k, w in enumerate(weights)):
+        rows = model.__dict__.get(_ROWS_ATTR)
+        if rows is None or rows[0] is not stack:
+            rows = model.__dict__[_ROWS_ATTR] = _rows_of(stack)
+        _, ptrs, row_shape = rows  # stack[k].data_ptr() and .shape, without making K views per call
+        if all(w.data_ptr() == ptrs[k] and w.shape == row_shape for k, w in enumerate(weights)):
             return stack
     aliasable = (all(w.dtype == dtype and w.dim() == 1 and w.shape == weights[0].shape and w.device == weights[0].device
                      for w in weights) and not (weights[0].is_cuda and torch.cuda.is_current_stream_capturing()))
@@ -171,7 +204,59 @@ def _norm_stack(model, norms, dtype) -> torch.Tensor:
         for k, n in enumerate(norms):
             n.weight.data = stack[k]
     model.__dict__[_CACHE_ATTR] = stack
+    model.__dict__[_ROWS_ATTR] = _rows_of(stack)
     return stack
+
+
+def _rows_of(stack: torch.Tensor):
+    """(stack, each row's data pointer, a row's shape) of a [K, H] norm stack."""
+    return stack, tuple(stack[k].data_ptr() for k in range(stack.shape[0])), stack.shape[1:]
+
+
+class _FcPlan:
+    """Whether the op can take one draft's fc modules, and what it reads of them, decided once per set of modules:
+    `fc`, the fc_norm modules (`norms`, None without fc_norm) with their eps (`eps_all`), `input_norm` (llama_eagle3)
+    and K as read (`k_raw`). `why`: what the op cannot take in them (None: it can), in the order the checks run."""
+
+    __slots__ = ("fc", "norms", "eps_all", "input_norm", "k_raw", "K", "eps", "why")
+
+    def __init__(self, fc, norms, input_norm, k_raw):
+        self.fc, self.norms, self.input_norm, self.k_raw = fc, norms, input_norm, k_raw
+        self.eps_all = None if norms is None else tuple(getattr(n, "variance_epsilon", None) for n in norms)
+        self.K = int(k_raw)
+        why = _quant_problem(fc)
+        if why is None and norms is not None:
+            why = _norms_problem(norms)
+            if why is None and len(norms) != self.K:
+                why = f"{len(norms)} fc_norm modules for {self.K} taps"
+        if why is None and input_norm is not None:
+            why = _rmsnorm_problem(input_norm)
+        self.why = why
+        self.eps = float(norms[0].variance_epsilon) if norms and why is None else 1e-6
+
+    def holds(self, fc, norms, input_norm, k_raw) -> bool:
+        if self.fc is not fc or self.input_norm is not input_norm or self.k_raw != k_raw:
+            return False
+        if norms is None or self.norms is None:
+            return norms is self.norms
+        if len(norms) != len(self.norms):
+            return False
+        for a, b, e in zip(self.norms, norms, self.eps_all):
+            if a is not b or getattr(b, "variance_epsilon", None) != e:
+                return False
+        return True
+
+
+def _fc_plan(model, input_norm) -> _FcPlan:
+    """The draft's plan: the one kept on the model while it holds for the model's current modules, else a new one."""
+    fc = model.fc
+    fc_norm = model.fc_norm
+    norms = tuple(fc_norm) if fc_norm is not None else None
+    k_raw = model.num_aux_hidden_states
+    plan = model.__dict__.get(_PLAN_ATTR)
+    if plan is None or not plan.holds(fc, norms, input_norm, k_raw):
+        plan = model.__dict__[_PLAN_ATTR] = _FcPlan(fc, norms, input_norm, k_raw)
+    return plan
 
 
 def _fall_back(cls: str, why: str) -> None:
@@ -186,10 +271,16 @@ def fused_fc(x, weight, norm_weights, eps: float, bias, row_norm_weight=None, ro
     the per-tap fc_norm weights [K, H] or None, `bias` [N] or None; `row_norm_weight` [K*H] an RMSNorm over the
     whole row (llama_eagle3's input_norm, norm_before_fc). A row norm alone is the op's K=1 case; with per-tap norms
     as well, the hook applies it first with SGLang's own input_norm module and passes the result as `x`."""
-    ops = _ops()
     if row_norm_weight is not None and norm_weights is None:
-        return ops.draft_fc(x, weight, row_norm_weight.view(1, -1), row_eps, bias)
-    return ops.draft_fc(x, weight, norm_weights, eps, bias)
+        norm_weights, eps = row_norm_weight.view(1, -1), row_eps
+    if torch.is_grad_enabled() or not isinstance(x, torch.Tensor) or not (
+            norm_weights is None or isinstance(norm_weights, torch.Tensor)):
+        return _ops().draft_fc(x, weight, norm_weights, eps, bias)  # the API, with its inference-only check
+    global _draft_fc_op
+    if _draft_fc_op is None:
+        _ops()
+        _draft_fc_op = torch.ops.eagle3_capture.draft_fc.default
+    return _draft_fc_op([x], weight, norm_weights, eps, bias)  # what ops.draft_fc calls for these arguments
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -198,56 +289,45 @@ def fused_fc(x, weight, norm_weights, eps: float, bias, row_norm_weight=None, ro
 
 def _mla_fc(model, x) -> Optional[torch.Tensor]:
     """Eagle3MLAModel: cat(fc_norm_k(x_k)) -> ColumnParallelLinear -> _fc_gatherer."""
-    fc = model.fc
-    why = _linear_problem(fc)
-    norms = list(model.fc_norm) if model.fc_norm is not None else None
-    K = int(model.num_aux_hidden_states)
-    if why is None and norms is not None:
-        why = _norms_problem(norms)
-        if why is None and len(norms) != K:
-            why = f"{len(norms)} fc_norm modules for {K} taps"
+    plan = _fc_plan(model, None)
+    fc = plan.fc
+    weight = getattr(fc, "weight", None)
+    why = _weight_problem(weight) or plan.why
     if why is None:
-        why = _tensor_problem(x, fc.weight, x.shape[1] // K if norms is not None else x.shape[1])
+        why = _tensor_problem(x, weight, x.shape[1] // plan.K if plan.norms is not None else x.shape[1])
     if why is not None:
         _fall_back(type(model).__name__, why)
         return None
     bias = None if getattr(fc, "skip_bias_add", False) else fc.bias
-    g = _norm_stack(model, norms, x.dtype) if norms is not None else None
-    eps = float(norms[0].variance_epsilon) if norms is not None else 1e-6
-    y = fused_fc(x, fc.weight, g, eps, bias)
+    g = _norm_stack(model, plan.norms, x.dtype) if plan.norms is not None else None
+    y = fused_fc(x, weight, g, plan.eps, bias)
     return gather_columns(model, fc, y)
 
 
 def _llama_fc(model, x) -> Optional[torch.Tensor]:
     """llama_eagle3.LlamaModel: [input_norm over the row] -> cat(fc_norm_k(x_k)) -> nn.Linear."""
-    fc = model.fc
-    why = _linear_problem(fc)
-    norms = list(model.fc_norm) if model.fc_norm is not None else None
     input_norm = model.input_norm
-    K = int(model.num_aux_hidden_states)
-    if why is None and norms is not None:
-        why = _norms_problem(norms)
-        if why is None and len(norms) != K:
-            why = f"{len(norms)} fc_norm modules for {K} taps"
-    if why is None and input_norm is not None:
-        why = _rmsnorm_problem(input_norm)
+    plan = _fc_plan(model, input_norm)
+    fc = plan.fc
+    weight = getattr(fc, "weight", None)
+    why = _weight_problem(weight) or plan.why
     if why is None:
-        why = _tensor_problem(x, fc.weight, x.shape[1] // K if norms is not None else x.shape[1])
+        why = _tensor_problem(x, weight, x.shape[1] // plan.K if plan.norms is not None else x.shape[1])
     if why is None and input_norm is not None and input_norm.weight.dtype != x.dtype:
         why = f"input_norm weight {input_norm.weight.dtype} != hidden states {x.dtype}"
     if why is not None:
         _fall_back(type(model).__name__, why)
         return None
     bias = fc.bias
-    if norms is not None:
+    if plan.norms is not None:
         if input_norm is not None:
             x = input_norm(x)  # SGLang's own module: the row norm the per-tap norms then see
-        g = _norm_stack(model, norms, x.dtype)
-        return fused_fc(x, fc.weight, g, float(norms[0].variance_epsilon), bias)
+        g = _norm_stack(model, plan.norms, x.dtype)
+        return fused_fc(x, weight, g, plan.eps, bias)
     if input_norm is not None:  # one norm over the whole K*H row: the op's K=1 case
-        return fused_fc(x, fc.weight, None, 1e-6, bias, row_norm_weight=input_norm.weight.detach(),
+        return fused_fc(x, weight, None, 1e-6, bias, row_norm_weight=input_norm.weight.detach(),
                         row_eps=float(input_norm.variance_epsilon))
-    return fused_fc(x, fc.weight, None, 1e-6, bias)
+    return fused_fc(x, weight, None, 1e-6, bias)
 
 
 # ----------------------------------------------------------------------------------------------------------------

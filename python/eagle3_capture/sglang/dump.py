@@ -31,7 +31,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from ..dump_format import FORMAT, file_name
+from ..dump_format import FORMAT, file_name, is_doctor_rid
 from . import switches
 from .dump_record import BatchRows, Ranks, ranks, spec_fields, stream_layers
 from .dump_writer import Job, Writer, to_host
@@ -66,7 +66,7 @@ _state: Optional[_State] = None
 
 def _get() -> Optional[_State]:
     global _state
-    s = switches.dump_settings()
+    s = switches.current().dump
     if s is None:
         return None
     if _state is None or _state.settings != s:
@@ -96,6 +96,21 @@ def active() -> bool:
     return not (st.served_done and st.stream_tokens >= st.settings.stream_tokens)
 
 
+def wants(forward_batch) -> bool:
+    """Whether the served-forward hook has dump work in this forward: as :func:`active`, except that once the served
+    budget is spent only a forward holding a doctor request (read from the batch's request ids) has any. Such a
+    forward would get no stream request and no record anyway; skipping it saves reading the batch's rows."""
+    st = _get()
+    if st is None:
+        return False
+    if not st.served_done:
+        return True
+    if st.stream_tokens >= st.settings.stream_tokens:
+        return False
+    rids = getattr(forward_batch, "rids", None)
+    return bool(rids) and any(is_doctor_rid(r) for r in rids)
+
+
 def fail(why: str) -> None:
     """Stop writing after an unexpected error (one ERROR line); serving goes on. Stream decisions go on as before,
     so every rank keeps widening the same forwards."""
@@ -119,8 +134,6 @@ def forces_eager(forward_batch) -> bool:
     s = switches.dump_settings()
     if s is None or s.stream_tokens == 0 or getattr(forward_batch, "global_num_tokens_cpu", None) is not None:
         return False
-    from ..dump_format import is_doctor_rid
-
     rids = getattr(forward_batch, "rids", None)
     return bool(rids) and any(is_doctor_rid(r) for r in rids)
 
@@ -318,4 +331,4 @@ def _assembler(served_cols: List[int], stream_cols: List[int], H: int):
     return assemble
 
 
-__all__ = ["active", "forces_eager", "want_stream", "record", "reset", "flush", "fail"]
+__all__ = ["active", "wants", "forces_eager", "want_stream", "record", "reset", "flush", "fail"]

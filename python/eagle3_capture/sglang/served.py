@@ -72,14 +72,11 @@ def target_of(runner):
     return found
 
 
-def _selftest_due() -> bool:
-    return selftest.pending() and switches.enabled(switches.SELFTEST)
-
-
 def runner_forward_hook(original, self, forward_batch, *args, **kwargs):
     """AROUND ``ModelRunner.forward``: the self-test on the first served forward that captures every row, and the
     capture dump (with the doctor's stream) when it is switched on."""
-    test, dumping = _selftest_due(), dump.active()
+    test = selftest.pending() and switches.enabled(switches.SELFTEST)
+    dumping = dump.wants(forward_batch)
     if not (test or dumping):
         return original(self, forward_batch, *args, **kwargs)
     found = target_of(self)

@@ -272,10 +272,11 @@ def model_forward_hook(original, self, input_ids, positions, forward_batch, *arg
     dump run around the model runner's forward instead (served.py), so they see served forwards, replayed from a
     CUDA graph or not, and never SGLang's warm-up or capture passes."""
     spec = getattr(self, SPEC_ATTR, None)
-    last = self.pp_group.is_last_rank
-    want_final = (spec is not None and spec.includes_final_boundary and last
-                  and switches.enabled(switches.FINAL_BOUNDARY))
     req = stream.take()
+    if req is None and not _declares_final(spec):  # every forward of a model without the final boundary
+        return original(self, input_ids, positions, forward_batch, *args, **kwargs)
+    last = self.pp_group.is_last_rank
+    want_final = _declares_final(spec) and last and switches.enabled(switches.FINAL_BOUNDARY)
     if req is not None and last:
         L = int(self.config.num_hidden_layers)
         served = self.layers_to_capture
@@ -291,6 +292,21 @@ def model_forward_hook(original, self, input_ids, positions, forward_batch, *arg
     if not want_final:
         return original(self, input_ids, positions, forward_batch, *args, **kwargs)
     return _forward(original, self, input_ids, positions, forward_batch, args, kwargs, True, spec.num_layers)
+
+
+_final_of = (None, False)  # (the last spec asked about, whether it declares the final boundary)
+
+
+def _declares_final(spec) -> bool:
+    """``spec.includes_final_boundary`` (False for None), remembered for the last spec asked about (a TapSpec is
+    immutable; the model forward asks at every forward)."""
+    global _final_of
+    last = _final_of
+    if last[0] is spec:
+        return last[1]
+    final = spec is not None and spec.includes_final_boundary
+    _final_of = (spec, final)
+    return final
 
 
 def _forward(original, self, input_ids, positions, forward_batch, args, kwargs, final: bool, num_layers: int):
