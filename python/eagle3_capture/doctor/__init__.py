@@ -16,6 +16,7 @@ Modules, one concern each:
   serving            SGLang 0.5.23's speculative loop replayed (chain and tree walks, verify counts, histograms)
   accept             `doctor accept`: offline accuracy per draft step, the served accept length and tau
   online             `doctor online`: a running server (or its recorded responses) beside the same replay
+  responses          a server's responses parsed, their counts checked against SGLang's, and online's verdict
   demo               `doctor demo`: all of the above on the built-in pair
   plots              the demo's PNG
   cli                the argparse subcommands
