@@ -29,8 +29,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from .common import DoctorError, read_prompts, write_json
-from .responses import (DUMP_HINT, Response, StepRow, check_counts, parse_response, read_recorded,  # noqa: F401
-                        verdict_of)
+from .responses import (DUMP_HINT, Response, StepRow, check_counts, has_histograms, parse_response,  # noqa: F401
+                        read_recorded, verdict_of)
 from .serving import Served, step_acceptance, total
 
 
@@ -214,6 +214,9 @@ def run_online(server: str, prompts_path: str, target_path: str, draft_path: str
                 raise DoctorError(f"--server {server}: the responses have {lengths} completion tokens; give "
                                   "--new-tokens (the max_new_tokens they were served with)")
             new_tokens = lengths[0]
+            if new_tokens < 2:
+                raise DoctorError(f"--server {server}: the responses have {new_tokens} completion token each; the "
+                                  "replay needs responses to max_new_tokens >= 2")
         if new_tokens < 2:
             raise DoctorError(f"--new-tokens {new_tokens}: need at least 2")
     short = [i for i, r in enumerate(responses) if r.served.completion_tokens != new_tokens]
@@ -240,6 +243,10 @@ def run_online(server: str, prompts_path: str, target_path: str, draft_path: str
     on_tot, pr_tot = total([r.served for r in responses]), total(predicted)
     m = metrics(torch.cat([r.correct for r in runs], 0))
     on_steps, pr_steps = step_acceptance(on_tot.histogram, S), step_acceptance(pr_tot.histogram, S)
+    if not has_histograms(responses):
+        on_steps = [float("nan")] * S
+        notes.append("the responses carry no spec_correct_drafts_histogram (newer SGLang names only): no per-step "
+                     "figures online; the accept lengths are compared")
     rows = [StepRow(j + 1, on_steps[j], pr_steps[j], m.conditional[j] if k == 1 else float("nan"))
             for j in range(S)]
     ok, verdict = verdict_of(lossless, first, rows, on_tot, pr_tot, tolerance)
