@@ -29,7 +29,8 @@ from .. import configs
 from ..spec import CONVENTIONS, Embedding, TapError, TapSpec
 from .common import DoctorError, read_prompts, save_safetensors, write_json
 from .serving import Served, chain_accepted, total, tree_accepted, walk
-from .server_args import parse_server_args, resolve_speculative
+from .bounds import check_positions, check_speculative, check_steps
+from .server_args import not_eagle3, parse_server_args, resolve_speculative
 
 
 def tap_indices(spec: TapSpec) -> List[int]:
@@ -317,10 +318,16 @@ def run_accept(target_path: str, draft_path: str, prompts_path: str, server_args
         raise DoctorError(f"--batch-size {batch_size}: need at least 1")
     if steps is not None and steps < 1:
         raise DoctorError(f"--steps {steps}: need at least 1")
+    check_steps(steps, "--steps")
     flags = parse_server_args(server_args) if server_args else None
+    refused = not_eagle3(flags) if flags is not None else None
+    if refused:
+        raise DoctorError(f"--server-args: {refused}")
     target, draft, spec, declared, tcfg, notes = load_pair(target_path, draft_path, taps, device, seed, progress)
     arch = tcfg.architectures[0] if tcfg.architectures else None
     res = resolve_speculative(flags or parse_server_args(""), arch)
+    if unserved_reason(res) is None:
+        check_speculative(res.steps, res.topk, res.draft_tokens, draft.arch.draft_vocab_size, "--server-args")
     n_chain = res.steps if (res.steps is not None and not res.error) else 3
     if steps is not None and steps < n_chain:
         raise DoctorError(f"--steps {steps}: fewer than the {n_chain} draft steps of the chain "
@@ -330,6 +337,7 @@ def run_accept(target_path: str, draft_path: str, prompts_path: str, server_args
                           f">= {n_chain}, or server flags with fewer --speculative-num-steps")
     S = max(1, n_chain, steps or 0)
     prompts = read_prompts(prompts_path, target.tokenizer, vocab_size=target.vocab_size)
+    check_positions(target.model, prompts, new_tokens, S, "--new-tokens")
     runs = evaluate(target, draft, prompts, spec, S, new_tokens, res, batch_size, device, progress)
     allc = torch.cat([r.correct for r in runs], 0)
     m = metrics(allc)

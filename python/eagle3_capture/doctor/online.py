@@ -17,9 +17,9 @@ Exit 0 when everything matches within ``--tolerance``, 1 on a mismatch, 2 on bad
 """
 from __future__ import annotations
 
+import http.client
 import json
 import math
-import os
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -28,9 +28,11 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from .bounds import MAX_TIMEOUT_S, check_positions, check_speculative
 from .common import DoctorError, read_prompts, write_json
 from .responses import (DUMP_HINT, Response, StepRow, check_counts, has_histograms, parse_response,  # noqa: F401
                         read_recorded, verdict_of)
+from .server_url import is_url as url_like, server_source
 from .serving import Served, step_acceptance, total
 
 
@@ -51,6 +53,8 @@ def _open_json(req, url: str, timeout: float) -> object:
         raise DoctorError(f"--server {url}: cannot reach the server ({e.reason})") from None
     except (TimeoutError, OSError) as e:
         raise DoctorError(f"--server {url}: no answer within {timeout:g} s ({e})") from None
+    except (http.client.HTTPException, ValueError) as e:  # a connection cut mid-answer, a malformed redirect
+        raise DoctorError(f"--server {url}: no usable answer ({type(e).__name__}: {e})") from None
     try:
         return json.loads(data)
     except json.JSONDecodeError:
@@ -147,11 +151,15 @@ def _r(v: float):
 
 
 def _flags_from(server_args: Optional[str], arch: Optional[str], from_server, responses: Sequence[Response]):
-    from .server_args import parse_server_args, resolve_speculative
+    from .server_args import not_eagle3, parse_server_args, resolve_speculative
 
     given = None
     if server_args:
-        res = resolve_speculative(parse_server_args(server_args), arch)
+        parsed = parse_server_args(server_args)
+        refused = not_eagle3(parsed)
+        if refused:
+            raise DoctorError(f"--server-args: {refused}")
+        res = resolve_speculative(parsed, arch)
         if res.error:
             raise DoctorError(f"--server-args {server_args!r}: SGLang 0.5.23 refuses them ({res.error})")
         if res.steps is None or res.topk is None or res.draft_tokens is None:
@@ -174,7 +182,7 @@ def run_online(server: str, prompts_path: str, target_path: str, draft_path: str
                device: str = "cpu", timeout: float = 600.0, concurrency: int = 8, tolerance: float = 0.02,
                out_json: Optional[str] = None, progress: bool = True, seed: int = 0) -> OnlineReport:
     from .accept import evaluate, load_pair, metrics, served_walks
-    from .server_args import SpecResolution
+    from .server_args import SpecResolution, not_eagle3, parse_server_args
 
     if not 0 <= tolerance < 1:
         raise DoctorError(f"--tolerance {tolerance}: expected a share in [0, 1)")
@@ -186,11 +194,16 @@ def run_online(server: str, prompts_path: str, target_path: str, draft_path: str
         raise DoctorError(f"--batch-size {batch_size}: expected at least 1")
     if new_tokens is not None and new_tokens < 2:
         raise DoctorError(f"--new-tokens {new_tokens}: need at least 2")
-    is_url = server.startswith(("http://", "https://"))
-    if not is_url and not os.path.exists(server):
-        raise DoctorError(f"--server {server!r}: neither an http(s):// URL nor an existing JSONL file of recorded "
-                          "responses")
+    new_tokens_given = new_tokens is not None
+    if timeout > MAX_TIMEOUT_S:
+        raise DoctorError(f"--timeout {timeout:g}: at most {MAX_TIMEOUT_S:g} s (a day) per response")
+    is_url = url_like(server)
+    server = server_source(server)
+    refused = not_eagle3(parse_server_args(server_args)) if server_args else None
+    if refused:  # before any model loads or any request goes out
+        raise DoctorError(f"--server-args: {refused}")
     target, draft, spec, declared, tcfg, notes = load_pair(target_path, draft_path, taps, device, seed, progress)
+    arch = tcfg.architectures[0] if tcfg.architectures else None
     prompts = read_prompts(prompts_path, target.tokenizer, vocab_size=target.vocab_size)
     if is_url:
         if new_tokens is None:
@@ -198,6 +211,12 @@ def run_online(server: str, prompts_path: str, target_path: str, draft_path: str
         if new_tokens < 2:
             raise DoctorError(f"--new-tokens {new_tokens}: need at least 2")
         from_server = server_flags(server, min(timeout, 30.0))
+        steps = 0
+        if server_args or from_server:  # the flags, checked before the server is asked for anything
+            early = _flags_from(server_args, arch, from_server, [])
+            check_speculative(*early, draft.arch.draft_vocab_size, "server flags")
+            steps = early[0]
+        check_positions(target.model, prompts, new_tokens, steps, "--new-tokens")
         responses = fetch(server, prompts, new_tokens, timeout, concurrency, progress)
     else:
         from_server = None
@@ -225,9 +244,11 @@ def run_online(server: str, prompts_path: str, target_path: str, draft_path: str
         raise DoctorError(f"prompt {short[0]}: the server returned {r.served.completion_tokens} tokens, not "
                           f"max_new_tokens {new_tokens} (context limit or an early stop); the replay needs full-length "
                           "greedy responses with ignore_eos")
-    arch = tcfg.architectures[0] if tcfg.architectures else None
     flags = _flags_from(server_args, arch, from_server, responses)
     S, k, D = flags
+    check_speculative(S, k, D, draft.arch.draft_vocab_size, "server flags")
+    check_positions(target.model, prompts, new_tokens, S,
+                    "--new-tokens" if is_url or new_tokens_given else f"completion_tokens of --server {server}")
     res = SpecResolution(S, k, D, requested=flags)
     runs = evaluate(target, draft, prompts, spec, S, new_tokens, res, batch_size, device, progress, desc="offline")
     predicted = served_walks(runs, new_tokens)
