@@ -131,19 +131,23 @@ def test_timeouts_beyond_a_day_are_refused(pair):
              "argument --timeout", "86400")
 
 
-def test_outputs_that_cannot_be_written_are_refused_before_the_work(pair):
+def test_outputs_that_cannot_be_written_are_refused_before_the_work(pair, tmp_path):
+    """/proc and /sys take no new file even for root (os.access says they do); an existing special file (here a
+    FIFO, standing in for a device node: never write a test at /dev) is not replaced by a new file."""
+    fifo = str(tmp_path / "a_fifo")
+    os.mkfifo(fifo)
     for path, needle in (("/proc/e3_x.safetensors", "not writable"), ("/sys/e3_x.safetensors", "not writable"),
-                         ("/dev/full", "not a regular file")):
+                         (fifo, "not a regular file")):
         one_line(*cli(*_accept(pair, "--tensors", path)), "argument --tensors", needle)
-    one_line(*cli(*_accept(pair, "--json", "/dev/full")), "argument --json", "not a regular file")
-    # the writer itself never replaces a device node (safetensors writes a new file over the path)
+    one_line(*cli(*_accept(pair, "--json", fifo)), "argument --json", "not a regular file")
+    # the writer itself never replaces a special file (safetensors writes a new file and renames it over the path)
     from eagle3_capture.doctor.common import DoctorError, save_safetensors
 
     import torch
 
     with pytest.raises(DoctorError, match="not a regular file"):
-        save_safetensors("/dev/full", {"x": torch.zeros(1)})
-    assert stat.S_ISCHR(os.stat("/dev/full").st_mode)
+        save_safetensors(fifo, {"x": torch.zeros(1)})
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
     with pytest.raises(DoctorError, match="cannot be written"):
         save_safetensors("/proc/e3_x.safetensors", {"x": torch.zeros(1)})
 
