@@ -79,7 +79,7 @@ def _cmd_dump_reference(args) -> int:
     device = pick_device(args.device)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
     with torch_threads(args.threads):
-        target = load_target(args.model, device=device, seed=args.seed)
+        target = load_target(args.model, device=device, seed=args.seed, quiet=True)  # an error stays one line
         prompts = read_prompts(args.prompts, target.tokenizer, vocab_size=target.vocab_size)
         from tqdm import tqdm
 
