@@ -179,3 +179,17 @@ def test_accept_steps_fewer_than_the_chain(tmp_path):
                   "--new-tokens", "4", "--no-progress", "--steps", "2", "--server-args",
                   "--speculative-num-steps 4 --speculative-eagle-topk 1 --speculative-num-draft-tokens 5"),
              "--steps 2: fewer than the 4 draft steps", "--speculative-num-steps 4")
+
+
+def test_a_config_that_is_not_utf8_is_named(tmp_path):
+    """check reads both configs through configs.py; accept/online/dump-reference read a target's through the
+    doctor's reader: every one names the file."""
+    bad = tmp_path / "config.json"
+    bad.write_bytes(b'{"num_hidden_layers": 4, "x": "\xff"}')
+    one_line(*cli("doctor", "check", "--target-config", bad, "--draft-config", DRAFT_OK),
+             f"target config {bad}", "not UTF-8")
+    one_line(*cli("doctor", "check", "--target-config", DSV3_61, "--draft-config", bad),
+             f"draft config {bad}", "not UTF-8")
+    one_line(*cli("doctor", "dump-reference", "--model", tmp_path, "--prompts", write_json(str(tmp_path / "p.json"),
+                                                                                          [[1, 2]]),
+                  "--out", tmp_path / "r.safetensors"), str(bad), "not UTF-8")
