@@ -164,3 +164,24 @@ def test_nextn_with_chain_flags_accept_and_check_agree(pair):
     one_line(*cli(*_accept(pair, "--new-tokens", "4", "--server-args", flags)), "NEXTN", "wrong-algorithm")
     one_line(*cli(*_online(pair, "http://127.0.0.1:9", "--new-tokens", "4", "--server-args", flags)), "NEXTN",
              "wrong-algorithm")
+
+
+def test_check_positions_takes_a_model_a_limit_or_nothing():
+    """The bound comes from the target's config, or is given (a server's context length), or is the stated limit
+    when unknown."""
+    from types import SimpleNamespace
+
+    from eagle3_capture.doctor.bounds import POSITIONS_WITHOUT_CONFIG, check_positions
+    from eagle3_capture.doctor.common import DoctorError
+
+    prompts = [[1] * 10, [2] * 30]
+    model = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=64))
+    check_positions(model, prompts, 31, 3, "--new-tokens")   # 30 + 31 + 3 = 64 fits
+    with pytest.raises(DoctorError, match="65 positions, beyond the target's max_position_embeddings 64; at most "
+                                          "31 new tokens fit"):
+        check_positions(model, prompts, 32, 3, "--new-tokens")
+    check_positions(100, prompts, 67, 3, "x")
+    with pytest.raises(DoctorError, match="beyond the target's max_position_embeddings 100"):
+        check_positions(100, prompts, 68, 3, "x")
+    with pytest.raises(DoctorError, match="the doctor's limit"):
+        check_positions(None, prompts, POSITIONS_WITHOUT_CONFIG, 0, "x")

@@ -35,8 +35,10 @@ def max_positions(model) -> Optional[int]:
 
 def check_positions(model, prompts: Sequence[Sequence[int]], new_tokens: int, steps: int, what: str) -> None:
     """The longest prompt + ``new_tokens`` + ``steps`` (the draft steps scored past the continuation's end) must fit
-    the target's positions. ``what`` names the flag or file the new-token count came from."""
-    limit = max_positions(model)
+    the target's positions. ``model``: the target (its config's max_position_embeddings), or the limit itself as an
+    int (a target side without a transformers model: a server's context length), or None (unknown). ``what`` names
+    the flag or file the new-token count came from."""
+    limit = model if isinstance(model, int) and not isinstance(model, bool) else max_positions(model)
     source = "the target's max_position_embeddings"
     if limit is None:
         limit, source = POSITIONS_WITHOUT_CONFIG, "the doctor's limit for a target config without max_position_embeddings"
