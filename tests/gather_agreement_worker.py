@@ -116,3 +116,53 @@ def never_calls(rank: int, world: int, port: int, backend: str, queue) -> None:
         queue.put((rank, "ok", (first, second, third)))
     except BaseException:
         queue.put((rank, "error", traceback.format_exc()))
+
+
+def held_after_error(rank: int, world: int, port: int, queue) -> None:
+    """Every tensor this rank handed to a gloo collective -- the gatherer's set-up exchanges, then a good gather --
+    is still alive after the calls returned and a gather failed on the disagreement: nothing is left for gloo's
+    worker thread to free during interpreter teardown (gather_agreement: why that aborts the process)."""
+    import gc
+    import weakref
+
+    from torch.distributed import distributed_c10d as c10d
+
+    try:
+        _init(rank, world, port)
+        seen = []
+        real = c10d.all_gather
+
+        def recording(tensor_list, tensor, *a, **k):
+            seen.extend(weakref.ref(t) for t in [*tensor_list, tensor])
+            return real(tensor_list, tensor, *a, **k)
+
+        c10d.all_gather = dist.all_gather = recording
+        from eagle3_capture.tp import PackedGatherer
+
+        gat = PackedGatherer(None, num_taps=K, hidden_size=H, dtype=torch.float32, max_rows_per_rank=8,
+                             timeout_s=TIMEOUT_S, device="cpu")
+        rows, _, rpr = SCENARIOS["rows_per_rank_differ"][1](rank, world)
+        bad = _outcome(lambda: gat.gather(_local(rank, rows, K * H), rows_per_rank=rpr))
+        gc.collect()
+        after_setup = (len(seen), sum(r() is not None for r in seen))
+        gat.gather(_local(rank, 2, K * H))
+        gc.collect()
+        after_gather = (len(seen), sum(r() is not None for r in seen))
+        queue.put((rank, "ok", (bad[0], after_setup, after_gather)))
+        # no destroy_process_group: the process ends as a short script would
+    except BaseException:
+        queue.put((rank, "error", traceback.format_exc()))
+
+
+def error_then_exit(rank: int, world: int, port: int, queue) -> None:
+    """The issue's script: the ranks disagree, both catch the ValueError, and the process ends at once."""
+    try:
+        _init(rank, world, port)
+        from eagle3_capture.tp import PackedGatherer
+
+        gat = PackedGatherer(None, num_taps=K, hidden_size=H, dtype=torch.float32, max_rows_per_rank=8,
+                             timeout_s=TIMEOUT_S, device="cpu")
+        rows, _, rpr = SCENARIOS["rows_per_rank_differ"][1](rank, world)
+        queue.put((rank, "ok", _outcome(lambda: gat.gather(_local(rank, rows, K * H), rows_per_rank=rpr))[0]))
+    except BaseException:
+        queue.put((rank, "error", traceback.format_exc()))

@@ -231,6 +231,52 @@ def test_compiles_under_torch_compile():
     assert torch.allclose(eager, compiled) and torch.equal(p1, p2) and torch.equal(r, r2)
 
 
+# ---------------------------------------------------------------- meta tensors
+
+
+def _meta_mix_cases():
+    """(what, call) for each capture op with one meta argument among CPU tensors, through the Python API and the
+    bare torch.ops entry point."""
+    def args(meta):
+        t = {"packed": torch.zeros(4, 16), "hidden": torch.randn(4, 8), "residual": torch.randn(4, 8),
+             "weight": torch.ones(8)}
+        t[meta] = torch.empty_like(t[meta], device="meta")
+        return t
+
+    cases = []
+    for meta in ("packed", "hidden", "residual"):
+        cases.append((f"capture_ {meta}", meta, lambda a: ops.capture_(a["packed"], 1, a["hidden"], a["residual"]), args))
+        cases.append((f"torch.ops capture_ {meta}", meta, lambda a: torch.ops.eagle3_capture.capture_(
+            a["packed"], 1, a["hidden"], a["residual"]), args))
+    for meta in ("packed", "hidden", "residual", "weight"):
+        cases.append((f"fused {meta}", meta, lambda a: ops.fused_add_rmsnorm_capture_(
+            a["hidden"], a["residual"], a["weight"], 1e-6, a["packed"], 1), args))
+        cases.append((f"torch.ops fused {meta}", meta, lambda a: torch.ops.eagle3_capture.fused_add_rmsnorm_capture_(
+            a["hidden"], a["residual"], a["weight"], 1e-6, a["packed"], 1), args))
+    return cases
+
+
+@pytest.mark.parametrize("what, meta, call, args", _meta_mix_cases(), ids=[c[0] for c in _meta_mix_cases()])
+def test_meta_tensors_mixed_with_cpu_tensors_are_refused(what, meta, call, args):
+    """One meta argument sends the call to the Meta (fake) kernel, which writes nothing: refused in the ops'
+    BackendSelect check (C++), naming the meta argument and the device of the others. Nothing is written."""
+    a = args(meta)
+    before = {k: v.clone() for k, v in a.items() if not v.is_meta}
+    with pytest.raises(RuntimeError, match=rf"{meta} is on the meta device but \w+ is on cpu"):
+        call(a)
+    for k, v in before.items():
+        assert torch.equal(a[k], v), f"{k} was written"
+
+
+def test_meta_only_calls_still_trace():
+    """All-meta arguments are a shape check (what tracing does): accepted, nothing computed."""
+    m = {k: torch.empty(s, device="meta") for k, s in (("p", (4, 16)), ("h", (4, 8)), ("r", (4, 8)), ("w", (8,)))}
+    ops.capture_(m["p"], 1, m["h"], m["r"])
+    ops.fused_add_rmsnorm_capture_(m["h"], m["r"], m["w"], 1e-6, m["p"], 0)
+    with pytest.raises(RuntimeError, match="slot 2 out of range"):
+        ops.capture_(m["p"], 2, m["h"])
+
+
 # ---------------------------------------------------------------- CUDA only
 
 

@@ -159,6 +159,45 @@ def test_opcheck(device, m):
         torch.library.opcheck(torch.ops.eagle3_capture.draft_fc_out.default, args + (out,), rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize("meta", ["x", "x1", "weight", "norm", "bias", "out"])
+def test_meta_tensors_mixed_with_cpu_tensors_are_refused(meta):
+    """A meta argument among CPU tensors used to send draft_fc to its fake kernel, which returned a meta tensor
+    (draft_fc_out wrote nothing): refused in C++ ahead of every backend, for the Python API and torch.ops alike."""
+    def m(t, name):
+        return torch.empty_like(t, device="meta") if name == meta else t
+
+    x = [m(torch.randn(3, 8), "x"), m(torch.randn(3, 8), "x1")]
+    w, norm, bias = m(torch.randn(5, 16), "weight"), m(torch.ones(2, 8), "norm"), m(torch.randn(5), "bias")
+    out = m(torch.full((3, 5), float("nan")), "out")
+    name = {"x": r"x\[0\]", "x1": r"x\[1\]", "weight": "weight", "norm": "norm_weight", "bias": "bias",
+            "out": "out"}[meta]
+    if meta != "out":
+        with pytest.raises(RuntimeError, match=rf"{name} is on the meta device but \S+ is on cpu"):
+            ops.draft_fc(x, w, norm, bias=bias)
+        with pytest.raises(RuntimeError, match=rf"{name} is on the meta device"):
+            torch.ops.eagle3_capture.draft_fc(x, w, norm, 1e-6, bias)
+    with pytest.raises(RuntimeError, match=rf"{name} is on the meta device"):
+        torch.ops.eagle3_capture.draft_fc_out(x, w, norm, 1e-6, bias, out)
+    if not out.is_meta:
+        assert torch.isnan(out).all()  # nothing written
+
+
+def test_meta_only_draft_fc_traces_and_compiles():
+    """All-meta arguments still give the output's shape; under torch.compile (FakeTensors) the op traces and the
+    compiled result equals eager."""
+    y = ops.draft_fc([torch.empty(3, 8, device="meta")] * 2, torch.empty(5, 16, device="meta"))
+    assert y.is_meta and y.shape == (3, 5)
+    gen = torch.Generator().manual_seed(3)
+    x, w, norm = randn((4, 16), torch.float32, "cpu", gen), randn((6, 16), torch.float32, "cpu", gen), \
+        randn((2, 8), torch.float32, "cpu", gen)
+
+    def f(x, w, norm):
+        return ops.draft_fc(x, w, norm) * 2
+
+    with torch.no_grad():
+        assert torch.equal(torch.compile(f, fullgraph=True, backend="aot_eager")(x, w, norm), f(x, w, norm))
+
+
 def test_decode_threshold_knob_is_clamped_and_restorable():
     prev = ops._set_draft_fc_decode_max_rows(100)
     try:

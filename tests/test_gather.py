@@ -20,7 +20,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def spawn(world: int, target, *args, timeout: float = 240.0):
+def spawn(world: int, target, *args, timeout: float = 240.0, exit_codes: list = None):
+    """Run target(rank, world, port, *args, queue) in `world` spawned processes; {rank: (status, payload)} from
+    the queue. `exit_codes`: a list that gets each process's exit code, in rank order."""
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = free_port()
@@ -37,6 +39,9 @@ def spawn(world: int, target, *args, timeout: float = 240.0):
             p.join(timeout=30)
             if p.is_alive():
                 p.kill()
+                p.join()
+        if exit_codes is not None:
+            exit_codes.extend(p.exitcode for p in procs)
     return out
 
 

@@ -3,7 +3,9 @@ test_findings.py, SGLang 0.5.23's own rule in test_sglang_rules.py)."""
 
 import re
 
+import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings, strategies as st
 
 from eagle3_capture.spec import (
@@ -234,3 +236,20 @@ def test_fc_in_features_mismatch():
     assert "Embedding" in msg
     _raises(lambda: s.check_fc_in_features(21505), "21505", "not a multiple of H=7168")
     assert issubclass(TapError, ValueError)
+
+
+@pytest.mark.parametrize("ids", [{-1: "a", 2: "b", 30: "c"}, {-1, 2, 30}, (i for i in (-1, 2, 30)), "-1,2,30",
+                                 b"\x01", None, 3, torch.tensor([[-1, 2, 30]]), iter([-1, 2, 30])])
+@pytest.mark.parametrize("key", [DRAFT_IDS, LAYER_INPUTS, HF_HIDDEN_STATES])
+def test_from_convention_takes_only_an_ordered_sequence_of_ints(key, ids):
+    """A dict (its keys would be the taps), a set (no order), a generator or iterator, a string, a 2-D tensor: a
+    TapError saying a sequence is expected; the slot order is the sequence's."""
+    with pytest.raises(TapError, match="expected a sequence of"):
+        TapSpec.from_convention(key, ids, 61, 7168)
+
+
+def test_from_convention_sequences_it_takes():
+    want = TapSpec.from_draft_ids([-1, 2, 30], 61, 7168)
+    for ids in ([-1, 2, 30], (-1, 2, 30), torch.tensor([-1, 2, 30]), np.array([-1, 2, 30])):
+        assert TapSpec.from_convention(DRAFT_IDS, ids, 61, 7168) == want
+    assert TapSpec.from_convention(LAYER_INPUTS, range(1, 4), 61, 7168).K == 3

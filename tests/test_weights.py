@@ -305,3 +305,39 @@ def test_fuzz_checkpoint_contents(tmp_path, data):
     assert (fc.norm_weight is None) == (not norms)
     if norms:
         assert fc.norm_weight.shape[0] * fc.norm_weight.shape[1] == w.shape[1]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# names the loader does not know, and the dtype argument
+# ----------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["fc_norm.0.bias", "fc_norms.0.weight", "fc_norm.weight", "aux_norm_top.weight",
+                                  "model.fc_norm.1.scale", "aux_norm_low.bias", "fc.norm.0.weight", "fc.weight_scale2"])
+def test_an_fc_or_norm_tensor_of_an_unknown_name_is_refused(tmp_path, name):
+    """It used to be skipped: the fc loaded without its norms. Now a ValueError names it (directory, file and shard
+    index alike)."""
+    t = {"fc.weight": torch.randn(N, K * H), name: torch.ones(H)}
+    d = _save(tmp_path, t)
+    for path in (d, os.path.join(d, "model.safetensors")):
+        with pytest.raises(ValueError, match=name.replace(".", r"\.") + " looks like part of the draft fc"):
+            load_draft_fc(path)
+    with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
+        json.dump({"weight_map": {k: "model.safetensors" for k in t}}, f)
+    with pytest.raises(ValueError, match=name.replace(".", r"\.")):
+        load_draft_fc(d)
+
+
+def test_known_names_beside_the_fc_still_load(tmp_path):
+    """Tensors that are not the fc's (the draft's layers, its lm_head, norms of other modules) are not refused."""
+    t = {"fc.weight": torch.randn(N, K * H), "midlayer.hidden_norm.weight": torch.ones(H), "norm.weight": torch.ones(H),
+         "lm_head.weight": torch.ones(2, H), "input_norm.weight": torch.ones(K * H)}
+    assert load_draft_fc(_save(tmp_path, t)).norm_weight is None
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int8, torch.bool, FP8, 5, "float16", float, torch.complex64])
+def test_dtype_must_be_a_floating_torch_dtype(tmp_path, dtype):
+    """An integer dtype truncated the weights; anything but a floating torch.dtype is a TypeError naming it."""
+    d = _save(tmp_path, {"fc.weight": torch.randn(N, K * H)})
+    with pytest.raises(TypeError, match="dtype must be None or a floating-point torch.dtype"):
+        load_draft_fc(d, dtype=dtype)
+    assert load_draft_fc(d, dtype=torch.float16).weight.dtype == torch.float16

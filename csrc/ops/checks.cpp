@@ -81,4 +81,21 @@ void check_no_overlap(const at::Tensor& a, const at::Tensor& b, const char* op, 
               " share memory; the op reads one while writing the other, so they must not overlap");
 }
 
+void check_meta_all_or_none(const char* op, const std::vector<std::pair<std::string, at::Tensor>>& args) {
+  const std::pair<std::string, at::Tensor>* meta = nullptr;
+  const std::pair<std::string, at::Tensor>* real = nullptr;
+  for (const auto& a : args) {
+    if (!a.second.defined()) continue;
+    if (a.second.is_meta()) {
+      if (!meta) meta = &a;
+    } else if (!real) {
+      real = &a;
+    }
+  }
+  E3_CHECK(!(meta && real), "eagle3_capture.", op, ": ", meta ? meta->first : std::string(), " is on the meta device but ",
+           real ? real->first : std::string(), " is on ", real ? real->second.device() : c10::Device(c10::kCPU),
+           ": a call takes meta tensors only (tracing: nothing is computed or written) or none (a real run); a "
+           "meta tensor holds no data, so this call would write nothing and return no values");
+}
+
 }  // namespace e3ops

@@ -10,6 +10,8 @@
 #include <sstream>
 #include <string>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "../kernels/dtype.h"
 
@@ -69,6 +71,12 @@ void check_element_aligned(const at::Tensor& t, const char* op, const char* arg)
 // Two tensors that the op reads and writes (or writes twice) must not share memory.
 void check_no_overlap(const at::Tensor& a, const at::Tensor& b, const char* op, const char* a_arg,
                       const char* b_arg);
+// Every tensor argument of one call on the meta device, or none. As soon as one argument is meta the dispatcher
+// runs the Meta kernel (the fake implementation, for tracing: it writes nothing and returns meta tensors), so a
+// call mixing meta with real tensors would look like it ran and do nothing. `args`: (argument name, tensor) of
+// every defined tensor argument, list elements named "x[i]". Runs in the ops' BackendSelect kernel
+// (registration.cpp), ahead of every backend; FakeTensorMode (torch.compile) never reaches it.
+void check_meta_all_or_none(const char* op, const std::vector<std::pair<std::string, at::Tensor>>& args);
 
 }  // namespace e3ops
 

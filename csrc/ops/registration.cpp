@@ -3,9 +3,12 @@
 // `_C` is a plain CPython extension module (no pybind11: it keeps the torch-including translation units few and
 // quick to compile). Importing it registers the ops with the dispatcher; `_C.build_info()` says what was built.
 #include <Python.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #ifndef EAGLE3_CUDA_ARCHS
 #define EAGLE3_CUDA_ARCHS ""
@@ -17,6 +20,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include "checks.h"
 #include "device_info.h"
 #include "draft_fc_ops.h"
 
@@ -41,6 +45,39 @@ TORCH_LIBRARY(eagle3_capture, m) {
       "gather_p2p_(Tensor(a!) out, Tensor local, int[] out_ptrs, int[] flag_ptrs, Tensor(b!) flags, "
       "Tensor(c!) error, int rank, int dst_row_offset, int[] src_cols, int[] dst_cols, int seg_len, int blocks, "
       "float timeout_s, int signal=0, bool trap_on_timeout=True) -> ()");
+}
+
+namespace {
+
+// Ahead of every backend: the checks that must see all of a call's arguments before the dispatcher picks a kernel
+// from them (checks.h: check_meta_all_or_none), then on to that kernel.
+void backend_select_checks(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  const size_t n = schema.arguments().size();
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (size_t i = 0; i < n; ++i) {
+    const c10::IValue& v = (*stack)[stack->size() - n + i];
+    const std::string& name = schema.arguments()[i].name();
+    if (v.isTensor()) {
+      tensors.emplace_back(name, v.toTensor());
+    } else if (v.isTensorList()) {
+      const auto list = v.toTensorList();
+      for (size_t j = 0; j < list.size(); ++j) tensors.emplace_back(name + "[" + std::to_string(j) + "]", list.get(j));
+    }
+  }
+  const std::string& qualified = schema.name();
+  const std::string short_name = qualified.substr(qualified.find("::") == std::string::npos ? 0 : qualified.find("::") + 2);
+  e3ops::check_meta_all_or_none(short_name.c_str(), tensors);
+  op.redispatchBoxed(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::BackendSelect),
+                     stack);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(eagle3_capture, BackendSelect, m) {
+  for (const char* op : {"capture_", "fused_add_rmsnorm_capture_", "draft_fc", "draft_fc_out", "gather_p2p_"}) {
+    m.impl(op, torch::CppFunction::makeFromBoxedFunction<&backend_select_checks>());
+  }
 }
 
 namespace {

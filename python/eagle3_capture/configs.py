@@ -49,6 +49,10 @@ def _load(path_or_dict: PathOrDict, what: str) -> Tuple[Mapping[str, Any], str, 
             text = f.read()
     except FileNotFoundError:
         raise FileNotFoundError(f"{label}: no such file") from None
+    except UnicodeDecodeError as e:  # a ValueError whose message names no file
+        raise ValueError(f"{label}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:  # a directory without config.json is FileNotFoundError above; this is e.g. permissions
+        raise ValueError(f"{label}: cannot be read ({e.strerror or e})") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:

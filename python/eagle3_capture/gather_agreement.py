@@ -13,12 +13,16 @@ decision and raises too.
 """
 from __future__ import annotations
 
+import collections
+import ctypes
 import json
+import pickle
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import List, Optional, Sequence
 
+import torch
 import torch.distributed as dist
 
 _OK = b"ok"
@@ -56,11 +60,63 @@ def group_store(group: Optional[dist.ProcessGroup]):
                            ) from None
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# gloo collectives that a process can exit right after
+# ----------------------------------------------------------------------------------------------------------------
+#
+# gloo runs a collective on one of its worker threads, and that thread drops its references to the call's tensors a
+# moment after the caller has seen the call complete. When the caller's references are gone by then, the worker's
+# drop frees the tensor, and a tensor made in Python frees its Python object there, which takes the GIL. A process
+# that exits in that moment -- a script that ends right after a gather's ValueError, the gatherer's own set-up
+# collectives a few milliseconds before -- is finalizing its interpreter, and CPython ends a thread that asks for the
+# GIL then with pthread_exit; inside a C++ destructor that is std::terminate: SIGABRT, "terminate called without an
+# active exception" (seen about once in 25 runs on a loaded two-core machine; `gloo all_gather, then exit` alone
+# shows it too). The tensors of the gatherer's latest gloo collectives therefore keep one reference that the
+# interpreter's teardown never drops, so a worker's late release is a plain decrement; a set is let go (in the
+# caller's thread, holding the GIL) when newer collectives have replaced it.
+
+_HELD_SETS = 4  # the set-up exchanges, then the latest gathers: a bounded few buffers, let go oldest first
+_held: "collections.deque[List[object]]" = collections.deque()
+
+
+def hold_collective_tensors(tensors: Sequence[object]) -> None:
+    """Keep these tensors of a gloo collective referenced past interpreter teardown (see above); lets go of the
+    oldest held set beyond the last few."""
+    objs = [t for t in tensors if isinstance(t, torch.Tensor)]
+    for t in objs:
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(t))
+    _held.append(objs)
+    while len(_held) > _HELD_SETS:
+        for t in _held.popleft():
+            ctypes.pythonapi.Py_DecRef(ctypes.py_object(t))
+
+
+def all_gather_objects(group: Optional[dist.ProcessGroup], obj, world: int) -> list:
+    """Every rank's picklable ``obj``, in rank order. Collective. ``dist.all_gather_object``, except that on gloo
+    the tensors it exchanges stay held (hold_collective_tensors): it is the gatherer's last collective before its
+    first gather, so a process that ends right after a gather's error would otherwise exit while gloo's worker
+    still holds them."""
+    if dist.get_backend(group) != "gloo":
+        everyone: list = [None] * world
+        dist.all_gather_object(everyone, obj, group=group)
+        return everyone
+    data = pickle.dumps(obj)
+    size = torch.tensor([len(data)], dtype=torch.int64)
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+    dist.all_gather(sizes, size, group=group)
+    longest = max(int(s) for s in sizes)
+    mine = torch.zeros(longest, dtype=torch.uint8)
+    mine[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    outs = [torch.empty(longest, dtype=torch.uint8) for _ in range(world)]
+    dist.all_gather(outs, mine, group=group)
+    hold_collective_tensors([size, *sizes, mine, *outs])
+    return [pickle.loads(bytes(o[:int(s)].tolist())) for o, s in zip(outs, sizes)]
+
+
 def shared_prefix(group: Optional[dist.ProcessGroup], rank: int, world: int) -> str:
     """A key prefix unique to one gatherer, the same on every rank (rank 0 draws it). Collective."""
     mine = uuid.uuid4().hex if rank == 0 else None
-    everyone: list = [None] * world
-    dist.all_gather_object(everyone, mine, group=group)
+    everyone = all_gather_objects(group, mine, world)
     return f"eagle3_capture/gather/{everyone[0]}"
 
 
@@ -143,4 +199,5 @@ def disagreement(headers: Sequence[Header], n: int, layout_rows: bool) -> Option
     return None
 
 
-__all__ = ["AgreementTimeout", "Header", "CallAgreement", "group_store", "shared_prefix", "disagreement"]
+__all__ = ["AgreementTimeout", "Header", "CallAgreement", "group_store", "shared_prefix", "disagreement",
+           "all_gather_objects", "hold_collective_tensors"]

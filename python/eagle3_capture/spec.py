@@ -29,6 +29,7 @@ compared with trained ones in findings.py. Pure Python (no torch), so configs ca
 from __future__ import annotations
 
 import operator
+from collections import abc
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -366,8 +367,13 @@ def _final_hf_msg(L: int, index_side: bool) -> str:
 
 
 def _parse_indices(indices, label: str, convention: str, check) -> List[int]:
-    if indices is None or isinstance(indices, (str, bytes)) or not hasattr(indices, "__iter__"):
-        raise tap_error(f"expected a sequence of {label}s, got {indices!r}", convention)
+    """An ordered sequence (list, tuple, range; a 1-D numpy array or tensor) of integers. A dict (its keys), a set
+    (no order), a generator or a string is refused: the taps' order is the packed slots' order."""
+    if hasattr(indices, "tolist") and getattr(indices, "ndim", None) == 1:  # numpy / torch, 1-D
+        indices = indices.tolist()
+    if indices is None or isinstance(indices, (str, bytes, bytearray)) or not isinstance(indices, abc.Sequence):
+        raise tap_error(f"expected a sequence of {label}s (a list or tuple of integers, in slot order), got "
+                        f"{type(indices).__name__} {indices!r:.80}", convention)
     vals = [as_index(x, label, convention) for x in indices]
     if not vals:
         raise tap_error(f"no {label}s given: a tap spec needs at least one tap", convention)

@@ -159,8 +159,7 @@ class PackedGatherer:
     def _check_same_config(self) -> None:
         mine = _Config(self.world, str(self.dtype), self.num_taps, self.hidden_size, self.max_rows_per_rank,
                        self.layout, self.device.type)
-        everyone: list = [None] * self.world
-        dist.all_gather_object(everyone, mine, group=self.group)
+        everyone = gather_agreement.all_gather_objects(self.group, mine, self.world)  # gloo: tensors held
         bad = [(r, c) for r, c in enumerate(everyone) if c != mine]
         if bad:
             diffs = "; ".join(f"rank {r}: {c}" for r, c in bad)
@@ -418,7 +417,9 @@ class PackedGatherer:
         if self.backend == "nccl":
             dist.all_gather_into_tensor(staging, padded, group=self.group)
         else:
-            dist.all_gather(list(staging.chunk(self.world)), padded, group=self.group)
+            chunks = list(staging.chunk(self.world))
+            dist.all_gather(chunks, padded, group=self.group)
+            gather_agreement.hold_collective_tensors([padded, staging, *chunks])  # gloo's worker releases them late
         parts = staging.view(self.world, m, local.shape[1])
         if self.layout == ROWS:
             start = 0

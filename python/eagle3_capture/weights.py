@@ -73,6 +73,22 @@ def _wanted(c: str) -> bool:
     return c in ("fc.weight", "fc.bias") or c in _SCALE_NAMES or re.fullmatch(r"fc_norm\.\d+\.weight", c) is not None
 
 
+_IGNORED_FC_PARTS = ("fc.input_scale",)  # an fp8 activation scale: not applied offline (module docstring)
+
+
+def _refuse_unknown_fc_part(c: str, key: str, where: str) -> None:
+    """A tensor named like part of the fc or of its per-tap norms that this loader does not know (``fc_norm.0.bias``,
+    ``fc_norms.0.weight``, ``aux_norm_top.weight``, ...): ValueError naming it, instead of loading the fc without
+    it (an fc whose norm is left out computes something else)."""
+    if c in _IGNORED_FC_PARTS or _wanted(c):
+        return
+    if c.startswith(("fc.", "fc_norm", "aux_norm")):
+        raise ValueError(f"{where}: {key} looks like part of the draft fc or its per-tap norms, but it is not a name "
+                         "the fc loader knows (fc.weight, fc.bias, fc.weight_scale, fc.weight_scale_inv, "
+                         "fc_norm.{k}.weight, aux_norm_low/mid/high.weight, each optionally under model.); refused "
+                         "rather than loading the fc without it")
+
+
 def _keys_of(f: str) -> List[str]:
     from safetensors import safe_open
 
@@ -138,6 +154,7 @@ def _from_index(index: str) -> Dict[str, Tuple[str, str]]:
     keys_in: Dict[str, set] = {}
     for key, fname in wm.items():
         c = canonical_name(key)
+        _refuse_unknown_fc_part(c, key, f"shard index {index}")
         if not _wanted(c):
             continue
         if c in found:
@@ -169,6 +186,7 @@ def _locate(path: str) -> Tuple[Dict[str, Tuple[str, str]], str]:
     for f in files:
         for key in _keys_of(f):
             c = canonical_name(key)
+            _refuse_unknown_fc_part(c, key, f)
             if _wanted(c):
                 if c in found:
                     raise ValueError(f"{path}: {c} appears twice ({found[c][1]} in {found[c][0]} and {key} in {f})")
@@ -282,7 +300,12 @@ def _check_tp(tp_rank, tp_size) -> None:
 def load_draft_fc(path: str, tp_rank: int = 0, tp_size: int = 1, dtype: Optional[torch.dtype] = None,
                   device="cpu") -> DraftFc:
     """Reads fc.weight / fc.bias / fc_norm.*.weight from a safetensors file or directory; shards like SGLang.
-    ValueError (or FileNotFoundError) naming the tensor or file on anything it cannot use as is."""
+    ValueError (or FileNotFoundError) naming the tensor or file on anything it cannot use as is; TypeError for a
+    ``dtype`` that is not a floating-point torch.dtype."""
+    if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point
+                              or dtype in _FP8):
+        raise TypeError(f"load_draft_fc: dtype must be None or a floating-point torch.dtype (torch.float32, "
+                        f"torch.bfloat16, torch.float16, torch.float64), got {dtype!r}")
     _check_tp(tp_rank, tp_size)
     found, d = _locate(path)
     if "fc.weight" not in found:

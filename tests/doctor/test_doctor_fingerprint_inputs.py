@@ -143,6 +143,38 @@ def test_non_finite_reference_rows_are_an_error(tmp_path):
     assert res.rows_used[1] == T - 1 and res.matches[1].best_cos > 0.999
 
 
+def test_an_all_nan_reference_blames_the_reference(tmp_path):
+    """Every reference row NaN: bad input naming the reference (exit 2, one line), never the captured slots."""
+    stack = _stack(3)
+    rp = _write_ref(tmp_path / "ref.safetensors", torch.full_like(stack, float("nan")),
+                    hidden_states=torch.full((L + 1, T, H), float("nan")))
+    cp = str(tmp_path / "cap.safetensors")
+    save_captured(cp, torch.cat([stack[c] for c in COLS], -1), torch.arange(100, 100 + T), draft_ids=DRAFT_IDS,
+                  num_layers=L, hidden_size=H)
+    code, out, err = cli("doctor", "fingerprint", "--reference", rp, "--captured", cp)
+    assert_clean_error(code, out, err, f"reference {rp}", "NaN or Inf")
+    assert "captured slot" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_reference_nan_at_every_captured_token_blames_the_reference(tmp_path):
+    """The reference is NaN in every index at the tokens the capture holds (finite elsewhere): no slot can be
+    compared; the reference's findings come first and each slot's 'no rows' finding says the reference is broken,
+    not the capture (whose rows are finite)."""
+    stack = _stack(4)
+    bad = stack.clone()
+    bad[:, :10] = float("nan")
+    rp = _write_ref(tmp_path / "ref.safetensors", bad)
+    cp = str(tmp_path / "cap.safetensors")
+    save_captured(cp, torch.cat([stack[c][:10] for c in COLS], -1), torch.arange(100, 110), draft_ids=DRAFT_IDS,
+                  num_layers=L, hidden_size=H)
+    res = fingerprint(rp, cp)
+    codes = [f.code for f in res.findings if f.severity == "error"]
+    assert codes[0] == "fingerprint-reference-nonfinite" and "fingerprint-no-rows" in codes, codes
+    for f in res.findings:
+        if f.code == "fingerprint-no-rows":
+            assert "the reference is broken, not the capture" in f.message, f.message
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # bad fields: exit 2, one line naming the file and the field
 # ----------------------------------------------------------------------------------------------------------------

@@ -64,13 +64,17 @@ def test_matching_responses(recorded, tmp_path):
 
 
 def test_fewer_accepted_drafts_online_is_a_mismatch_at_that_step(recorded, tmp_path):
+    from eagle3_capture.doctor.serving import walk
+
     lines = json.loads(json.dumps(recorded[2]))
-    # one prompt's verifies: move every fully accepted verify to "rejected at step 1" (as a miswired capture would)
+    # one prompt served by a draft that never gets a token right (as a miswired capture would): SGLang's own walk
+    # for it, so the counts are ones a server reports (the impossible ones are bad input: below)
     for line in lines:
         h = line["meta_info"]["spec_correct_drafts_histogram"]
         if len(h) == 4 and h[3]:
-            h[0] += h[3]
-            h[3] = 0
+            s = walk([0] * N, N)
+            line["meta_info"].update(completion_tokens=s.completion_tokens, spec_verify_ct=s.verify_ct,
+                                     spec_correct_drafts_histogram=s.histogram, spec_num_proposed_drafts=3 * s.verify_ct)
             break
     code, text, err = _online(recorded, _write(tmp_path / "r.jsonl", lines))
     assert code == 1, text + err
@@ -91,11 +95,12 @@ def test_bad_inputs(recorded, tmp_path):
     assert_clean_error(*_online(recorded, _write(tmp_path / "bad.jsonl", ["{nope"])), "line 1", "malformed JSON")
     assert_clean_error(*_online(recorded, _write(tmp_path / "few.jsonl", lines[:3])), "no recorded response for prompt 3")
     nospec = json.loads(json.dumps(lines))
-    del nospec[0]["meta_info"]["spec_verify_ct"]
+    for key in ("spec_verify_ct", "spec_correct_drafts_histogram", "spec_num_proposed_drafts"):
+        del nospec[0]["meta_info"][key]
     assert_clean_error(*_online(recorded, _write(tmp_path / "nospec.jsonl", nospec)), "does not run speculative")
     badh = json.loads(json.dumps(lines))
     badh[1]["meta_info"]["spec_correct_drafts_histogram"].append(5)
-    assert_clean_error(*_online(recorded, _write(tmp_path / "h.jsonl", badh)), "sums to")
+    assert_clean_error(*_online(recorded, _write(tmp_path / "h.jsonl", badh)), "line 2", "counts")
     assert_clean_error(*_online(recorded, good, "--new-tokens", 12), "not max_new_tokens 12")
     code, text, err = cli("doctor", "online", "--server", good, "--prompts", ppath, "--target", "demo", "--draft",
                           os.path.join(out, "draft"), "--no-progress", "--device", "cpu")
@@ -111,3 +116,81 @@ def test_bad_inputs(recorded, tmp_path):
         port = s.getsockname()[1]
     assert_clean_error(*_online(recorded, f"http://127.0.0.1:{port}", "--new-tokens", N, "--timeout", 5),
                        "cannot reach the server")
+
+
+def _one_line_bad_input(code, text, err, *needles):
+    assert_clean_error(code, text, err, *needles)
+    assert len([ln for ln in err.splitlines() if ln.strip()]) == 1, err
+    assert "capture or draft-side" not in err + text and "verdict" not in text, text + err
+
+
+def test_impossible_counts_are_bad_input_naming_the_record(recorded, tmp_path):
+    """Counts no server reports (doctor/responses.py says why each relation holds) end in exit 2 naming the line and
+    the field: never 'matches', never the capture-mismatch verdict."""
+    lines = recorded[2]
+
+    def with_meta(i, **meta):
+        out = json.loads(json.dumps(lines))
+        out[i]["meta_info"].update(meta)
+        for k in [k for k, v in meta.items() if v is None]:
+            del out[i]["meta_info"][k]
+        return out
+
+    c = lines[2]["meta_info"]["completion_tokens"]
+    cases = {
+        "zero_verifies": ([dict(ln, meta_info={**ln["meta_info"], "spec_verify_ct": 0,
+                                                "spec_correct_drafts_histogram": [], "spec_num_proposed_drafts": 0})
+                           for ln in json.loads(json.dumps(lines))], ["line 1", "spec_verify_ct 0"]),
+        "beyond_num_steps": (with_meta(2, spec_verify_ct=2, spec_correct_drafts_histogram=[0, 0, 0, 0, 1, 1],
+                                       spec_num_proposed_drafts=6),
+                             ["line 3", "accepted 5 draft tokens", "at most 3"]),
+        "more_verifies_than_tokens": (with_meta(2, spec_verify_ct=c + 2, spec_correct_drafts_histogram=[c + 2],
+                                                spec_num_proposed_drafts=3 * (c + 2)),
+                                      ["line 3", "more verifies"]),
+        "histogram_against_completion_tokens": (with_meta(2, spec_verify_ct=1, spec_correct_drafts_histogram=[0, 1],
+                                                          spec_num_proposed_drafts=3),
+                                                ["line 3", f"completion_tokens {c} is more than"]),
+        "completion_tokens_0": ([dict(ln, output_ids=[], meta_info={**ln["meta_info"], "completion_tokens": 0,
+                                                                    "spec_verify_ct": 0,
+                                                                    "spec_correct_drafts_histogram": [],
+                                                                    "spec_num_proposed_drafts": 0})
+                                 for ln in json.loads(json.dumps(lines))], ["line 1", "completion_tokens 0"]),
+        "proposed_for_other_flags": (with_meta(4, spec_num_proposed_drafts=lines[4]["meta_info"]["spec_verify_ct"]),
+                                     ["line 5", "spec_num_proposed_drafts", "num-draft-tokens 2"]),
+    }
+    for name, (bad, needles) in cases.items():
+        code, text, err = _online(recorded, _write(tmp_path / f"{name}.jsonl", bad))
+        _one_line_bad_input(code, text, err, *needles)
+        assert "--new-tokens" not in err, (name, err)  # a flag the user never gave
+
+
+def test_two_records_for_one_prompt_are_an_error_naming_both_lines(recorded, tmp_path):
+    lines = recorded[2]
+    dup = lines + [json.loads(json.dumps(lines[1]))]
+    _one_line_bad_input(*_online(recorded, _write(tmp_path / "dup.jsonl", dup)), f"lines 2 and {len(dup)}")
+
+
+def test_the_newer_meta_info_names_alone_are_read(recorded, tmp_path):
+    """spec_num_correct_drafts / spec_num_proposed_drafts without spec_verify_ct and the histogram: the verifies
+    are proposed / (num-draft-tokens - 1), the accept lengths are compared, per step there is nothing online."""
+    lines = json.loads(json.dumps(recorded[2]))
+    for ln in lines:
+        m = ln["meta_info"]
+        h = m.pop("spec_correct_drafts_histogram")
+        m.pop("spec_verify_ct")
+        m["spec_num_correct_drafts"] = sum(n * x for n, x in enumerate(h))
+    code, text, err = _online(recorded, _write(tmp_path / "new.jsonl", lines), "--json", tmp_path / "o.json")
+    assert code == 0, text + err
+    j = json.load(open(tmp_path / "o.json"))
+    assert j["ok"] and j["online"]["verify_ct"] == j["predicted"]["verify_ct"], j
+    assert "no per-step figures online" in text and "verdict: matches" in text, text
+    # and a draft that accepts less online than predicted is still named, from the accept lengths alone
+    for ln in lines:
+        m = ln["meta_info"]
+        v = m["spec_num_proposed_drafts"] // 3
+        m["spec_num_correct_drafts"] = 0
+        m["spec_num_proposed_drafts"] = 3 * (N - 1)
+        ln["meta_info"]["completion_tokens"] = N
+        assert v <= N - 1
+    code, text, err = _online(recorded, _write(tmp_path / "new_low.jsonl", lines))
+    assert code == 1 and "below predicted" in text and "capture or draft-side mismatch" in text, text + err

@@ -31,7 +31,8 @@ NO_TARGET_TOKENS = NEW_TOKENS - 3
 
 
 def dump_env(d: str) -> Dict[str, str]:
-    return {"EAGLE3_CAPTURE_DUMP": d, "EAGLE3_CAPTURE_DUMP_MAX": "100000", "EAGLE3_CAPTURE_DUMP_STREAM": "all"}
+    return {"EAGLE3_CAPTURE_DUMP": d, "EAGLE3_CAPTURE_DUMP_MAX": "100000", "EAGLE3_CAPTURE_DUMP_REQUESTS": "100000",
+            "EAGLE3_CAPTURE_DUMP_STREAM": "all"}
 
 
 def online_without_target(pair, url: str, dump: str, name: str) -> dict:

@@ -535,3 +535,26 @@ def test_bad_inputs_against_the_servers_dump(pair, launched, tmp_path):
                                                                              dtype=torch.bfloat16),
                 torch.randn(ids.numel(), 48, dtype=torch.bfloat16))
     one_line(*doctor("fingerprint", "--training-data", wide, "--captured", dump), "another model")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# what `doctor online` believes holds for every response of SGLang's real loop
+# ----------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("which, flags", [("stock", CHAIN), ("miswired", CHAIN), ("tree", TREE)])
+def test_every_served_response_passes_the_doctors_count_checks(request, which, flags):
+    """doctor/responses.py derives the relations between completion_tokens, the verifies, the histogram and the
+    newer counters from SGLang 0.5.23's source: every response its serving loop returns satisfies them, for a chain
+    and a tree, served right or miswired; 0.5.23 writes the old names and the newer ones side by side."""
+    from eagle3_capture.doctor.responses import check_counts, read_recorded
+
+    srv = request.getfixturevalue(which)
+    srv = srv[0] if isinstance(srv, tuple) else srv
+    assert srv.error is None, srv.log[-3000:]
+    responses = read_recorded(srv.path)
+    check_counts(responses, flags)
+    assert len(responses) == PROMPTS and all(r.completion_tokens == NEW_TOKENS for r in responses)
+    assert all(r.histogram is not None and r.num_proposed_drafts is not None for r in responses)
+    meta = srv.responses[0]["meta_info"]
+    assert {"spec_verify_ct", "spec_correct_drafts_histogram", "spec_num_correct_drafts",
+            "spec_num_proposed_drafts", "spec_accept_length"} <= set(meta), sorted(meta)

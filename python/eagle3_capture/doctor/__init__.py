@@ -31,6 +31,7 @@ Modules, one concern each:
   accept             `doctor accept`: offline accuracy per draft step, the served accept length and tau
   online             `doctor online`'s server side: responses, verdicts, the report
   online_run         `doctor online`, the run: responses, target side, draft, replay, comparison
+  responses          a server's responses parsed, their counts checked against SGLang's, and online's verdict
   demo               `doctor demo`: all of the above on the built-in pair
   plots              the demo's PNG
   cli                the argparse subcommands

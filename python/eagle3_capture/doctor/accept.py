@@ -31,10 +31,11 @@ import torch
 
 from ..spec import TapSpec
 from .common import DoctorError, read_prompts, save_safetensors, write_json
+from .bounds import check_positions, check_speculative, check_steps
 from .draft_side import parse_taps
 from .replay import chain_correct_taps
 from .serving import Served, chain_accepted, total
-from .server_args import parse_server_args, resolve_speculative
+from .server_args import not_eagle3, parse_server_args, resolve_speculative
 from .target_side import layer_inputs
 
 
@@ -230,12 +231,18 @@ def run_accept(target_path: Optional[str], draft_path: str, prompts_path: str, s
         raise DoctorError(f"--batch-size {batch_size}: need at least 1")
     if steps is not None and steps < 1:
         raise DoctorError(f"--steps {steps}: need at least 1")
+    check_steps(steps, "--steps")
     flags = parse_server_args(server_args) if server_args else None
+    refused = not_eagle3(flags) if flags is not None else None
+    if refused:
+        raise DoctorError(f"--server-args: {refused}")
     side, embed, head = open_target(target_path, hidden_states, target_checkpoint, device, seed, progress)
     ds = load_draft_side(draft_path, side.info, taps, device, draft_dtype(dtype, device, target_path is not None),
                          embed, head)
     spec, declared, notes = ds.taps, ds.declared, list(ds.notes)
     res = resolve_speculative(flags or parse_server_args(""), side.info.architecture)
+    if unserved_reason(res) is None:
+        check_speculative(res.steps, res.topk, res.draft_tokens, ds.draft.arch.draft_vocab_size, "--server-args")
     n_chain = res.steps if (res.steps is not None and not res.error) else 3
     if steps is not None and steps < n_chain:
         raise DoctorError(f"--steps {steps}: fewer than the {n_chain} draft steps of the chain "
@@ -251,6 +258,10 @@ def run_accept(target_path: Optional[str], draft_path: str, prompts_path: str, s
         if new_tokens < 2:
             raise DoctorError(f"--hidden-states {hidden_states}: its requests hold too few tokens after the prompts "
                               f"for {S} draft steps (need the new tokens + {S + 1})")
+    # a transformers target's positions bound the continuation; a dump holds what it holds
+    target_model = getattr(getattr(side, "target", None), "model", None)
+    if target_model is not None:
+        check_positions(target_model, prompts, new_tokens, S, "--new-tokens")
     runs = evaluate(side, ds.draft, prompts, spec, S, new_tokens, res, batch_size, progress)
     notes += side.notes
     allc = torch.cat([r.correct for r in runs], 0)

@@ -2,14 +2,17 @@
 ``argparse.ArgumentTypeError`` saying what it expected and what it got, so that argparse ends the command with one
 line naming the flag and exit code 2 -- before any model is loaded or any work is done.
 
-Output paths are checked the same way: an output file must not be a directory, an output directory must not be a
-file, and the nearest existing folder above either must be a writable directory (folders below it are created).
+Output paths are checked the same way: an output file must not be a directory or a special file (a device), an
+output directory must not be a file, and the nearest existing folder above either must be a directory a file can
+be created in (tried for real: as root, ``os.access`` says yes everywhere). Sizes are bounded here where the bound
+is known before any model loads (threads: the CPU count) and in ``bounds`` where it comes from the models.
 """
 from __future__ import annotations
 
 import argparse
 import math
 import os
+import tempfile
 from typing import Callable, Optional
 
 SEED_MAX = 2 ** 63 - 1  # torch.manual_seed takes a signed 64-bit value
@@ -74,19 +77,35 @@ def _nearest_existing(path: str) -> str:
     return d
 
 
+def _can_create_in(d: str) -> bool:
+    """Whether a file can be created in directory d, tried for real: os.access says yes to root everywhere, also
+    on /proc and /sys, where creating a file fails."""
+    try:
+        with tempfile.NamedTemporaryFile(dir=d, prefix=".eagle3-capture-probe-"):
+            pass
+    except OSError:
+        return False
+    return True
+
+
 def _writable_parent(path: str) -> None:
     d = _nearest_existing(path)
     if not os.path.isdir(d):
         raise argparse.ArgumentTypeError(f"{path!r}: {d} is a file, not a directory to write into")
-    if not os.access(d, os.W_OK | os.X_OK):
+    if not os.access(d, os.W_OK | os.X_OK) or not _can_create_in(d):
         raise argparse.ArgumentTypeError(f"{path!r}: directory {d} is not writable")
 
 
 def output_file(text: str) -> str:
+    """A file path to write: not a directory, not a device or another special file (the writers replace the path
+    with a new file: a device node would be gone), in a directory a file can be created in."""
     if not text:
         raise argparse.ArgumentTypeError("expected a file path, got ''")
     if os.path.isdir(text):
         raise argparse.ArgumentTypeError(f"{text!r} is a directory; expected a file path to write")
+    if os.path.exists(text) and not os.path.isfile(text):
+        raise argparse.ArgumentTypeError(f"{text!r} exists and is not a regular file (a device, pipe or socket); "
+                                         "expected a file path to write")
     if os.path.exists(text) and not os.access(text, os.W_OK):
         raise argparse.ArgumentTypeError(f"{text!r} exists and is not writable")
     _writable_parent(text)
@@ -101,14 +120,41 @@ def output_dir(text: str) -> str:
     if os.path.isdir(text):
         if not os.access(text, os.W_OK | os.X_OK):
             raise argparse.ArgumentTypeError(f"directory {text!r} is not writable")
+        if not _can_create_in(text):
+            raise argparse.ArgumentTypeError(f"directory {text!r} is not writable")
     else:
         _writable_parent(os.path.join(text, "x"))
     return text
 
 
+def threads(text: str) -> int:
+    """CPU threads: 1 .. this machine's CPU count (torch crashes on absurd counts; more threads than CPUs only
+    spin against each other)."""
+    cores = os.cpu_count() or 1
+    try:
+        v = int(text, 10)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected an integer in 1..{cores} (this machine's CPUs), got {text!r}"
+                                         ) from None
+    if not 1 <= v <= cores:
+        raise argparse.ArgumentTypeError(f"expected an integer in 1..{cores} (this machine's CPUs), got {v}")
+    return v
+
+
+def server(text: str) -> str:
+    """``doctor online --server``: a well-formed http(s) URL or an existing recorded-responses file."""
+    from .common import DoctorError
+    from .server_url import server_source
+
+    try:
+        return server_source(text)
+    except DoctorError as e:
+        raise argparse.ArgumentTypeError(str(e).replace(f"--server {text!r}: ", "")) from None
+
+
 POSITIVE = int_at_least(1)
 NON_NEGATIVE = int_at_least(0)
-THREADS = int_at_least(1)
+THREADS = threads
 
-__all__ = ["int_at_least", "seed", "finite_float", "output_file", "output_dir", "POSITIVE", "NON_NEGATIVE",
-           "THREADS", "SEED_MAX"]
+__all__ = ["int_at_least", "seed", "finite_float", "output_file", "output_dir", "threads", "server", "POSITIVE",
+           "NON_NEGATIVE", "THREADS", "SEED_MAX"]

@@ -44,7 +44,7 @@ def _cmd_dump_reference(args) -> int:
     device = pick_device(args.device)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
     with torch_threads(args.threads):
-        target = load_target(args.model, device=device, seed=args.seed)
+        target = load_target(args.model, device=device, seed=args.seed, quiet=True)  # an error stays one line
         prompts = read_prompts(args.prompts, target.tokenizer, vocab_size=target.vocab_size)
         from tqdm import tqdm
 
@@ -268,7 +268,7 @@ def add_doctor_parser(sub) -> None:
                                   "and residual stream; only the draft is loaded here, and the served slots are "
                                   "fingerprinted too). Exit 0 when they match, 1 on a mismatch (with what it means), "
                                   "2 on bad input or an unreachable server.")
-    s.add_argument("--server", required=True, metavar="URL|FILE.jsonl",
+    s.add_argument("--server", required=True, metavar="URL|FILE.jsonl", type=at.server,
                    help="http://host:port of a running server, or a JSONL file of recorded responses "
                         "({\"input_ids\", \"output_ids\", \"meta_info\"} a line)")
     s.add_argument("--prompts", required=True, metavar="FILE", help="as for dump-reference")
@@ -293,8 +293,8 @@ def add_doctor_parser(sub) -> None:
     s.add_argument("--tolerance", type=at.finite_float(0.0, 1.0, high_open=True), default=0.02,
                    help="largest per-step acceptance difference (and relative accept-length difference) still called "
                         "a match (default 0.02)")
-    s.add_argument("--timeout", type=at.finite_float(0.0, low_open=True), default=600.0,
-                   help="seconds to wait for each response (default 600)")
+    s.add_argument("--timeout", type=at.finite_float(0.0, 86400.0, low_open=True), default=600.0,
+                   help="seconds to wait for each response (default 600, at most 86400)")
     s.add_argument("--concurrency", type=at.POSITIVE, default=8, help="requests in flight at once (default 8)")
     s.add_argument("--batch-size", type=at.POSITIVE, default=8, help="prompts per offline batch")
     _add_device_threads(s)

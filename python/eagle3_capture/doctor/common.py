@@ -82,12 +82,18 @@ def load_safetensors(path: str, what: str):
 
 def save_safetensors(path: str, tensors: Dict[str, Any], metadata: Optional[Dict[str, Any]] = None) -> None:
     """Save contiguous CPU tensors; metadata values that are not strings are stored as JSON."""
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
+    if os.path.exists(path) and not os.path.isfile(path):  # safetensors replaces the path: never a device node
+        raise DoctorError(f"{path}: exists and is not a regular file; expected a file path to write")
     d = os.path.dirname(os.path.abspath(path))
     os.makedirs(d, exist_ok=True)
     meta = {k: v if isinstance(v, str) else json.dumps(v) for k, v in (metadata or {}).items()}
-    save_file({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, path, metadata=meta)
+    try:
+        save_file({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, path, metadata=meta)
+    except SafetensorError as e:
+        raise DoctorError(f"{path}: cannot be written ({e})") from None
 
 
 def meta_json(meta: Dict[str, str], key: str, what: str, default: Any = None) -> Any:
@@ -196,6 +202,9 @@ def torch_threads(n: Optional[int]) -> Iterator[None]:
     if not n:
         yield
         return
+    cores = os.cpu_count() or 1
+    if not 1 <= int(n) <= cores:
+        raise DoctorError(f"--threads {n}: expected 1..{cores} (this machine's CPUs)")
     old = torch.get_num_threads()
     torch.set_num_threads(int(n))
     try:

@@ -119,8 +119,16 @@ def stream_cosines(ref: Reference, records: List[SlotRows], K: int) -> CosineSum
 
 def row_findings(ref: Reference, records: List[SlotRows], table: CosineSums, best: List[int], K: int
                   ) -> Tuple[List[Finding], List[str]]:
-    """Findings for captured rows that are not finite or are all zero, and for a reference that is not finite."""
+    """Findings for a reference that is not finite (first: a broken reference explains what follows) and for
+    captured rows that are not finite or are all zero. A slot none of whose rows can be compared is blamed on the
+    capture only when its own rows are not finite or all zero; else on the reference."""
     out, notes = [], []
+    for c, n in enumerate(table.ref_nonfinite):
+        if n:
+            out.append(Finding("error", "fingerprint-reference-nonfinite",
+                               f"reference {ref.path}: {ref.labels[c]} has {n} of {ref.num_tokens} rows with NaN or "
+                               "Inf; they are left out of the cosines",
+                               "dump the reference again (in float32)"))
     total = sum(r.valid.shape[1] for r in records)
     for k in range(K):
         nf = sum(int(r.nonfinite[k].sum()) for r in records)
@@ -157,16 +165,16 @@ def row_findings(ref: Reference, records: List[SlotRows], table: CosineSums, bes
             notes.append(f"slot {k}: {explained} all-zero row(s) where the reference's {ref.labels[best[k]]} is all "
                          "zero too (left out of the cosines)")
         if int(table.used[k].max()) == 0:
-            out.append(Finding("error", "fingerprint-no-rows",
-                               f"captured slot {k}: none of its {total} rows can be compared (non-finite or all "
-                               "zero): nothing is known about the tap it holds",
-                               "dump a capture with finite, non-zero rows"))
-    for c, n in enumerate(table.ref_nonfinite):
-        if n:
-            out.append(Finding("error", "fingerprint-reference-nonfinite",
-                               f"reference {ref.path}: {ref.labels[c]} has {n} of {ref.num_tokens} rows with NaN or "
-                               "Inf; they are left out of the cosines",
-                               "dump the reference again (in float32)"))
+            if any(bool(r.valid[k].any()) for r in records):
+                out.append(Finding("error", "fingerprint-no-rows",
+                                   f"captured slot {k}: none of its {total} rows can be compared: the reference has no "
+                                   "finite, non-zero row at those tokens (the reference is broken, not the capture)",
+                                   "dump the reference again (in float32)"))
+            else:
+                out.append(Finding("error", "fingerprint-no-rows",
+                                   f"captured slot {k}: none of its {total} rows can be compared (non-finite or all "
+                                   "zero): nothing is known about the tap it holds",
+                                   "dump a capture with finite, non-zero rows"))
     return out, notes
 
 

@@ -180,6 +180,9 @@ def fingerprint(reference: str, captured: str, declared: Optional[TapSpec] = Non
     if skipped:
         notes.append(f"{len(skipped)} dump(s) skipped (tokens not in the reference)")
     table = stream_cosines(ref, aligned, K)
+    if all(n == ref.num_tokens for n in table.ref_nonfinite):
+        raise DoctorError(f"reference {ref.path}: every row of every index holds NaN or Inf: there is nothing to "
+                          "compare the capture with; dump the reference again (in float32)")
     cos = torch.where(table.used > 0, table.cos_sum / table.used.clamp_min(1), torch.full((), float("nan"),
                                                                                             dtype=torch.float64))
     order_key = cos.nan_to_num(nan=-math.inf)

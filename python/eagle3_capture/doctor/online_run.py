@@ -12,9 +12,12 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
+from .bounds import MAX_TIMEOUT_S, check_positions, check_speculative
 from .common import DoctorError, read_prompts, write_json
 from .online import OnlineReport, Response, StepRow, _flags_from, _post_json, fetch, read_recorded, render, \
     server_flags, verdict_of
+from .responses import has_histograms
+from .server_url import is_url as url_like, server_source
 from .serving import step_acceptance, total
 
 
@@ -29,6 +32,8 @@ def _validate(tolerance, timeout, concurrency, batch_size, new_tokens) -> None:
         raise DoctorError(f"--batch-size {batch_size}: expected at least 1")
     if new_tokens is not None and new_tokens < 2:
         raise DoctorError(f"--new-tokens {new_tokens}: need at least 2")
+    if timeout > MAX_TIMEOUT_S:
+        raise DoctorError(f"--timeout {timeout:g}: at most {MAX_TIMEOUT_S:g} s (a day) per response")
 
 
 def _recorded(server: str, prompts: List[List[int]], prompts_path: str, new_tokens: Optional[int]
@@ -46,16 +51,30 @@ def _recorded(server: str, prompts: List[List[int]], prompts_path: str, new_toke
             raise DoctorError(f"--server {server}: the responses have {lengths} completion tokens; give "
                               "--new-tokens (the max_new_tokens they were served with)")
         new_tokens = lengths[0]
+        if new_tokens < 2:
+            raise DoctorError(f"--server {server}: the responses have {new_tokens} completion token each; the "
+                              "replay needs responses to max_new_tokens >= 2")
     if new_tokens < 2:
         raise DoctorError(f"--new-tokens {new_tokens}: need at least 2")
     return responses, new_tokens
 
 
-def _draft_vocab(draft_path: str) -> Optional[int]:
+def _draft_vocab(draft_path: str, key: str = "vocab_size") -> Optional[int]:
+    """The draft config's ``key`` (``vocab_size``: the target's vocabulary; ``draft_vocab_size``: the draft's own
+    head, where it has one), None when absent."""
     from .common import read_json
 
     cfg = read_json(os.path.join(draft_path, "config.json"), "draft config")
-    v = cfg.get("vocab_size") if isinstance(cfg, dict) else None
+    v = cfg.get(key) if isinstance(cfg, dict) else None
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+
+def _max_positions(config: Optional[dict]) -> Optional[int]:
+    """max_position_embeddings of the target checkpoint's config (its text config's), None when not given."""
+    if not isinstance(config, dict):
+        return None
+    cfg = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    v = cfg.get("max_position_embeddings")
     return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
 
 
@@ -69,13 +88,15 @@ def run_online(server: str, prompts_path: str, target_path: Optional[str], draft
     from .draft_side import draft_dtype, load_draft_side
     from .accept import metrics
     from .replay import evaluate, served_walks
-    from .server_args import SpecResolution
+    from .server_args import SpecResolution, not_eagle3, parse_server_args
 
     _validate(tolerance, timeout, concurrency, batch_size, new_tokens)
-    is_url = server.startswith(("http://", "https://"))
-    if not is_url and not os.path.exists(server):
-        raise DoctorError(f"--server {server!r}: neither an http(s):// URL nor an existing JSONL file of recorded "
-                          "responses")
+    new_tokens_given = new_tokens is not None
+    is_url = url_like(server)
+    server = server_source(server)
+    refused = not_eagle3(parse_server_args(server_args)) if server_args else None
+    if refused:  # before any model loads or any request goes out
+        raise DoctorError(f"--server-args: {refused}")
     if target_path is not None and (dump is not None or target_checkpoint is not None):
         raise DoctorError("--target runs the target here; --dump / --target-checkpoint are for a run without it "
                           "(the server as the target): give one or the other")
@@ -92,6 +113,8 @@ def run_online(server: str, prompts_path: str, target_path: Optional[str], draft
         head = side.target.model.get_output_embeddings().weight.detach()
         ds = load_draft_side(draft_path, side.info, taps, device, torch_dtype, embed, head)
         tokenizer, vocab, arch = side.tokenizer, side.info.vocab_size, side.info.architecture
+        positions = side.target.model  # its config's max_position_embeddings
+        draft_vocab = ds.draft.arch.draft_vocab_size
     else:
         ck = CheckpointSide(target_checkpoint)
         tokenizer = ck.tokenizer
@@ -102,11 +125,20 @@ def run_online(server: str, prompts_path: str, target_path: Optional[str], draft
 
             tcfg = configs.read_target_config(ck.config)
             arch = tcfg.architectures[0] if tcfg.architectures else None
+        positions = _max_positions(ck.config)
+        draft_vocab = _draft_vocab(draft_path, "draft_vocab_size") or _draft_vocab(draft_path)
     prompts = read_prompts(prompts_path, tokenizer, vocab_size=vocab)
     if is_url:
         if new_tokens is None:
             raise DoctorError("--new-tokens is needed with a server URL (max_new_tokens of each request)")
         from_server = server_flags(server, min(timeout, 30.0))
+        steps = 0
+        if server_args or from_server:  # the flags, checked before the server is asked for anything
+            early = _flags_from(server_args, arch, from_server, [])
+            if draft_vocab is not None:
+                check_speculative(*early, draft_vocab, "server flags")
+            steps = early[0]
+        check_positions(positions, prompts, new_tokens, steps, "--new-tokens")
         responses = fetch(server, prompts, new_tokens, timeout, concurrency, progress)
     else:
         from_server = None
@@ -119,6 +151,10 @@ def run_online(server: str, prompts_path: str, target_path: Optional[str], draft
                           "greedy responses with ignore_eos")
     flags = _flags_from(server_args, arch, from_server, responses)
     S, k, D = flags
+    if draft_vocab is not None:
+        check_speculative(S, k, D, draft_vocab, "server flags")
+    check_positions(positions, prompts, new_tokens, S,
+                    "--new-tokens" if is_url or new_tokens_given else f"completion_tokens of --server {server}")
     if target_path is None:
         from .target_stream import DumpTarget
 
@@ -155,6 +191,10 @@ def run_online(server: str, prompts_path: str, target_path: Optional[str], draft
     on_tot, pr_tot = total([r.served for r in responses]), total(predicted)
     m = metrics(torch.cat([r.correct for r in runs], 0))
     on_steps, pr_steps = step_acceptance(on_tot.histogram, S), step_acceptance(pr_tot.histogram, S)
+    if not has_histograms(responses):
+        on_steps = [float("nan")] * S
+        notes.append("the responses carry no spec_correct_drafts_histogram (newer SGLang names only): no per-step "
+                     "figures online; the accept lengths are compared")
     rows = [StepRow(j + 1, on_steps[j], pr_steps[j], m.conditional[j] if k == 1 else float("nan"))
             for j in range(S)]
     ok, verdict = verdict_of(lossless, first, rows, on_tot, pr_tot, tolerance)

@@ -18,6 +18,7 @@ from typing import List, Sequence
 
 import torch
 
+from .bounds import check_positions
 from .common import save_safetensors
 from .fingerprint import REFERENCE_FORMAT
 from .target_model import Target, greedy_continue, residual_stream
@@ -61,6 +62,7 @@ def write_reference(path: str, tensors: dict, *, num_layers: int, hidden_size: i
 
 def dump_reference(target: Target, prompts: List[List[int]], out: str, new_tokens: int = 0,
                    dtype: torch.dtype = torch.float32, progress=None) -> dict:
+    check_positions(target.model, prompts, new_tokens, 0, "--new-tokens")
     t = reference_tensors(target, prompts, new_tokens, dtype, progress)
     write_reference(out, t, num_layers=target.num_layers, hidden_size=target.hidden_size, source=target.source)
     return t

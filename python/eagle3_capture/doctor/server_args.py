@@ -240,6 +240,19 @@ def resolve_speculative(flags: ServerFlags, architecture: Optional[str] = None) 
 # findings
 # ----------------------------------------------------------------------------------------------------------------
 
+def not_eagle3(flags: ServerFlags) -> Optional[str]:
+    """Why these flags serve an EAGLE-3 draft without its taps (None: they do not): an algorithm other than EAGLE3
+    (NEXTN is SGLang's alias of EAGLE, which feeds the draft the last hidden state). ``doctor check`` calls it the
+    error finding "wrong-algorithm"; ``accept`` and ``online`` refuse to predict or compare under it."""
+    algo = (flags.speculative_algorithm or "").upper()
+    if algo and algo != "EAGLE3":
+        return (f"--speculative-algorithm {flags.speculative_algorithm}: only EAGLE3 makes SGLang capture the "
+                f"target's aux hidden states; an EAGLE-3 draft served as {algo} gets the last hidden state instead of "
+                "its taps, so there is no served figure to predict (doctor check: wrong-algorithm); use "
+                "--speculative-algorithm EAGLE3")
+    return None
+
+
 def _flag_text(r: SpecResolution) -> str:
     s, k, d = r.requested
     parts = []
@@ -384,5 +397,5 @@ def parallel_findings(flags: ServerFlags, taps: Optional[TapSpec], first_k_dense
     return out
 
 
-__all__ = ["ServerFlags", "parse_server_args", "SpecResolution", "resolve_speculative", "speculative_findings",
+__all__ = ["ServerFlags", "parse_server_args", "SpecResolution", "resolve_speculative", "not_eagle3", "speculative_findings",
            "parallel_findings", "AUTO_DEFAULT", "AUTO_LLAMA", "PAGE_TREE_BACKENDS"]

@@ -125,17 +125,23 @@ def load_target(path: str, device: str = "cpu", seed: int = 0, dtype: Optional[t
 
         from transformers.utils import logging as hf_logging
 
+        _require_layers(cfg, f"target config {path}/config.json")
         bars = hf_logging.is_progress_bar_enabled()
+        verbosity = hf_logging.get_verbosity()
         if quiet:
             hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()  # its load report is many lines; the doctor says what is wrong in one
         try:
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
+            model, info = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32,
+                                                               ignore_mismatched_sizes=True, output_loading_info=True)
         except Exception as e:  # transformers raises many types for an unusable checkpoint
             raise DoctorError(f"target model {path}: transformers could not load it: {type(e).__name__}: "
                               f"{str(e).splitlines()[0] if str(e) else ''}") from None
         finally:
+            hf_logging.set_verbosity(verbosity)
             if quiet and bars:
                 hf_logging.enable_progress_bar()
+        refuse_partly_random(info, f"target model {path}")
         tok = None
         try:
             from transformers import AutoTokenizer
@@ -147,7 +153,56 @@ def load_target(path: str, device: str = "cpu", seed: int = 0, dtype: Optional[t
     model = model.to(device).eval()
     c = model.config
     c = getattr(c, "text_config", None) or c
+    _require_layers({"num_hidden_layers": getattr(c, "num_hidden_layers", None)}, f"target {source}")
     return Target(model, tok, int(c.num_hidden_layers), int(c.hidden_size), int(c.vocab_size), source, cfg)
+
+
+def _require_layers(cfg: dict, what: str) -> None:
+    """A target has at least one decoder layer (with 0, HF's stack holds the embedding alone, the post-norm one)."""
+    for holder in (cfg, *(cfg.get(k) for k in ("text_config", "llm_config", "language_config") if isinstance(cfg.get(k), dict))):
+        n = holder.get("num_hidden_layers")
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise DoctorError(f"{what}: num_hidden_layers {n!r}: a target has at least one decoder layer")
+
+
+def _weight_groups(keys, limit: int = 6) -> str:
+    """Weight names for one line: those under one numbered block (``model.layers.3``) counted together."""
+    import re
+
+    groups = {}
+    for k in sorted(keys):
+        m = re.match(r"^(.*?\.\d+)\.", k) or re.match(r"^([^.]+)\.", k)
+        g = m.group(1) if m else k
+        groups.setdefault(g, []).append(k)
+    parts = [v[0] if len(v) == 1 else f"{g}.* ({len(v)})" for g, v in groups.items()]
+    more = f" and {len(parts) - limit} more" if len(parts) > limit else ""
+    return ", ".join(parts[:limit]) + more
+
+
+def refuse_partly_random(info: dict, what: str) -> None:
+    """transformers fills weights a checkpoint lacks (or holds in another shape) with random values and only logs a
+    report: a reference or a prediction from such a model is noise. DoctorError naming the missing, unexpected and
+    mismatched weights (``from_pretrained(..., output_loading_info=True)``; the keys transformers itself ignores,
+    tied weights and e.g. DeepSeek-V3's MTP layer, are not in it)."""
+    missing = set(info.get("missing_keys") or ())
+    unexpected = set(info.get("unexpected_keys") or ())
+    mismatched = sorted(info.get("mismatched_keys") or ())
+    if not (missing or unexpected or mismatched):
+        return
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} missing (transformers would fill them with random values): "
+                     + _weight_groups(missing))
+    if mismatched:
+        shown_ = ", ".join(f"{k} {tuple(a)} in the checkpoint, {tuple(b)} in the model" for k, a, b in mismatched[:3])
+        parts.append(f"{len(mismatched)} of another shape: {shown_}" + (" ..." if len(mismatched) > 3 else ""))
+    if unexpected:
+        parts.append(f"{len(unexpected)} unexpected (the checkpoint is of another model): " + _weight_groups(unexpected))
+    hint = ""
+    if any(k == "fc.weight" or k.startswith("midlayer.") for k in unexpected):
+        hint = "; this is an EAGLE-3 draft checkpoint, not a target"
+    raise DoctorError(f"{what}: the checkpoint does not fit the model its config.json builds: " + "; ".join(parts)
+                      + hint)
 
 
 def _decoder(model):
@@ -207,4 +262,4 @@ def residual_stream(model, ids: torch.Tensor) -> Tuple[torch.Tensor, torch.Tenso
 
 
 __all__ = ["DEMO", "demo_target_config", "demo_target_config_dict", "demo_settings", "build_demo_target", "Target", "load_target",
-           "greedy_continue", "residual_stream"]
+           "refuse_partly_random", "greedy_continue", "residual_stream"]
