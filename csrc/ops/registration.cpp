@@ -54,20 +54,39 @@ namespace {
 void backend_select_checks(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   const size_t n = schema.arguments().size();
-  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  const size_t base = stack->size() - n;
+  // The fast path (every call of a real run) allocates nothing: count meta and real tensors, name them only when
+  // they mix.
+  bool any_meta = false, any_real = false;
+  auto see = [&](const at::Tensor& t) {
+    if (!t.defined()) return;
+    (t.is_meta() ? any_meta : any_real) = true;
+  };
   for (size_t i = 0; i < n; ++i) {
-    const c10::IValue& v = (*stack)[stack->size() - n + i];
-    const std::string& name = schema.arguments()[i].name();
+    const c10::IValue& v = (*stack)[base + i];
     if (v.isTensor()) {
-      tensors.emplace_back(name, v.toTensor());
+      see(v.toTensor());
     } else if (v.isTensorList()) {
-      const auto list = v.toTensorList();
-      for (size_t j = 0; j < list.size(); ++j) tensors.emplace_back(name + "[" + std::to_string(j) + "]", list.get(j));
+      for (const at::Tensor& t : v.toTensorList()) see(t);
     }
   }
-  const std::string& qualified = schema.name();
-  const std::string short_name = qualified.substr(qualified.find("::") == std::string::npos ? 0 : qualified.find("::") + 2);
-  e3ops::check_meta_all_or_none(short_name.c_str(), tensors);
+  if (any_meta && any_real) {
+    std::vector<std::pair<std::string, at::Tensor>> tensors;
+    for (size_t i = 0; i < n; ++i) {
+      const c10::IValue& v = (*stack)[base + i];
+      const std::string& name = schema.arguments()[i].name();
+      if (v.isTensor()) {
+        tensors.emplace_back(name, v.toTensor());
+      } else if (v.isTensorList()) {
+        const auto list = v.toTensorList();
+        for (size_t j = 0; j < list.size(); ++j) tensors.emplace_back(name + "[" + std::to_string(j) + "]", list.get(j));
+      }
+    }
+    const std::string& qualified = schema.name();
+    const size_t colon = qualified.find("::");
+    const std::string short_name = qualified.substr(colon == std::string::npos ? 0 : colon + 2);
+    e3ops::check_meta_all_or_none(short_name.c_str(), tensors);
+  }
   op.redispatchBoxed(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::BackendSelect),
                      stack);
 }

@@ -51,8 +51,8 @@ def config_table(pair: dict, out: str) -> Dict[str, dict]:
         "plugin_eager": {"graph": "off", "draft": pair["draft"],
                          "env": {"EAGLE3_CAPTURE_DUMP_MAX": str(DUMP_MAX),
                                  "EAGLE3_CAPTURE_DUMP": os.path.join(dumps, "plugin_eager")}},
-        # graphs: the plugin's default DUMP_MAX (8), which the start-up's eager capture warm-ups use up, so the timed
-        # round writes none (what a default deployment with graphs on dumps: warm-ups only)
+        # graphs: the plugin's default bounds; the dump must hold served forwards only, verifies replayed from
+        # graphs among them (never SGLang's warm-up and capture passes)
         "plugin_graphs": {"graph": "on", "draft": pair["draft"],
                           "env": {"EAGLE3_CAPTURE_DUMP": os.path.join(dumps, "plugin_graphs")}},
         "stock_graphs": {"graph": "on", "draft": pair["draft_stock"], "env": {"EAGLE3_CAPTURE_DISABLE": "all"}},

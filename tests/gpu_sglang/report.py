@@ -91,8 +91,10 @@ def log_checks(log: str) -> dict:
 
 
 def dump_index(dump_dir: str, prompts: List[List[int]], windows: Optional[dict] = None) -> dict:
-    """What the plugin's capture dump holds: per file the forward mode, rows, whether the rows hold a served
-    prompt (its tokens in order at some offset) or only warm-up / dummy batches, and the round it was written in."""
+    """What the plugin's capture dump (format v2, python/eagle3_capture/dump_format.py) holds: per file the forward
+    mode, whether it was replayed from a CUDA graph, rows, request ids, whether an extend's rows hold a served prompt
+    (its tokens in order at some offset), and the round it was written in. A warm-up or capture pass of SGLang's
+    has no request ids and, for an extend, no served prompt: a dump of served traffic holds none."""
     files = sorted(glob.glob(os.path.join(dump_dir, "*.pt")))
     out = {"dir": dump_dir, "files": len(files), "records": []}
     if not files:
@@ -112,8 +114,12 @@ def dump_index(dump_dir: str, prompts: List[List[int]], windows: Optional[dict] 
         try:
             d = torch.load(path, map_location="cpu", weights_only=False)
             ids = d["input_ids"].tolist() if d.get("input_ids") is not None else []
-            rec.update(forward_mode=d.get("forward_mode"), rows=len(ids), aux_shape=list(d["aux"].shape),
+            reqs = d.get("requests") or []
+            aux = d.get("aux")
+            rec.update(format=d.get("format"), forward_mode=d.get("forward_mode"), graph=d.get("graph"),
+                       rows=len(ids), aux_shape=list(aux.shape) if aux is not None else None,
                        layers_to_capture=d.get("layers_to_capture"), draft_ids=d.get("draft_ids"),
+                       requests=len(reqs), rids_missing=sum(1 for r in reqs if r.get("rid") is None),
                        served_prompts=holds_prompt(ids))
         except Exception as e:
             rec["error"] = f"{type(e).__name__}: {e}"
@@ -122,11 +128,44 @@ def dump_index(dump_dir: str, prompts: List[List[int]], windows: Optional[dict] 
             rec["written_in"] = next((name for name, (s, e) in windows.items() if s <= mt <= e), "outside the rounds")
         out["records"].append(rec)
     recs = [r for r in out["records"] if "error" not in r]
+    out["errors"] = len(out["records"]) - len(recs)
     out["with_served_prompts"] = sum(1 for r in recs if r["served_prompts"])
     out["modes"] = sorted({r["forward_mode"] for r in recs if r.get("forward_mode")})
+    out["replayed_from_graph"] = sum(1 for r in recs if r.get("graph"))
+    out["not_v2"] = sum(1 for r in recs if r.get("format") != "eagle3-capture-dump/2")
+    # warm-up / dummy forwards: no request ids, or an extend holding no served prompt
+    out["not_served"] = sum(1 for r in recs if not r["requests"] or r["rids_missing"]
+                            or (r.get("forward_mode") == "EXTEND" and not r["served_prompts"]))
     out["written_in_round2"] = sum(1 for r in out["records"] if r.get("written_in") == "round2")
     return out
 
+
+def dump_problems(name: str, d: dict) -> List[str]:
+    """Why a plugin run's dump is not a dump of served traffic (the plugin dumps around the model runner's
+    forward, after a graph replay too, and never SGLang's warm-up or capture passes)."""
+    if not d.get("files"):
+        return [f"{name}: the capture dump is empty"]
+    bad = []
+    if d.get("errors"):
+        bad.append(f"{name}: {d['errors']} dump files do not load")
+    if d.get("not_v2"):
+        bad.append(f"{name}: {d['not_v2']} dump files are not format v2")
+    if d.get("not_served"):
+        bad.append(f"{name}: {d['not_served']} of {d['files']} dumped forwards are not served traffic (warm-up or "
+                   "capture passes)")
+    if not d.get("with_served_prompts"):
+        bad.append(f"{name}: no dumped forward holds a served prompt")
+    return bad
+
+
+def selftest_problems(name: str, lg: dict) -> List[str]:
+    """The self-test must pass once, on a served forward (its line says 'served ... request <rid>')."""
+    if not lg["selftest_passed"] or lg["selftest_failed"]:
+        return [f"{name}: self-test passed {lg['selftest_passed']}x, failed {lg['selftest_failed']}x"]
+    passed = [ln for ln in lg["selftest_lines"] if SELFTEST_OK in ln]
+    if not any("served " in ln and "request " in ln for ln in passed):
+        return [f"{name}: the self-test did not run on a served forward: {passed[:1]}"]
+    return []
 
 
 PAIRS = (("plugin_graphs", "plugin_eager"), ("stock_graphs", "stock_eager"), ("plugin_graphs", "stock_graphs"),
@@ -189,10 +228,10 @@ def verdict(runs: Dict[str, dict], comp: dict) -> List[str]:
             lg = r["log"]
             if not lg["startup_line_as_expected"]:
                 bad.append(f"{n}: the plugin's startup line is not in the log")
-            if not lg["selftest_passed"] or lg["selftest_failed"]:
-                bad.append(f"{n}: self-test passed {lg['selftest_passed']}x, failed {lg['selftest_failed']}x")
-            if not r.get("dump", {}).get("files"):
-                bad.append(f"{n}: the capture dump is empty")
+            bad += selftest_problems(n, lg)
+            bad += dump_problems(n, r.get("dump") or {})
+            if r.get("cuda_graph") == "on" and not (r.get("dump") or {}).get("replayed_from_graph"):
+                bad.append(f"{n}: no dumped forward was replayed from a CUDA graph (served verifies under graphs)")
         if r.get("round2_equals_round1") and not r["round2_equals_round1"]["equal"]:
             bad.append(f"{n}: round 2 outputs differ from round 1 ({r['round2_equals_round1']['mismatch_count']})")
         if r.get("cuda_graph") == "on" and not r["log"]["graph_capture_line_count"]:
@@ -235,8 +274,9 @@ def findings(runs: Dict[str, dict], comp: Optional[dict] = None) -> List[str]:
         d = r.get("dump")
         if d and d.get("files"):
             out.append(f"{n}: capture dump {d['files']} files, {d.get('with_served_prompts', 0)} holding a served "
-                       f"prompt, forward modes {d.get('modes')}, {d.get('written_in_round2', 0)} written during the "
-                       f"timed round")
+                       f"prompt, {d.get('replayed_from_graph', 0)} replayed from a CUDA graph, "
+                       f"{d.get('not_served', 0)} not served traffic, forward modes {d.get('modes')}, "
+                       f"{d.get('written_in_round2', 0)} written during the timed round")
         lg = r.get("log") or {}
         if lg.get("selftest_lines"):
             out.append(f"{n}: self-test: {lg['selftest_lines'][0][-200:]}")

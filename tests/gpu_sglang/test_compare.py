@@ -65,31 +65,65 @@ def test_log_checks_reads_the_plugin_and_graph_lines():
     assert bad["selftest_failed"] == 1 and not bad["startup_line_as_expected"]
 
 
+def _v2(ids, mode, graph=False, rids=("r0",)):
+    """A dump record as the plugin writes it (format v2), its rows split evenly between `rids`."""
+    n, k = len(ids), len(rids)
+    reqs = [{"rid": r, "row_start": i * n // k, "row_end": (i + 1) * n // k, "prefix_len": None}
+            for i, r in enumerate(rids)]
+    return {"format": "eagle3-capture-dump/2", "input_ids": torch.tensor(ids), "aux": torch.randn(n, 6),
+            "forward_mode": mode, "graph": graph, "requests": reqs, "layers_to_capture": [0, 1, 4],
+            "draft_ids": [-1, 0, 3]}
+
+
 def test_dump_index_tells_served_prompts_from_warmups(tmp_path):
     prompts = [[7, 8, 9, 10], [20, 21, 22, 23]]
-    recs = [([0, 7, 8, 9, 10, 3], "EXTEND", 100.0), ([1, 1, 1, 1], "DECODE", 200.0),
-            ([20, 21, 22, 23, 7, 8, 9, 10], "EXTEND", 300.0)]
-    for i, (ids, mode, mtime) in enumerate(recs):
-        p = tmp_path / f"eagle3_capture_pid1_{i:04d}.pt"
-        torch.save({"input_ids": torch.tensor(ids), "aux": torch.randn(len(ids), 6), "forward_mode": mode,
-                    "layers_to_capture": [0, 1, 4], "draft_ids": [-1, 0, 3]}, p)
+    recs = [(_v2([0, 7, 8, 9, 10, 3], "EXTEND"), 100.0),
+            (_v2([1, 1, 1, 1], "TARGET_VERIFY", graph=True, rids=("a", "b")), 200.0),
+            (_v2([20, 21, 22, 23, 7, 8, 9, 10], "EXTEND", rids=("c", "d")), 300.0),
+            (_v2([1, 1, 1, 1], "EXTEND", rids=(None,)), 310.0),  # warm-up-like: no rid, no served prompt
+            ({"input_ids": torch.tensor([7, 8, 9, 10]), "aux": torch.randn(4, 6), "forward_mode": "EXTEND"}, 320.0)]
+    for i, (rec, mtime) in enumerate(recs):
+        p = tmp_path / f"eagle3_capture_pid1_tp0_{i:06d}.pt"
+        torch.save(rec, p)
         os.utime(p, (mtime, mtime))
-    (tmp_path / "eagle3_capture_pid1_0009.pt").write_bytes(b"not a torch file")
+    (tmp_path / "eagle3_capture_pid1_tp0_000009.pt").write_bytes(b"not a torch file")
     idx = report.dump_index(str(tmp_path), prompts, {"engine start": (0, 150), "round2": (250, 350)})
-    assert idx["files"] == 4 and idx["with_served_prompts"] == 2 and idx["modes"] == ["DECODE", "EXTEND"]
+    assert idx["files"] == 6 and idx["with_served_prompts"] == 3
+    assert idx["modes"] == ["EXTEND", "TARGET_VERIFY"]
+    assert (idx["replayed_from_graph"], idx["not_v2"], idx["errors"]) == (1, 1, 1)
+    assert idx["not_served"] == 2, "the rid-less extend and the v1 record (no requests)"
     served = [r.get("served_prompts") for r in idx["records"]]
-    assert served[:3] == [1, 0, 2] and "error" in idx["records"][3]
+    assert served[:5] == [1, 0, 2, 0, 1] and "error" in idx["records"][5]
     assert [r["written_in"] for r in idx["records"][:3]] == ["engine start", "outside the rounds", "round2"]
-    assert idx["written_in_round2"] == 1
+    assert idx["written_in_round2"] == 3
     assert report.dump_index(str(tmp_path / "none"), prompts)["files"] == 0
+    bad = "\n".join(report.dump_problems("plugin_graphs", idx))
+    assert "1 dump files do not load" in bad and "1 dump files are not format v2" in bad
+    assert "2 of 6 dumped forwards are not served traffic" in bad
+    assert report.dump_problems("x", {"files": 0}) == ["x: the capture dump is empty"]
+
+
+SERVED_SELFTEST = ("eagle3_capture: capture self-test passed: slot 0 equals the embedding bit for bit, 3 slots "
+                   "distinct (40 rows; served EXTEND forward, request 7f3a and 2 more)")
+
+
+def test_the_self_test_must_pass_on_a_served_forward():
+    assert report.selftest_problems("p", report.log_checks(SERVED_SELFTEST)) == []
+    warm = report.log_checks("eagle3_capture: capture self-test passed: slot 0 equals the embedding bit for bit, "
+                             "3 slots distinct (128 rows)")
+    assert "did not run on a served forward" in report.selftest_problems("p", warm)[0]
+    failed = report.log_checks("eagle3_capture: capture self-test FAILED: slot 0 should hold Embedding")
+    assert "failed 1x" in report.selftest_problems("p", failed)[0]
 
 
 def _run(name, ok=True, graph="on", log=None, dump_files=1, r2_equal=True):
     return {"name": name, "ok": ok, "cuda_graph": graph, "error": None if ok else "engine start: boom", "rc": 0,
             "log": log or report.log_checks("eagle3_capture: DeepseekV3ForCausalLM: taps [Embedding, "
-                                             "LayerOutput(0), LayerOutput(3)]\ncapture self-test passed\n"
+                                             "LayerOutput(0), LayerOutput(3)]\n" + SERVED_SELFTEST + "\n"
                                              "Capture cuda graph begin"),
-            "dump": {"files": dump_files}, "round1_rows": [_row([1, 2], 1, [1])],
+            "dump": {"files": dump_files, "with_served_prompts": dump_files, "not_served": 0,
+                     "replayed_from_graph": dump_files if graph == "on" else 0},
+            "round1_rows": [_row([1, 2], 1, [1])],
             "round2_equals_round1": {"equal": r2_equal, "mismatch_count": 0 if r2_equal else 1},
             "round2": {"tokens_per_s": 100.0 if name.startswith("plugin") else 110.0}}
 
@@ -141,11 +175,13 @@ def test_a_graphs_difference_stock_shows_too_is_sglangs_own():
 
 def test_findings_say_what_the_dump_and_self_test_saw():
     r = _run("plugin_graphs")
-    r["dump"] = {"files": 32, "with_served_prompts": 0, "modes": ["DECODE"], "written_in_round2": 0}
+    r["dump"] = {"files": 32, "with_served_prompts": 5, "replayed_from_graph": 27, "not_served": 0,
+                 "modes": ["EXTEND", "TARGET_VERIFY"], "written_in_round2": 0}
     r["engine_start_s"] = 41.0
     lines = report.findings({"plugin_graphs": r, "stock_eager": _run("stock_eager", ok=False, graph="off")})
-    assert lines[0] == ("plugin_graphs: capture dump 32 files, 0 holding a served prompt, forward modes ['DECODE'], "
-                        "0 written during the timed round")
+    assert lines[0] == ("plugin_graphs: capture dump 32 files, 5 holding a served prompt, 27 replayed from a CUDA "
+                        "graph, 0 not served traffic, forward modes ['EXTEND', 'TARGET_VERIFY'], 0 written during "
+                        "the timed round")
     assert lines[1].startswith("plugin_graphs: self-test: ") and "41.0 s" in lines[2] and len(lines) == 3
 
 
@@ -221,12 +257,13 @@ def test_rejudge_reads_finished_runs_and_keeps_where_they_were_served(tmp_path):
         (d / "summary.json").write_text(json.dumps({"env": env, "engine_start_s": 1.0, "round2": {"tokens_per_s": 9.0},
                                                     "round1": {"tokens": 2}}))
         log = ("eagle3_capture: DeepseekV3ForCausalLM: taps [Embedding, LayerOutput(0), LayerOutput(3)]\n"
-               "capture self-test passed\n" if n.startswith("plugin") else "") + "Capture cuda graph begin\n"
+               + SERVED_SELFTEST + "\n" if n.startswith("plugin") else "") + "Capture cuda graph begin\n"
         (d / "server.log").write_text(log)
         if n.startswith("plugin"):
             (out / "dumps" / n).mkdir(parents=True)
-            torch.save({"input_ids": torch.tensor([5, 6]), "aux": torch.zeros(2, 3), "forward_mode": "EXTEND"},
-                       out / "dumps" / n / "eagle3_capture_pid1_0000.pt")
+            torch.save(_v2([5, 6], "EXTEND"), out / "dumps" / n / "eagle3_capture_pid1_tp0_000000.pt")
+            torch.save(_v2([5, 1, 2, 9], "TARGET_VERIFY", graph=True),
+                       out / "dumps" / n / "eagle3_capture_pid1_tp0_000001.pt")
     (out / "gpu_sglang.json").write_text(json.dumps({"machine": {"gpu": "NVIDIA H200"}}))
     res = tmp_path / "result.json"
     assert compare.main(["--pair", str(pair), "--out", str(out), "--rejudge", "--result", str(res)]) == 0
