@@ -12,10 +12,8 @@ own events; the row reports the slower rank. bytes_per_rank = bytes the largest 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
-import statistics
 import sys
 
 import torch
@@ -23,30 +21,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
 
 
 def timed_graph(fn, reps: int, samples: int) -> float:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    times = []
-    for _ in range(samples):
-        dist.barrier()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / reps)
-    return statistics.median(times)
+    """Median microseconds of one fn() in a graph of `reps` calls, every rank starting each sample together."""
+    return common.time_graph_us(lambda _i: fn(), reps, samples=samples, before_sample=dist.barrier)
 
 
 def worker(rank, world, port, ts, k, h, samples, queue, sweep_blocks=(), signal="auto"):
@@ -145,7 +125,6 @@ def main() -> int:
     per_rank = q.get(timeout=900)
     for p in procs:
         p.join()
-    import common
 
     rows = []
     for i, t in enumerate(ts):

@@ -13,38 +13,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 
 import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-
-def graph_us(fn, reps: int, samples: int) -> float:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(samples):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / reps)
-    return statistics.median(times)
+import common  # noqa: E402
 
 
 def main() -> int:
@@ -57,7 +32,6 @@ def main() -> int:
     ap.add_argument("--label", required=True, help="which build this is (e.g. before / after)")
     ap.add_argument("--out", required=True, help="JSON file; an existing file gets this label's rows added")
     args = ap.parse_args()
-    import common
     from eagle3_capture.tp import PackedGatherer
 
     os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
@@ -69,9 +43,9 @@ def main() -> int:
                              backend="p2p", device="cuda:0", timeout_s=30.0)
         local = torch.randn(t, args.K * args.H, device="cuda").to(torch.bfloat16)
         out = gat.output(t)
-        ours = graph_us(lambda: gat.gather(local), args.reps, args.samples)
+        ours = common.time_graph_us(lambda _i: gat.gather(local), args.reps, samples=args.samples)
         gat.check()
-        copy = graph_us(lambda: out.copy_(local), args.reps, args.samples)
+        copy = common.time_graph_us(lambda _i: out.copy_(local), args.reps, samples=args.samples)
         gat.gather(local)
         torch.cuda.synchronize()
         rows.append(dict(T=t, K=args.K, H=args.H, ours_us=ours, copy_us=copy, blocks=gat.blocks,

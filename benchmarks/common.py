@@ -12,7 +12,7 @@ import platform
 import statistics
 import subprocess
 import sys
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -111,11 +111,12 @@ def draft_fc_inputs(m: int, n: int, h: int, k: int, dtype: torch.dtype, seed: in
 
 
 def time_graph_us(step: Callable[[int], None], ncopies: int, reps_per_copy: int = 1, samples: int = 25,
-                  use_graph: bool = True) -> float:
+                  use_graph: bool = True, before_sample: Optional[Callable[[], None]] = None) -> float:
     """Median microseconds of one step(i), i cycling over the ncopies input copies.
 
     With use_graph, one CUDA graph holds a whole rotation (ncopies * reps_per_copy steps) and is replayed; each
     sample is one replay. Without it (large T, where launch cost does not matter), the steps run eagerly.
+    before_sample runs on the host ahead of each timed sample (a barrier between ranks: every rank starts together).
     """
     steps = ncopies * reps_per_copy
     torch.cuda.synchronize()
@@ -140,6 +141,8 @@ def time_graph_us(step: Callable[[int], None], ncopies: int, reps_per_copy: int 
     torch.cuda.synchronize()
     times = []
     for _ in range(samples):
+        if before_sample is not None:
+            before_sample()
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         run()

@@ -72,3 +72,22 @@ build_extension() {
     exit 1
   fi
 }
+
+# The carried wheels (SGLang and its light deps, scripts/fetch_device_wheels.sh) installed into /tmp/e3site
+# (cleared first); on failure the log's tail, a FAIL line, and exit 1. The caller puts /tmp/e3site on PYTHONPATH.
+install_wheels() {  # wheels_dir log
+  step wheels
+  if ! ls "$1"/*.whl > /dev/null 2>&1; then
+    result "FAIL wheels: none in $1 (run scripts/fetch_device_wheels.sh and carry .whl)"
+    exit 1
+  fi
+  rm -rf /tmp/e3site
+  if python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/e3site \
+      "$1"/*.whl > "$2" 2>&1; then
+    result "PASS wheels ($(ls "$1"/*.whl | wc -l) installed into /tmp/e3site)"
+  else
+    tail -20 "$2"
+    result "FAIL wheels"
+    exit 1
+  fi
+}

@@ -27,20 +27,7 @@ WORK=/tmp/e3hooks
 rm -rf "$WORK"
 mkdir -p "$WORK"
 
-step wheels
-if ! ls "$WHEELS"/*.whl > /dev/null 2>&1; then
-  result "FAIL wheels: none in $WHEELS (run scripts/fetch_device_wheels.sh and carry .whl)"
-  exit 1
-fi
-rm -rf /tmp/e3site
-if python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/e3site \
-    "$WHEELS"/*.whl > "$WORK/wheels.log" 2>&1; then
-  result "PASS wheels ($(ls "$WHEELS"/*.whl | wc -l) installed into /tmp/e3site)"
-else
-  tail -20 "$WORK/wheels.log"
-  result "FAIL wheels"
-  exit 1
-fi
+install_wheels "$WHEELS" "$WORK/wheels.log"
 # SGLang and the stand-ins for its compiled packages; the kernel version check off (stand-ins)
 export PYTHONPATH=/tmp/e3site:$PWD/tests/gpu_sglang/standins${PYTHONPATH:+:$PYTHONPATH}
 export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1

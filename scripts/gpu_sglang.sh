@@ -33,20 +33,7 @@ mkdir -p "$WORK"
 pack() { cp "$LOGS/gpu_sglang.json" "$WORK/" 2>/dev/null || true; tar -C /tmp -czf "$LOGS/logs.tar.gz" e3sgl 2>/dev/null || true; }
 trap pack EXIT
 
-step wheels
-if ! ls "$WHEELS"/*.whl > /dev/null 2>&1; then
-  result "FAIL wheels: none in $WHEELS (run scripts/fetch_device_wheels.sh and carry .whl)"
-  exit 1
-fi
-rm -rf /tmp/e3site
-if python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/e3site \
-    "$WHEELS"/*.whl > "$WORK/wheels.log" 2>&1; then
-  result "PASS wheels ($(ls "$WHEELS"/*.whl | wc -l) installed into /tmp/e3site)"
-else
-  tail -20 "$WORK/wheels.log"
-  result "FAIL wheels"
-  exit 1
-fi
+install_wheels "$WHEELS" "$WORK/wheels.log"
 export PYTHONPATH=/tmp/e3site${PYTHONPATH:+:$PYTHONPATH}
 # SGLang's JIT kernels link -lcudart from $CUDA_HOME/lib64 (CUDA_HOME from nvcc's folder when unset, which a
 # wrapper script in /usr/local/bin would get wrong).
