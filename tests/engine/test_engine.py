@@ -7,12 +7,13 @@ import glob
 import json
 import os
 import re
+import time
 
 import pytest
 import torch
 
 from engine_fixtures import (CHAIN, NEW_TOKENS, PROMPTS, TREE, LaunchedServer, doctor, flags_text, pair,  # noqa: F401
-                             post_json, serve_engine, wait_for_files)
+                             Served, post_json, serve_engine, wait_for_files)
 from engine_doctor import (NO_TARGET_TOKENS, TRAINING_READINGS, accept_with_target, dump_env, fingerprint_training,
                            online_without_target)
 
@@ -117,9 +118,25 @@ def miswired(pair):
                                  "--draft", pair.draft, "--new-tokens", NEW_TOKENS, "--json", out, "--no-progress",
                                  "--device", "cpu", "--threads", 1)
         no_target = online_without_target(pair, srv.url, dump, "miswired")
+        served = record_responses(pair, srv.url, "miswired")
         log = srv.log()
     return {"code": code, "text": text, "err": err, "json": json.load(open(out)) if os.path.exists(out) else None,
-            "log": log, "dump": dump, "no_target": no_target}
+            "log": log, "dump": dump, "no_target": no_target, "served": served}
+
+
+def record_responses(pair, url: str, name: str) -> Served:
+    """The prompts once more through the launched server's /generate (greedy, ignore_eos, NEW_TOKENS), written as
+    serve.py writes an Engine's responses: what `doctor online` reads as a recorded --server file."""
+    t0 = time.time()
+    path = os.path.join(pair.root, f"{name}_launched.jsonl")
+    rows = []
+    for ids in json.load(open(pair.prompts)):
+        r = post_json(url + "/generate", {"input_ids": ids, "sampling_params": {
+            "temperature": 0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}})
+        rows.append({"input_ids": ids, "output_ids": r.get("output_ids"), "meta_info": r.get("meta_info")})
+    with open(path, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    return Served(rows, path, "", time.time() - t0)
 
 
 @pytest.fixture(scope="session")
@@ -549,7 +566,7 @@ def test_every_served_response_passes_the_doctors_count_checks(request, which, f
     from eagle3_capture.doctor.responses import check_counts, read_recorded
 
     srv = request.getfixturevalue(which)
-    srv = srv[0] if isinstance(srv, tuple) else srv
+    srv = srv["served"] if isinstance(srv, dict) else srv[0] if isinstance(srv, tuple) else srv
     assert srv.error is None, srv.log[-3000:]
     responses = read_recorded(srv.path)
     check_counts(responses, flags)
