@@ -139,19 +139,16 @@ def demo_dir(path):
 
 def served_lines(demo, prompts, n, flags=(3, 1, 4)):
     """What a correct server returns for these prompts (the offline replay), as recorded JSONL objects."""
-    from eagle3_capture.doctor.accept import evaluate, load_pair, served_walks
-    from eagle3_capture.doctor.server_args import SpecResolution
+    from doctor_helpers import replay_demo
 
-    target, draft, spec, *_ = load_pair("demo", os.path.join(demo, "draft"), None, "cpu", 0, False)
     S, k, D = flags
-    runs = evaluate(target, draft, prompts, spec, S, n, SpecResolution(S, k, D), 8, "cpu", False)
     out = []
-    for run, s in zip(runs, served_walks(runs, n)):
+    for prompt, cont, s in replay_demo(demo, prompts, n, flags):
         a = sum(i * x for i, x in enumerate(s.histogram))
-        out.append({"input_ids": run.prompt, "output_ids": run.seq[len(run.prompt): len(run.prompt) + n].tolist(),
+        out.append({"input_ids": prompt, "output_ids": cont,
                     "meta_info": {"completion_tokens": s.completion_tokens, "spec_verify_ct": s.verify_ct,
                                   "spec_correct_drafts_histogram": s.histogram, "spec_num_correct_drafts": a,
-                                  "spec_num_proposed_drafts": s.verify_ct * (D - 1), "prompt_tokens": len(run.prompt),
+                                  "spec_num_proposed_drafts": s.verify_ct * (D - 1), "prompt_tokens": len(prompt),
                                   "spec_accept_length": s.completion_tokens / s.verify_ct,
                                   "spec_accept_rate": a / (s.verify_ct * (D - 1)), "num_retractions": 0}})
     return out

@@ -87,3 +87,24 @@ def demo_fast():
         _DEMO["res"] = run_demo(out_dir=out, fast=True, device="cpu", threads=1, seed=0, plot=True, progress=False)
         _DEMO["out"] = out
     return _DEMO["res"], _DEMO["out"]
+
+
+def replay_demo(demo_out: str, prompts, new_tokens: int, flags=(3, 1, 4)):
+    """The doctor's offline replay of the demo pair in `demo_out` (its transformers target, its draft) served with
+    SGLang flags (num-steps, eagle-topk, num-draft-tokens): per prompt (prompt, greedy continuation of new_tokens,
+    SGLang's walk), what a correct server answers."""
+    import torch
+
+    from eagle3_capture.doctor.draft_side import load_draft_side
+    from eagle3_capture.doctor.replay import evaluate, served_walks
+    from eagle3_capture.doctor.server_args import SpecResolution
+    from eagle3_capture.doctor.target_transformers import TransformersTarget
+
+    side = TransformersTarget.load(os.path.join(demo_out, "target"), device="cpu", seed=0, quiet=True)
+    m = side.target.model
+    ds = load_draft_side(os.path.join(demo_out, "draft"), side.info, None, "cpu", torch.float32,
+                         m.get_input_embeddings().weight.detach(), m.get_output_embeddings().weight.detach())
+    S, k, D = flags
+    runs = evaluate(side, ds.draft, prompts, ds.taps, S, new_tokens, SpecResolution(S, k, D), 8, False)
+    return [(r.prompt, r.seq[len(r.prompt): len(r.prompt) + new_tokens].tolist(), w)
+            for r, w in zip(runs, served_walks(runs, new_tokens))]

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from safetensors.torch import save_file
 
 from conftest import fuzz_examples
-from doctor_helpers import CONFIGS, DSV3_61, cli, demo_fast
+from doctor_helpers import CONFIGS, DSV3_61, cli, demo_fast, replay_demo
 
 DRAFT_OK = os.path.join(CONFIGS, "draft_eagle_config_ids.json")
 def fuzz(n: int) -> settings:
@@ -406,23 +406,9 @@ COUNT_FIELDS = ["completion_tokens", "spec_verify_ct", "spec_correct_drafts_hist
 @pytest.fixture(scope="module")
 def served_prompt(demo_pair):
     """One prompt, its greedy continuation and SGLang's walk for it (what a correct server answers)."""
-    import torch
-
-    from eagle3_capture.doctor.draft_side import load_draft_side
-    from eagle3_capture.doctor.replay import evaluate, served_walks
-    from eagle3_capture.doctor.server_args import SpecResolution
-    from eagle3_capture.doctor.target_transformers import TransformersTarget
-
     res, out = demo_fast()
     prompt = json.load(open(os.path.join(out, "prompts.json")))[0]
-    side = TransformersTarget.load(os.path.join(out, "target"), device="cpu", seed=0, quiet=True)
-    m = side.target.model
-    ds = load_draft_side(demo_pair, side.info, None, "cpu", torch.float32,
-                         m.get_input_embeddings().weight.detach(), m.get_output_embeddings().weight.detach())
-    S, k, D = ONLINE_FLAGS
-    runs = evaluate(side, ds.draft, [prompt], ds.taps, S, ONLINE_N, SpecResolution(S, k, D), 8, False)
-    walk = served_walks(runs, ONLINE_N)[0]
-    cont = runs[0].seq[len(prompt): len(prompt) + ONLINE_N].tolist()
+    [(prompt, cont, walk)] = replay_demo(out, [prompt], ONLINE_N, ONLINE_FLAGS)
     return prompt, cont, walk
 
 
