@@ -92,9 +92,9 @@ def log_checks(log: str) -> dict:
 
 def dump_index(dump_dir: str, prompts: List[List[int]], windows: Optional[dict] = None) -> dict:
     """What the plugin's capture dump (format v2, python/eagle3_capture/dump_format.py) holds: per file the forward
-    mode, whether it was replayed from a CUDA graph, rows, request ids, whether an extend's rows hold a served prompt
-    (its tokens in order at some offset), and the round it was written in. A warm-up or capture pass of SGLang's
-    has no request ids and, for an extend, no served prompt: a dump of served traffic holds none."""
+    mode, whether it was replayed from a CUDA graph, rows, request ids, whether the rows hold a served prompt (its
+    tokens in order at some offset), and the round it was written in. A warm-up or capture pass of SGLang's has no
+    request ids: a dump of served traffic holds none."""
     files = sorted(glob.glob(os.path.join(dump_dir, "*.pt")))
     out = {"dir": dump_dir, "files": len(files), "records": []}
     if not files:
@@ -133,9 +133,9 @@ def dump_index(dump_dir: str, prompts: List[List[int]], windows: Optional[dict] 
     out["modes"] = sorted({r["forward_mode"] for r in recs if r.get("forward_mode")})
     out["replayed_from_graph"] = sum(1 for r in recs if r.get("graph"))
     out["not_v2"] = sum(1 for r in recs if r.get("format") != "eagle3-capture-dump/2")
-    # warm-up / dummy forwards: no request ids, or an extend holding no served prompt
-    out["not_served"] = sum(1 for r in recs if not r["requests"] or r["rids_missing"]
-                            or (r.get("forward_mode") == "EXTEND" and not r["served_prompts"]))
+    # SGLang's warm-up / capture batches carry no request ids (a served ForwardBatch has every request's rid); an
+    # extend need not hold a whole prompt (prefix cache, chunked prefill), so that is counted, not required
+    out["not_served"] = sum(1 for r in recs if not r["requests"] or r["rids_missing"])
     out["written_in_round2"] = sum(1 for r in out["records"] if r.get("written_in") == "round2")
     return out
 

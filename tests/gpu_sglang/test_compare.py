@@ -80,7 +80,8 @@ def test_dump_index_tells_served_prompts_from_warmups(tmp_path):
     recs = [(_v2([0, 7, 8, 9, 10, 3], "EXTEND"), 100.0),
             (_v2([1, 1, 1, 1], "TARGET_VERIFY", graph=True, rids=("a", "b")), 200.0),
             (_v2([20, 21, 22, 23, 7, 8, 9, 10], "EXTEND", rids=("c", "d")), 300.0),
-            (_v2([1, 1, 1, 1], "EXTEND", rids=(None,)), 310.0),  # warm-up-like: no rid, no served prompt
+            (_v2([1, 1, 1, 1], "EXTEND", rids=(None,)), 310.0),  # warm-up-like: no rid
+            (_v2([9, 10], "EXTEND", rids=("e",)), 315.0),  # a prefix-cached extend: served, no whole prompt
             ({"input_ids": torch.tensor([7, 8, 9, 10]), "aux": torch.randn(4, 6), "forward_mode": "EXTEND"}, 320.0)]
     for i, (rec, mtime) in enumerate(recs):
         p = tmp_path / f"eagle3_capture_pid1_tp0_{i:06d}.pt"
@@ -88,18 +89,18 @@ def test_dump_index_tells_served_prompts_from_warmups(tmp_path):
         os.utime(p, (mtime, mtime))
     (tmp_path / "eagle3_capture_pid1_tp0_000009.pt").write_bytes(b"not a torch file")
     idx = report.dump_index(str(tmp_path), prompts, {"engine start": (0, 150), "round2": (250, 350)})
-    assert idx["files"] == 6 and idx["with_served_prompts"] == 3
+    assert idx["files"] == 7 and idx["with_served_prompts"] == 3
     assert idx["modes"] == ["EXTEND", "TARGET_VERIFY"]
     assert (idx["replayed_from_graph"], idx["not_v2"], idx["errors"]) == (1, 1, 1)
     assert idx["not_served"] == 2, "the rid-less extend and the v1 record (no requests)"
     served = [r.get("served_prompts") for r in idx["records"]]
-    assert served[:5] == [1, 0, 2, 0, 1] and "error" in idx["records"][5]
+    assert served[:6] == [1, 0, 2, 0, 0, 1] and "error" in idx["records"][6]
     assert [r["written_in"] for r in idx["records"][:3]] == ["engine start", "outside the rounds", "round2"]
-    assert idx["written_in_round2"] == 3
+    assert idx["written_in_round2"] == 4
     assert report.dump_index(str(tmp_path / "none"), prompts)["files"] == 0
     bad = "\n".join(report.dump_problems("plugin_graphs", idx))
     assert "1 dump files do not load" in bad and "1 dump files are not format v2" in bad
-    assert "2 of 6 dumped forwards are not served traffic" in bad
+    assert "2 of 7 dumped forwards are not served traffic" in bad
     assert report.dump_problems("x", {"files": 0}) == ["x: the capture dump is empty"]
 
 
