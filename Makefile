@@ -20,7 +20,7 @@ demo: build
 	$(PY) -m eagle3_capture selfcheck
 	$(PY) -m eagle3_capture doctor demo --out build/demo
 
-# The engine tests (SGLang's real serving loop, about 15 minutes on two cores) run after the rest.
+# The engine tests (SGLang's real serving loop, about 16 minutes on two cores) run after the rest.
 test: build gate $(VENV)/.sglang-stamp
 	@marks="not cuda and not multigpu and not engine"; \
 	if ! $(PY) -c "import sys, eagle3_capture as e; sys.exit(0 if 'cuda' in e.build_info()['backends'] else 1)"; then \
