@@ -5,7 +5,8 @@ What it builds (random weights, seeded), under --work (about 5 GB; removed after
 
 * the draft: LlamaForCausalLMEagle3 as SpecForge's configs/kimi-k25-eagle3.json publishes it -- hidden 7168,
   intermediate 18432, 64 heads x 128 (64 KV heads), vocab 163840, draft vocab 32000 with d2t, ids [2, 30, 58] --
-  in bf16, *without* embed_tokens (as SGLang, the doctor shares the target's);
+  in bf16, *without* embed_tokens (as SGLang, the doctor shares the target's); with --draft-arch mla the MLA
+  variant SGLang serves as Eagle3DeepseekV2ForCausalLM (the target's MLA sizes and yarn RoPE, dense MLP);
 * a target checkpoint directory shaped like Kimi-K2.5's: config.json (KimiK25ForConditionalGeneration, text_config
   DeepseekV3 61 layers), model.safetensors.index.json, the embedding in one shard under Kimi's
   `language_model.model.embed_tokens.weight` and a small second shard: the doctor reads the embedding alone;
@@ -21,6 +22,7 @@ weights + 2 GB.
 
     python benchmarks/bench_doctor_scale.py --device cuda --out benchmarks/results/doctor_scale-h200.json
     python benchmarks/bench_doctor_scale.py --device cpu --prompts 4 --out benchmarks/results/doctor_scale-cpu.json
+    python benchmarks/bench_doctor_scale.py --device cpu --prompts 4 --draft-arch mla
 """
 from __future__ import annotations
 
@@ -46,6 +48,16 @@ KIMI_DRAFT = {  # SpecForge configs/kimi-k25-eagle3.json
     "tie_word_embeddings": False, "torch_dtype": "bfloat16",
     "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 30, 58], "use_aux_hidden_state": True},
 }
+# The MLA variant (SGLang's Eagle3DeepseekV2ForCausalLM, kimi_k25_eagle3): the target's MLA sizes and yarn RoPE
+# (Kimi-K2's config.json: q_lora_rank 1536, kv_lora_rank 512, qk 128 + 64, v 128, rope_theta 50000), dense MLP.
+KIMI_MLA_DRAFT = {
+    **{k: v for k, v in KIMI_DRAFT.items() if k not in ("num_key_value_heads", "head_dim")},
+    "architectures": ["Eagle3DeepseekV2ForCausalLM"], "model_type": "deepseek_v3", "q_lora_rank": 1536,
+    "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "rope_theta": 50000.0,
+    "max_position_embeddings": 262144,
+    "rope_scaling": {"type": "yarn", "factor": 64.0, "original_max_position_embeddings": 4096, "beta_fast": 1.0,
+                     "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0},
+}
 KIMI_TARGET = {
     "architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
     "text_config": {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 7168,
@@ -69,15 +81,37 @@ def _randn(shape, g, std):
     return out
 
 
-def make_draft(d: str, seed: int) -> int:
-    """The draft's checkpoint; returns its bytes on disk."""
+def _attention(c: dict, g, H: int) -> dict:
+    """The draft layer's attention tensors: Llama (q/k/v/o) or MLA (down, norms, up, o), 2H inputs."""
+    import torch
+
+    nh = c["num_attention_heads"]
+    a = "midlayer.self_attn."
+    if "q_lora_rank" not in c:
+        hd = c["head_dim"]
+        return {a + "q_proj.weight": _randn((nh * hd, 2 * H), g, (2 * H) ** -0.5),
+                a + "k_proj.weight": _randn((nh * hd, 2 * H), g, (2 * H) ** -0.5),
+                a + "v_proj.weight": _randn((nh * hd, 2 * H), g, (2 * H) ** -0.5),
+                a + "o_proj.weight": _randn((H, nh * hd), g, (nh * hd) ** -0.5)}
+    q, kv, nope, rope, v = (c[k] for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                                           "v_head_dim"))
+    return {a + "q_a_proj.weight": _randn((q, 2 * H), g, (2 * H) ** -0.5),
+            a + "q_a_layernorm.weight": torch.ones(q, dtype=torch.bfloat16),
+            a + "q_b_proj.weight": _randn((nh * (nope + rope), q), g, q ** -0.5),
+            a + "kv_a_proj_with_mqa.weight": _randn((kv + rope, 2 * H), g, (2 * H) ** -0.5),
+            a + "kv_a_layernorm.weight": torch.ones(kv, dtype=torch.bfloat16),
+            a + "kv_b_proj.weight": _randn((nh * (nope + v), kv), g, kv ** -0.5),
+            a + "o_proj.weight": _randn((H, nh * v), g, (nh * v) ** -0.5)}
+
+
+def make_draft(d: str, seed: int, c: dict) -> int:
+    """The draft's checkpoint (config `c`); returns its bytes on disk."""
     import torch
     from safetensors.torch import save_file
 
     os.makedirs(d, exist_ok=True)
     g = torch.Generator().manual_seed(seed)
-    c = KIMI_DRAFT
-    H, I, nh, hd = c["hidden_size"], c["intermediate_size"], c["num_attention_heads"], c["head_dim"]
+    H, I = c["hidden_size"], c["intermediate_size"]
     V, Vd = c["vocab_size"], c["draft_vocab_size"]
     K = len(c["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
     t = {"fc.weight": _randn((H, K * H), g, (K * H) ** -0.5),
@@ -85,10 +119,7 @@ def make_draft(d: str, seed: int) -> int:
          "midlayer.hidden_norm.weight": torch.ones(H, dtype=torch.bfloat16),
          "midlayer.post_attention_layernorm.weight": torch.ones(H, dtype=torch.bfloat16),
          "norm.weight": torch.ones(H, dtype=torch.bfloat16),
-         "midlayer.self_attn.q_proj.weight": _randn((nh * hd, 2 * H), g, (2 * H) ** -0.5),
-         "midlayer.self_attn.k_proj.weight": _randn((nh * hd, 2 * H), g, (2 * H) ** -0.5),
-         "midlayer.self_attn.v_proj.weight": _randn((nh * hd, 2 * H), g, (2 * H) ** -0.5),
-         "midlayer.self_attn.o_proj.weight": _randn((H, nh * hd), g, (nh * hd) ** -0.5),
+         **_attention(c, g, H),
          "midlayer.mlp.gate_proj.weight": _randn((I, H), g, H ** -0.5),
          "midlayer.mlp.up_proj.weight": _randn((I, H), g, H ** -0.5),
          "midlayer.mlp.down_proj.weight": _randn((H, I), g, I ** -0.5),
@@ -229,17 +260,22 @@ def main() -> int:
     p.add_argument("--work", default="/tmp/e3_doctor_scale")
     p.add_argument("--keep", action="store_true", help="keep the ~5 GB of draft, checkpoint and dump")
     p.add_argument("--timeout", type=int, default=3600, help="seconds per doctor command")
+    p.add_argument("--draft-arch", choices=["llama", "mla"], default="llama",
+                   help="the draft's layout: SpecForge's LlamaForCausalLMEagle3 (default) or the MLA variant "
+                        "(Eagle3DeepseekV2ForCausalLM)")
     p.add_argument("--out", default=None)
     a = p.parse_args()
     import torch
 
-    out = a.out or os.path.join(HERE, "results", f"doctor_scale-{a.device}.json")
+    cfg = KIMI_MLA_DRAFT if a.draft_arch == "mla" else KIMI_DRAFT
+    suffix = "-mla" if a.draft_arch == "mla" else ""
+    out = a.out or os.path.join(HERE, "results", f"doctor_scale{suffix}-{a.device}.json")
     shutil.rmtree(a.work, ignore_errors=True)
     os.makedirs(a.work)
     t0 = time.time()
     draft, ck, dump = (os.path.join(a.work, n) for n in ("draft", "target_checkpoint", "dump"))
     prompts = os.path.join(a.work, "prompts.json")
-    draft_bytes = make_draft(draft, a.seed)
+    draft_bytes = make_draft(draft, a.seed, cfg)
     embed_bytes = make_target_checkpoint(ck, a.seed)
     dump_bytes = make_dump(dump, prompts, a.prompts, a.prompt_len, a.new_tokens, a.seed)
     print(f"built in {time.time() - t0:.0f} s: draft {draft_bytes / 2 ** 30:.2f} GB (+ the target's embedding "
@@ -264,7 +300,7 @@ def main() -> int:
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                     "python": platform.python_version()},
         "torch": torch.__version__, "prompts": a.prompts, "prompt_len": a.prompt_len, "new_tokens": a.new_tokens,
-        "draft": {"config": KIMI_DRAFT, "weights_gb_with_embedding": round(weights_gb, 3)},
+        "draft": {"config": cfg, "weights_gb_with_embedding": round(weights_gb, 3)},
         "dump_gb": round(dump_bytes / 2 ** 30, 3), "goal": "under 5 minutes and under the draft's weights + 2 GB",
         "runs": runs,
     }

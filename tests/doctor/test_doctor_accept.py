@@ -169,13 +169,16 @@ def test_accept_bad_inputs(demo, small_prompts, tmp_path):
     cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [-1, 3]
     write_json(wrong / "config.json", cfg)
     assert_clean_error(*cli(*base, "--draft", wrong, "--prompts", small_prompts), "in_features")
-    # a draft architecture this command does not run
-    other = tmp_path / "mla"
+    # a draft architecture this command does not run, and an MLA one without its MLA sizes
+    other = tmp_path / "other"
     shutil.copytree(draft, other)
     cfg = json.load(open(other / "config.json"))
-    cfg["architectures"] = ["Eagle3DeepseekV2ForCausalLM"]
+    cfg["architectures"] = ["MistralForCausalLMEagle3"]
     write_json(other / "config.json", cfg)
     assert_clean_error(*cli(*base, "--draft", other, "--prompts", small_prompts), "not supported offline")
+    cfg["architectures"] = ["Eagle3DeepseekV2ForCausalLM"]
+    write_json(other / "config.json", cfg)
+    assert_clean_error(*cli(*base, "--draft", other, "--prompts", small_prompts), "needs q_lora_rank")
     if not torch.cuda.is_available():
         assert_clean_error(*cli("doctor", "accept", "--target", "demo", "--draft", draft, "--prompts", small_prompts,
                                 "--device", "cuda"), "no CUDA device")

@@ -236,7 +236,8 @@ def add_doctor_parser(sub) -> None:
                         "run); the continuation is each request's tokens after its prompt (the server's greedy "
                         "output) and the target's greedy token after position t is the token at t+1")
     s.add_argument("--draft", required=True, metavar="PATH",
-                   help="EAGLE-3 draft directory (config.json + *.safetensors, SpecForge / llama_eagle3 layout)")
+                   help="EAGLE-3 draft directory (config.json + *.safetensors): LlamaForCausalLMEagle3 (SpecForge) or "
+                        "Eagle3DeepseekV2ForCausalLM (MLA)")
     _add_target_checkpoint(s)
     s.add_argument("--prompts", required=True, metavar="FILE", help="as for dump-reference")
     _add_server_args(s)

@@ -12,6 +12,7 @@ import torch
 
 from ..weights import canonical_name
 from .common import DoctorError
+from .draft_mla import MLA_DRAFT_ARCH
 from .draft_model import DRAFT_ARCH, DraftArch, Eagle3Draft
 
 
@@ -43,17 +44,34 @@ def arch_from_config(cfg: dict, label: str, num_aux: int, target_hidden: int, la
         return v
 
     archs = cfg.get("architectures") or []
-    if archs and archs[0] != DRAFT_ARCH:
-        raise DoctorError(f"{label}: architecture {archs[0]!r} is not supported offline: doctor accept runs "
-                          f"{DRAFT_ARCH} drafts (the SpecForge / SGLang llama_eagle3 layout); expected "
-                          f"architectures [{DRAFT_ARCH!r}]")
+    if archs and archs[0] not in (DRAFT_ARCH, MLA_DRAFT_ARCH):
+        raise DoctorError(f"{label}: architecture {archs[0]!r} is not supported offline: the doctor runs "
+                          f"{DRAFT_ARCH} drafts (the SpecForge / SGLang llama_eagle3 layout) and {MLA_DRAFT_ARCH} "
+                          f"(SGLang's kimi_k25_eagle3, MLA); expected architectures [{DRAFT_ARCH!r}] or "
+                          f"[{MLA_DRAFT_ARCH!r}]")
+    mla = bool(archs) and archs[0] == MLA_DRAFT_ARCH
     if int(cfg.get("num_hidden_layers", 1)) != 1:
         raise DoctorError(f"{label}: num_hidden_layers is {cfg.get('num_hidden_layers')}; EAGLE-3 drafts have 1")
     H = int(need("hidden_size"))
     nh = int(need("num_attention_heads"))
     ec = cfg.get("eagle_config") or {}
     vocab = int(need("vocab_size"))
+    extra = {}
+    if mla:
+        if not cfg.get("q_lora_rank"):
+            raise DoctorError(f"{label}: {MLA_DRAFT_ARCH} needs q_lora_rank (SGLang's Eagle3 MLA layer requires it)")
+        extra = {k: int(need(k)) for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                                            "v_head_dim")}
+        scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters")
+        if scaling is not None and not isinstance(scaling, dict):
+            raise DoctorError(f"{label}: rope_scaling must be an object, got {scaling!r}")
+        if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type", "default")) == "default":
+            scaling = None
+        if scaling is not None and "factor" not in scaling:
+            raise DoctorError(f"{label}: rope_scaling {scaling!r} has no 'factor'")
+        extra.update(rope_scaling=scaling, rope_interleave=bool(cfg.get("rope_interleave", True)))
     return DraftArch(
+        **extra,
         hidden_size=H, target_hidden_size=target_hidden, num_aux=num_aux, vocab_size=vocab,
         draft_vocab_size=int(cfg.get("draft_vocab_size") or vocab), num_attention_heads=nh,
         num_key_value_heads=int(cfg.get("num_key_value_heads") or nh),
@@ -157,7 +175,8 @@ def load_draft(path: str, target_embed=None, target_lm_head=None, device: str = 
     del state
     model.notes = []
     scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters")
-    if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type", "default")) not in ("default", None):
+    if not arch.mla and isinstance(scaling, dict) and \
+            scaling.get("rope_type", scaling.get("type", "default")) not in ("default", None):
         model.notes.append(f"the draft's rope_scaling {scaling.get('rope_type', scaling.get('type'))!r} is not "
                            "applied offline (plain RoPE with rope_theta): exact only for positions where the scaling "
                            "leaves the frequencies alone")

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .common import DoctorError
+from .draft_layers import RMSNorm, attend_rows, rmsnorm as _rmsnorm
 
 DRAFT_ARCH = "LlamaForCausalLMEagle3"
 
@@ -55,6 +56,18 @@ class DraftArch:
     fc_bias: bool = False
     max_position_embeddings: int = 4096
     layer_ids: List[int] = field(default_factory=list)
+    # multi-latent attention (SGLang's Eagle3DeepseekV2ForCausalLM, draft_mla.py) when q_lora_rank is set
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    rope_scaling: Optional[dict] = None
+    rope_interleave: bool = True
+
+    @property
+    def mla(self) -> bool:
+        return self.q_lora_rank > 0
 
     def config_json(self) -> dict:
         """config.json as SGLang 0.5.23's llama_eagle3 and this project's configs.read_draft_config read it."""
@@ -69,6 +82,15 @@ class DraftArch:
             "tie_word_embeddings": False, "bias": self.fc_bias, "torch_dtype": "float32",
             "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(self.layer_ids), "use_aux_hidden_state": True},
         }
+        if self.mla:
+            from .draft_mla import MLA_DRAFT_ARCH
+
+            cfg.update(architectures=[MLA_DRAFT_ARCH], model_type="deepseek_v3", q_lora_rank=self.q_lora_rank,
+                       kv_lora_rank=self.kv_lora_rank, qk_nope_head_dim=self.qk_nope_head_dim,
+                       qk_rope_head_dim=self.qk_rope_head_dim, v_head_dim=self.v_head_dim,
+                       rope_scaling=self.rope_scaling, rope_interleave=self.rope_interleave)
+            for k in ("num_key_value_heads", "head_dim"):
+                cfg.pop(k)
         if self.fc_norm:
             cfg["fc_norm"] = True
         if self.norm_before_fc:
@@ -76,21 +98,6 @@ class DraftArch:
         if self.norm_output:
             cfg["norm_output"] = True
         return cfg
-
-
-def _rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, n: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(n))
-        self.eps = eps
-
-    def forward(self, x):
-        return _rmsnorm(x, self.weight, self.eps)
 
 
 def _rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
@@ -126,25 +133,8 @@ class _Attention(nn.Module):
         return _rope(q, pos[:, None, :], a.rope_theta), _rope(k, pos[:, None, :], a.rope_theta), v
 
     def attend_rows(self, q, prefix_k, prefix_v, own_k: List[torch.Tensor], own_v: List[torch.Tensor]):
-        """R draft rows per anchor: q [B,h,T,R,d] (row r of anchor t); prefix_k/v [B,h,P,d]: the draft KV of
-        positions 0..P-1, of which row (t, r) sees positions <= t when P == T (every anchor at once) and all P
-        when T == 1 (one anchor whose cache holds P positions); own_k/v: [B,h,T,R,d] each, keys that only row
-        (t, r) sees (its chain, or SGLang's per-slot entries of a tree). Returns [B,T,R,H]."""
-        B, h, T, R, d = q.shape
-        P = prefix_k.shape[2]
-        if P != T and T != 1:
-            raise ValueError(f"prefix of {P} positions for {T} anchors: expected {T}, or one anchor")
-        scale = 1.0 / math.sqrt(d)
-        s1 = torch.einsum("bhtrd,bhpd->bhtrp", q, prefix_k) * scale  # [B,h,T,R,P]
-        if P == T:
-            causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()[None, None, :, None, :]
-            s1 = s1.masked_fill(~causal, float("-inf"))
-        diag = [((q * k).sum(-1, keepdim=True) * scale) for k in own_k]  # [B,h,T,R,1] each
-        p = torch.softmax(torch.cat([s1] + diag, dim=-1).float(), dim=-1).to(q.dtype)
-        out = torch.einsum("bhtrp,bhpd->bhtrd", p[..., :P], prefix_v)
-        for i, v in enumerate(own_v):
-            out = out + p[..., P + i: P + i + 1] * v
-        return self.o_proj(out.permute(0, 2, 3, 1, 4).reshape(B, T, R, h * d))
+        """draft_layers.attend_rows, then the output projection: [B,T,R,H]."""
+        return self.o_proj(attend_rows(q, prefix_k, prefix_v, own_k, own_v, 1.0 / math.sqrt(q.shape[-1])))
 
 
 class _MLP(nn.Module):
@@ -163,7 +153,12 @@ class _MidLayer(nn.Module):
         super().__init__()
         self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self.hidden_norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
-        self.self_attn = _Attention(a)
+        if a.mla:
+            from .draft_mla import MLAAttention
+
+            self.self_attn = MLAAttention(a)
+        else:
+            self.self_attn = _Attention(a)
         self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self.mlp = _MLP(a)
 
@@ -171,7 +166,7 @@ class _MidLayer(nn.Module):
 class Eagle3Draft(nn.Module):
     def __init__(self, a: DraftArch):
         super().__init__()
-        if a.num_attention_heads % a.num_key_value_heads:
+        if not a.mla and a.num_attention_heads % a.num_key_value_heads:
             raise DoctorError(f"draft: num_attention_heads {a.num_attention_heads} is not a multiple of "
                               f"num_key_value_heads {a.num_key_value_heads}")
         self.arch = a
