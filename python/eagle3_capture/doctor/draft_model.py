@@ -5,7 +5,8 @@ reads ``cat(input_layernorm(embed), hidden_norm(hidden))`` (2H wide), the final 
 draft vocabulary (``d2t``: draft id -> target id offset).
 
 Used to train the demo's draft and to run any draft of this layout offline (``doctor accept``); its checkpoint
-is written and read by draft_checkpoint.py.
+is written and read by draft_checkpoint.py. With ``q_lora_rank`` set the layer's attention is MLA (draft_mla.py,
+SGLang's ``Eagle3DeepseekV2ForCausalLM``); everything else here is the same for both.
 
 The multi-step unroll (:meth:`Eagle3Draft.unroll`) is how such drafts run at decode time and how EAGLE-3 trains
 them ("training-time test"): for an anchor position t (the target has verified up to token x_{t+1}),
