@@ -253,23 +253,9 @@ def online_cases(demo, tmp, rng):
 
 
 def target_variant(demo, tmp, name, state=None, config=None):
-    import torch  # noqa: F401
-    from safetensors.torch import load_file, save_file
+    from doctor_helpers import target_variant as variant
 
-    d = os.path.join(tmp, f"target_{name}")
-    shutil.copytree(os.path.join(demo, "target"), d)
-    if state is not None:
-        for f in [f for f in os.listdir(d) if f.endswith(".safetensors")]:
-            p = os.path.join(d, f)
-            save_file(state(load_file(p)), p, metadata={"format": "pt"})
-    if config is not None:
-        p = os.path.join(d, "config.json")
-        with open(p) as f:
-            c = json.load(f)
-        config(c)
-        with open(p, "w") as f:
-            json.dump(c, f)
-    return d
+    return variant(demo, os.path.join(tmp, f"target_{name}"), state, config)
 
 
 def target_cases(demo, tmp):

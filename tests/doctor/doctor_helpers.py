@@ -108,3 +108,23 @@ def replay_demo(demo_out: str, prompts, new_tokens: int, flags=(3, 1, 4)):
     runs = evaluate(side, ds.draft, prompts, ds.taps, S, new_tokens, SpecResolution(S, k, D), 8, False)
     return [(r.prompt, r.seq[len(r.prompt): len(r.prompt) + new_tokens].tolist(), w)
             for r, w in zip(runs, served_walks(runs, new_tokens))]
+
+
+def target_variant(demo_out: str, dest: str, state=None, config=None) -> str:
+    """A copy of the demo's target directory at `dest` with its weights (`state`: a function of the state dict)
+    and/or its config (`config`: a function changing the dict in place) changed."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(os.path.join(demo_out, "target"), dest)
+    if state is not None:
+        for f in [f for f in os.listdir(dest) if f.endswith(".safetensors")]:
+            p = os.path.join(dest, f)
+            save_file(state(load_file(p)), p, metadata={"format": "pt"})
+    if config is not None:
+        p = os.path.join(dest, "config.json")
+        with open(p) as f:
+            c = json.load(f)
+        config(c)
+        with open(p, "w") as f:
+            json.dump(c, f)
+    return dest

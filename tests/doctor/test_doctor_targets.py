@@ -5,30 +5,16 @@ dump-reference, accept and online alike, before any reference or prediction is c
 num_hidden_layers 0 is refused too."""
 import json
 import os
-import shutil
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
-from doctor_helpers import assert_clean_error, cli, demo_fast, write_json
+from doctor_helpers import assert_clean_error, cli, demo_fast, target_variant, write_json
 
 
 def _variant(root, name, state=None, config=None):
     """A copy of the demo's target directory with its weights and/or config changed."""
-    res, out = demo_fast()
-    d = os.path.join(root, name)
-    shutil.copytree(os.path.join(out, "target"), d)
-    if state is not None:
-        for f in [f for f in os.listdir(d) if f.endswith(".safetensors")]:
-            p = os.path.join(d, f)
-            save_file(state(load_file(p)), p, metadata={"format": "pt"})
-    if config is not None:
-        p = os.path.join(d, "config.json")
-        c = json.load(open(p))
-        config(c)
-        json.dump(c, open(p, "w"))
-    return d
+    return target_variant(demo_fast()[1], os.path.join(root, name), state, config)
 
 
 VARIANTS = {

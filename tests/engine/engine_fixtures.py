@@ -57,6 +57,14 @@ class Pair:
     draft: str          # as trained and shipped: draft ids [-1, 0, 3]
     prompts: str        # the first PROMPTS held-out prompts
 
+    def first_prompts(self, n: int) -> str:
+        """A prompts file holding the first n prompts (written once)."""
+        path = os.path.join(self.root, f"first_{n}_prompts.json")
+        if not os.path.exists(path):
+            with open(self.prompts) as f, open(path, "w") as g:
+                json.dump(json.load(f)[:n], g)
+        return path
+
     def draft_variant(self, name: str, **eagle_config) -> str:
         """A copy of the draft whose config's eagle_config has these keys changed (weights untouched)."""
         path = os.path.join(self.root, f"draft_{name}")

@@ -96,9 +96,7 @@ def stock(pair):
 @pytest.fixture(scope="session")
 def stock_shipped(pair):
     """Stock SGLang (the plugin registers nothing) with the draft as shipped: ids [-1, 0, 3]."""
-    one = os.path.join(pair.root, "one_prompt.json")
-    with open(pair.prompts) as f, open(one, "w") as g:
-        json.dump(json.load(f)[:1], g)
+    one = pair.first_prompts(1)
     return serve_engine(pair, "stock_shipped", pair.draft, env={"EAGLE3_CAPTURE_DISABLE": "all"}, prompts=one,
                         new_tokens=4)
 
@@ -157,9 +155,7 @@ def reference(pair):
 def shifted(pair):
     """Plugin on, the draft as shipped, and a capture moved one layer later at run time (the test-only stand-in's
     fault): the self-test must name the slot."""
-    one = os.path.join(pair.root, "one_prompt.json")
-    with open(pair.prompts) as f, open(one, "w") as g:
-        json.dump(json.load(f)[:1], g)
+    one = pair.first_prompts(1)
     return serve_engine(pair, "shifted", pair.draft, env={"E3_SGLANG_CPU_SHIFT_CAPTURE": "1"}, prompts=one,
                         new_tokens=2)
 
@@ -282,9 +278,7 @@ def test_self_test_names_a_capture_broken_at_run_time(shifted):
 
 @pytest.fixture(scope="session")
 def tp2(pair):
-    two = os.path.join(pair.root, "two_prompts.json")
-    with open(pair.prompts) as f, open(two, "w") as g:
-        json.dump(json.load(f)[:2], g)
+    two = pair.first_prompts(2)
     # one core per rank (SGLang's CPU path binds each TP rank's threads; one NUMA node here); the dump on: only
     # attention-TP rank 0 writes
     dump = os.path.join(pair.root, "dump_tp2")
@@ -413,9 +407,7 @@ def test_the_doctors_teacher_forced_request(pair, launched):
 
 @pytest.fixture(scope="session")
 def refused(pair):
-    one = os.path.join(pair.root, "one_prompt.json")
-    with open(pair.prompts) as f, open(one, "w") as g:
-        json.dump(json.load(f)[:1], g)
+    one = pair.first_prompts(1)
     return serve_engine(pair, "refused", pair.draft, env={"EAGLE3_CAPTURE_DISABLE": "selftets"}, prompts=one,
                         new_tokens=2)
 
