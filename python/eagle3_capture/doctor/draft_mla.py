@@ -87,8 +87,7 @@ class MLAAttention(nn.Module):
         from transformers.models.deepseek_v3.modeling_deepseek_v3 import (apply_rotary_pos_emb,
                                                                           apply_rotary_pos_emb_interleave)
 
-        rot = self._rotary.to(q_pe.device)
-        cos, sin = rot(q_pe, pos.long())  # [B, T, rope] each
+        cos, sin = self._rotary(q_pe, pos.long())  # [B, T, rope] each; the table moves with the module
         apply = apply_rotary_pos_emb_interleave if self.a.rope_interleave else apply_rotary_pos_emb
         return apply(q_pe, k_pe, cos.to(q_pe.dtype), sin.to(q_pe.dtype))
 

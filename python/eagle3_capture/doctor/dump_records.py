@@ -80,7 +80,9 @@ def dump_files(path: str) -> List[str]:
     return sorted(files)
 
 
-def _ints(v: Any, what: str, key: str, *, allow_none: bool = True) -> Optional[List[int]]:
+def int_list(v: Any, what: str, key: str, *, allow_none: bool = True) -> Optional[List[int]]:
+    """A list of ints from a list / tuple / integer tensor (None passes when allow_none), else DoctorError naming
+    `key` of `what`."""
     if v is None:
         if allow_none:
             return None
@@ -96,7 +98,7 @@ def _ints(v: Any, what: str, key: str, *, allow_none: bool = True) -> Optional[L
 
 def _ids_tensor(v: Any, what: str, key: str, n: Optional[int] = None) -> torch.Tensor:
     if isinstance(v, (list, tuple)):
-        v = torch.tensor(_ints(v, what, key), dtype=torch.int64)
+        v = torch.tensor(int_list(v, what, key), dtype=torch.int64)
     if not isinstance(v, torch.Tensor) or v.dtype not in _INT or v.dim() != 1:
         raise DoctorError(f"{what}: '{key}' must be a 1-D integer tensor [T], got {shown(v)}")
     if n is not None and v.numel() != n:
@@ -167,12 +169,12 @@ def record_from_dict(d: Any, path: str) -> DumpRecord:
     for key, v in (("num_layers", num_layers), ("hidden_size", hidden)):
         if v is not None and v < 1:
             raise DoctorError(f"{what}: '{key}' must be >= 1, got {v}")
-    ltc = _ints(d.get("layers_to_capture"), what, "layers_to_capture")
+    ltc = int_list(d.get("layers_to_capture"), what, "layers_to_capture")
     if aux is not None and hidden is not None and ltc is not None and aux.shape[1] != len(ltc) * hidden:
         raise DoctorError(f"{what}: aux is {aux.shape[1]} wide but layers_to_capture {ltc} at hidden_size {hidden} "
                           f"means {len(ltc) * hidden}")
     requests = _requests(d.get("requests"), what, T) if version == 2 else None
-    stream, sli = d.get("stream"), _ints(d.get("stream_layer_inputs"), what, "stream_layer_inputs")
+    stream, sli = d.get("stream"), int_list(d.get("stream_layer_inputs"), what, "stream_layer_inputs")
     if stream is not None:
         if not isinstance(stream, torch.Tensor) or stream.dim() != 3 or stream.dtype not in _FLOAT \
                 or stream.shape[1] != T:
@@ -191,7 +193,7 @@ def record_from_dict(d: Any, path: str) -> DumpRecord:
         raise DoctorError(f"{what}: 'declared' must be a list of strings, got {shown(declared)}")
     return DumpRecord(path, version, mode or "?", ids, pos, aux, ltc, requests, stream, sli, num_layers, hidden,
                       _opt(d, "model_class", str, what), _opt(d, "dtype", str, what),
-                      _ints(d.get("draft_ids"), what, "draft_ids"), declared,
+                      int_list(d.get("draft_ids"), what, "draft_ids"), declared,
                       _opt(d, "declared_convention", str, what))
 
 
@@ -378,6 +380,6 @@ def v1_sequences(records: Iterable[DumpRecord]) -> List[RequestParts]:
     return out
 
 
-__all__ = ["DUMP_FORMAT", "DOCTOR_RID_PREFIX", "PREFILL_MODES", "RequestRows", "DumpRecord", "DumpedRequest",
+__all__ = ["DUMP_FORMAT", "DOCTOR_RID_PREFIX", "int_list", "PREFILL_MODES", "RequestRows", "DumpRecord", "DumpedRequest",
            "DumpReader", "RequestParts", "dump_files", "record_from_dict", "load_record", "stitch", "doctor_requests",
            "v1_sequences"]

@@ -22,6 +22,7 @@ import torch
 
 from ..spec import EMBEDDING, LayerOutput
 from .common import DoctorError, load_safetensors, meta_json, require_file, save_safetensors, shown
+from .dump_records import int_list
 
 REFERENCE_FORMAT = "eagle3-capture-reference/1"
 CAPTURE_FORMAT = "eagle3-capture-captured/1"
@@ -226,16 +227,7 @@ def _captured_from_dict(d: dict, path: str) -> Captured:
         raise DoctorError(f"{what}: aux has no columns (shape {tuple(aux.shape)})")
 
     def ints(key):
-        v = d.get(key)
-        if v is None:
-            return None
-        if isinstance(v, torch.Tensor):
-            if v.dtype not in _INT:
-                raise DoctorError(f"{what}: '{key}' must be a list of integers, got a {v.dtype} tensor")
-            v = v.reshape(-1).tolist()
-        if not isinstance(v, (list, tuple)) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
-            raise DoctorError(f"{what}: '{key}' must be a list of integers, got {shown(v)}")
-        return list(v)
+        return int_list(d.get(key), what, key)
 
     def tensor(key):
         v = d.get(key)

@@ -88,18 +88,10 @@ def flush(timeout: Optional[float] = None) -> bool:
     return True if st is None or st.writer is None else st.writer.flush(timeout)
 
 
-def active() -> bool:
-    """Whether the served-forward hook still has dump work (settings on, some budget left)."""
-    st = _get()
-    if st is None:
-        return False
-    return not (st.served_done and st.stream_tokens >= st.settings.stream_tokens)
-
-
 def wants(forward_batch) -> bool:
-    """Whether the served-forward hook has dump work in this forward: as :func:`active`, except that once the served
-    budget is spent only a forward holding a doctor request (read from the batch's request ids) has any. Such a
-    forward would get no stream request and no record anyway; skipping it saves reading the batch's rows."""
+    """Whether the served-forward hook has dump work in this forward (settings on, some budget left): once the served
+    budget is spent only a forward holding a doctor request (read from the batch's request ids) has any (any other
+    would get no stream request and no record anyway; skipping it saves reading the batch's rows)."""
     st = _get()
     if st is None:
         return False
@@ -331,4 +323,4 @@ def _assembler(served_cols: List[int], stream_cols: List[int], H: int):
     return assemble
 
 
-__all__ = ["active", "wants", "forces_eager", "want_stream", "record", "reset", "flush", "fail"]
+__all__ = ["wants", "forces_eager", "want_stream", "record", "reset", "flush", "fail"]
