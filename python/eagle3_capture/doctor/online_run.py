@@ -54,19 +54,21 @@ def _recorded(server: str, prompts: List[List[int]], prompts_path: str, new_toke
         if new_tokens < 2:
             raise DoctorError(f"--server {server}: the responses have {new_tokens} completion token each; the "
                               "replay needs responses to max_new_tokens >= 2")
-    if new_tokens < 2:
-        raise DoctorError(f"--new-tokens {new_tokens}: need at least 2")
-    return responses, new_tokens
+    return responses, new_tokens  # a given --new-tokens was checked by _validate
 
 
-def _draft_vocab(draft_path: str, key: str = "vocab_size") -> Optional[int]:
-    """The draft config's ``key`` (``vocab_size``: the target's vocabulary; ``draft_vocab_size``: the draft's own
-    head, where it has one), None when absent."""
+def _draft_vocabs(draft_path: str) -> Tuple[Optional[int], Optional[int]]:
+    """The draft config's (``vocab_size``: the target's vocabulary, ``draft_vocab_size``: the draft's own head,
+    ``vocab_size`` where it has none), each None when absent."""
     from .common import read_json
 
     cfg = read_json(os.path.join(draft_path, "config.json"), "draft config")
-    v = cfg.get(key) if isinstance(cfg, dict) else None
-    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+    def get(key):
+        v = cfg.get(key) if isinstance(cfg, dict) else None
+        return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+    return get("vocab_size"), get("draft_vocab_size") or get("vocab_size")
 
 
 def _max_positions(config: Optional[dict]) -> Optional[int]:
@@ -118,7 +120,8 @@ def run_online(server: str, prompts_path: str, target_path: Optional[str], draft
     else:
         ck = CheckpointSide(target_checkpoint)
         tokenizer = ck.tokenizer
-        vocab = ck.vocab_size or _draft_vocab(draft_path)
+        target_vocab, draft_vocab = _draft_vocabs(draft_path)
+        vocab = ck.vocab_size or target_vocab
         arch = None
         if ck.config is not None:
             from .. import configs
@@ -126,7 +129,6 @@ def run_online(server: str, prompts_path: str, target_path: Optional[str], draft
             tcfg = configs.read_target_config(ck.config)
             arch = tcfg.architectures[0] if tcfg.architectures else None
         positions = _max_positions(ck.config)
-        draft_vocab = _draft_vocab(draft_path, "draft_vocab_size") or _draft_vocab(draft_path)
     prompts = read_prompts(prompts_path, tokenizer, vocab_size=vocab)
     if is_url:
         if new_tokens is None:
