@@ -268,12 +268,12 @@ def test_a_failing_disk_gives_one_error_line_and_serving_goes_on(harness, target
     d2 = tmp_path / "full"
     plugin_env(EAGLE3_CAPTURE_DUMP=d2)
 
-    def full(obj, path):
+    def full(path, data):
         with open(path, "wb") as f:
-            f.write(b"partial")
+            f.write(bytes(data[:7]))
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
 
-    monkeypatch.setattr(dump_writer.torch, "save", full)
+    monkeypatch.setattr(dump_writer, "write_bytes", full)
     r = harness.ServedRunner(model, cfg, rid="b")
     with caplog.at_level(logging.INFO, logger="eagle3_capture.sglang"):
         for ids in (harness.PROMPT, [harness.DECODE_TOKEN], [harness.DECODE_TOKEN]):
