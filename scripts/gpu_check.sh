@@ -58,7 +58,7 @@ sanitize memcheck 100 \
 
 step racecheck the same kernels
 # No kernel filter: these tests run no cuBLAS (draft fc at M <= 16 on the decode kernels), where racecheck crashes.
-sanitize racecheck 70 "sequential or malformed_slot or refusal or (repeated and not 33) or many_rows_at_h7168 \
+sanitize racecheck 120 "sequential or malformed_slot or refusal or (repeated and not 33) or many_rows_at_h7168 \
   or blocks_starting or (graphs_like_sglang and tp8shard and decode and split and plain)"
 
 step CUDA tests with the RTX PRO 6000 constants forced
