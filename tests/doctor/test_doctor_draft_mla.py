@@ -160,6 +160,25 @@ def test_mla_rope_scaling_without_factor_is_refused(tmp_path):
         load_draft(str(tmp_path / "d"))
 
 
+@pytest.mark.parametrize("key, scaling, note", [
+    ("rope_scaling", {"type": "yarn", "factor": 4.0}, "'yarn' is not applied offline"),
+    ("rope_parameters", {"rope_type": "llama3", "factor": 8.0}, "'llama3' is not applied offline"),
+    ("rope_scaling", {"rope_type": "default"}, None), ("rope_scaling", None, None)])
+def test_a_llama_layout_drafts_rope_scaling_is_noted_not_applied(tmp_path, key, scaling, note):
+    """The Llama-layout replay runs plain RoPE: a scaled config gets one note naming its kind (either key)."""
+    draft = seeded(mla_arch(q_lora_rank=0, scaling=None), dtype=torch.float32)
+    save_draft(draft, str(tmp_path / "d"))
+    p = tmp_path / "d" / "config.json"
+    cfg = json.load(open(p))
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
+    cfg[key] = scaling
+    p.write_text(json.dumps(cfg))
+    notes = load_draft(str(tmp_path / "d")).notes
+    assert [n for n in notes if "rope_scaling" in n] == ([] if note is None else [notes[0]])
+    if note is not None:
+        assert note in notes[0]
+
+
 def test_softmax_scale_follows_sglangs_mscale():
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import yarn_get_mscale
 

@@ -12,6 +12,7 @@ import torch
 
 from ..weights import canonical_name
 from .common import DoctorError
+from .draft_layers import rope_kind
 from .draft_mla import MLA_DRAFT_ARCH
 from .draft_model import DRAFT_ARCH, DraftArch, Eagle3Draft
 
@@ -32,6 +33,11 @@ def _module_name(name: str) -> str:
     """A checkpoint tensor's name in :class:`Eagle3Draft` (the fc loader's canonical name; ``layers.0.`` is the
     midlayer)."""
     return canonical_name(name).replace("layers.0.", "midlayer.")
+
+
+def _rope_scaling(cfg: dict):
+    """The draft config's RoPE scaling under either name transformers has used for it."""
+    return cfg.get("rope_scaling") or cfg.get("rope_parameters")
 
 
 def arch_from_config(cfg: dict, label: str, num_aux: int, target_hidden: int, layer_ids) -> DraftArch:
@@ -62,10 +68,10 @@ def arch_from_config(cfg: dict, label: str, num_aux: int, target_hidden: int, la
             raise DoctorError(f"{label}: {MLA_DRAFT_ARCH} needs q_lora_rank (SGLang's Eagle3 MLA layer requires it)")
         extra = {k: int(need(k)) for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
                                             "v_head_dim")}
-        scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters")
+        scaling = _rope_scaling(cfg)
         if scaling is not None and not isinstance(scaling, dict):
             raise DoctorError(f"{label}: rope_scaling must be an object, got {scaling!r}")
-        if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type", "default")) == "default":
+        if isinstance(scaling, dict) and rope_kind(scaling) == "default":
             scaling = None
         if scaling is not None and "factor" not in scaling:
             raise DoctorError(f"{label}: rope_scaling {scaling!r} has no 'factor'")
@@ -174,10 +180,9 @@ def load_draft(path: str, target_embed=None, target_lm_head=None, device: str = 
                            for k, v in own.items()}, assign=True)
     del state
     model.notes = []
-    scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters")
-    if not arch.mla and isinstance(scaling, dict) and \
-            scaling.get("rope_type", scaling.get("type", "default")) not in ("default", None):
-        model.notes.append(f"the draft's rope_scaling {scaling.get('rope_type', scaling.get('type'))!r} is not "
+    scaling = _rope_scaling(cfg)
+    if not arch.mla and rope_kind(scaling) not in ("default", None):
+        model.notes.append(f"the draft's rope_scaling {rope_kind(scaling)!r} is not "
                            "applied offline (plain RoPE with rope_theta): exact only for positions where the scaling "
                            "leaves the frequencies alone")
     if cfg.get("sliding_window"):

@@ -1,11 +1,20 @@
-"""The maths both draft attentions share (draft_model.py's Llama attention, draft_mla.py's MLA): RMSNorm, and the
-attention of R draft rows per anchor over the draft's KV cache (the prefix of step-1 keys and each row's own keys)."""
+"""What both draft attentions share (draft_model.py's Llama attention, draft_mla.py's MLA): RMSNorm, the attention
+of R draft rows per anchor over the draft's KV cache (the prefix of step-1 keys and each row's own keys), and how a
+config's rope_scaling names its kind."""
 from __future__ import annotations
 
-from typing import List
+from typing import Any, List
 
 import torch
 from torch import nn
+
+
+def rope_kind(scaling: Any) -> Any:
+    """A rope_scaling / rope_parameters object's kind: ``rope_type`` (transformers' key) or ``type`` (the older
+    one), "default" when it names none or is not an object."""
+    if not isinstance(scaling, dict):
+        return "default"
+    return scaling.get("rope_type", scaling.get("type", "default"))
 
 
 def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -46,4 +55,4 @@ def attend_rows(q, prefix_k, prefix_v, own_k: List[torch.Tensor], own_v: List[to
     return out.permute(0, 2, 3, 1, 4).reshape(B, T, R, h * out.shape[-1])
 
 
-__all__ = ["rmsnorm", "RMSNorm", "attend_rows"]
+__all__ = ["rope_kind", "rmsnorm", "RMSNorm", "attend_rows"]

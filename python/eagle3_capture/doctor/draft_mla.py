@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from .common import DoctorError
-from .draft_layers import RMSNorm, attend_rows
+from .draft_layers import RMSNorm, attend_rows, rope_kind
 
 MLA_DRAFT_ARCH = "Eagle3DeepseekV2ForCausalLM"
 
@@ -38,8 +38,8 @@ def _rotary_config(a):
     scaling = dict(a.rope_scaling) if a.rope_scaling else None
     params = {"rope_type": "default", "rope_theta": a.rope_theta}
     if scaling:
-        kind = scaling.get("rope_type", scaling.get("type", "default"))
-        params = {**{k: v for k, v in scaling.items() if k != "type"}, "rope_type": kind, "rope_theta": a.rope_theta}
+        params = {**{k: v for k, v in scaling.items() if k != "type"}, "rope_type": rope_kind(scaling),
+                  "rope_theta": a.rope_theta}
     try:
         cfg = DeepseekV3Config(**kw, rope_parameters=params)
     except TypeError:  # transformers before rope_parameters
@@ -54,8 +54,7 @@ def softmax_scale(a) -> float:
 
     scale = (a.qk_nope_head_dim + a.qk_rope_head_dim) ** -0.5
     s = a.rope_scaling or {}
-    kind = s.get("rope_type", s.get("type", "default"))
-    if kind not in ("default", None) and s.get("mscale_all_dim"):
+    if rope_kind(s) not in ("default", None) and s.get("mscale_all_dim"):
         m = yarn_get_mscale(float(s["factor"]), float(s["mscale_all_dim"]))
         scale *= m * m
     return scale
