@@ -245,7 +245,7 @@ def _graph_gate(out_path: str) -> None:
     load_plugins()
     from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
 
-    from eagle3_capture.sglang import dump, served
+    from eagle3_capture.sglang import dump, internals, served
     from eagle3_capture.sglang.hook_chain import hook_path_in_place
 
     cfg = tiny_config()
@@ -267,7 +267,7 @@ def _graph_gate(out_path: str) -> None:
                                                                                     "*.pt")))]
     with open(out_path, "w") as f:
         json.dump({"gates": {p: hook_path_in_place(p, served.graph_gate_hook)
-                             for p in (served.DECODE_GRAPH_PATH, served.PREFILL_GRAPH_PATH, served.CPU_GRAPH_PATH)},
+                             for p in internals.current().graph_gate_paths},
                    "doctor_decode_graph": bool(out.can_run_graph), "other_decode": asked,
                    "records": [(x["forward_mode"], x["requests"][0]["rid"], x["graph"], x["stream"] is not None)
                                for x in sorted(recs, key=lambda x: x["seq"])]}, f)

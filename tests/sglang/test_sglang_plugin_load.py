@@ -39,22 +39,32 @@ def test_load_plugins_puts_every_hook_in_place(sglang_plugin):
 
 def test_hooks_reach_the_names_sglang_calls(sglang_plugin):
     """Subclasses see the hooked methods, and deepseek_v2's module-level references are the hooked ones."""
-    from sglang.srt.layers import aux_hidden_states
     from sglang.srt.model_executor import model_runner
     from sglang.srt.models import deepseek_v2
-    from eagle3_capture.sglang import capture, served, target
+    from eagle3_capture.sglang import capture, internals, model_forward, served, target
 
     plugin = sglang_plugin
+    release = internals.current()
     for cls in (deepseek_v2.DeepseekV2ForCausalLM, deepseek_v2.DeepseekV3ForCausalLM,
                 deepseek_v2.DeepseekV32ForCausalLM):
         assert hook_in_place(cls, "set_eagle3_layers_to_capture", target.set_eagle3_layers_to_capture_hook)
-    assert hook_in_place(deepseek_v2.DeepseekV2Model, "forward", target.model_forward_hook)
-    # DeepseekV2Model.forward calls residual_batch.final_norm / .complete_output and AuxHiddenStatePacker(...)
-    assert hook_in_place(deepseek_v2.residual_batch, "final_norm", target.final_norm_hook)
-    assert hook_in_place(deepseek_v2.residual_batch, "complete_output", target.complete_output_hook)
-    assert deepseek_v2.AuxHiddenStatePacker is aux_hidden_states.AuxHiddenStatePacker
-    assert hook_in_place(deepseek_v2.AuxHiddenStatePacker, "__init__", target.packer_init_hook)
-    assert hook_in_place(deepseek_v2.AuxHiddenStatePacker, "append", capture.packer_append_hook)
+    assert hook_in_place(deepseek_v2.DeepseekV2Model, "forward", model_forward.model_forward_hook)
+    # DeepseekV2Model.forward calls these through deepseek_v2's own module-level names
+    if release.final_boundary in (internals.FINAL_NORM, internals.RESIDUAL_NORM):
+        norm = "final_norm" if release.final_boundary == internals.FINAL_NORM else "norm"
+        hook = (model_forward.final_norm_hook if release.final_boundary == internals.FINAL_NORM
+                else model_forward.residual_norm_hook)
+        assert hook_in_place(deepseek_v2.residual_batch, norm, hook)
+        assert hook_in_place(deepseek_v2.residual_batch, "complete_output", model_forward.complete_output_hook)
+    else:  # the last decoder layer's output (and layer input 0 on list-in-loop)
+        assert hook_in_place(deepseek_v2.DeepseekV2DecoderLayer, "forward", model_forward.decoder_layer_hook)
+    if release.uses_packer:
+        from sglang.srt.layers import aux_hidden_states
+
+        assert deepseek_v2.AuxHiddenStatePacker is aux_hidden_states.AuxHiddenStatePacker
+        assert hook_in_place(deepseek_v2.AuxHiddenStatePacker, "__init__", model_forward.packer_init_hook)
+    if release.packer_slot:
+        assert hook_in_place(deepseek_v2.AuxHiddenStatePacker, "append", capture.packer_append_hook)
     # the self-test runs around the model runner's forward, which every served forward goes through
     assert hook_in_place(model_runner.ModelRunner, "forward", served.runner_forward_hook)
     # Kimi-K2.5 delegates to its DeepseekV3ForCausalLM language model

@@ -123,9 +123,9 @@ def _check_outcome(plugin, env, calls, lines):
     assert errors == list(s.errors)
     assert "sglang.srt.models.deepseek_v2.DeepseekV2ForCausalLM.set_eagle3_layers_to_capture" in calls or \
         "taps" in s.disabled
-    from eagle3_capture.sglang import served
+    from eagle3_capture.sglang import internals
 
-    assert (served.DECODE_GRAPH_PATH in calls) == (s.dump is not None)
+    assert (internals.current().graph_gate_paths[0] in calls) == (s.dump is not None)
     return "ignored" if errors else "clean"
 
 

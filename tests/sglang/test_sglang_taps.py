@@ -190,22 +190,26 @@ def test_startup_log_line(harness, sglang_plugin, no_declaration, caplog):
     lines = [r.getMessage() for r in caplog.records if r.name == "eagle3_capture.sglang"]
     assert len(lines) == 1, lines
     line = lines[0]
-    for part in ("eagle3_capture: DeepseekV3ForCausalLM: taps [Embedding, LayerOutput(2), LayerOutput(30), "
-                 "LayerOutput(60)]", "draft ids [-1, 2, 30, 60]", "layer inputs n/a (final boundary)",
+    from eagle3_capture.sglang import internals
+
+    release = internals.current()
+    for part in (f"eagle3_capture: SGLang {release.version} (adapter {release.adapter}): DeepseekV3ForCausalLM: "
+                 "taps [Embedding, LayerOutput(2), LayerOutput(30), LayerOutput(60)]", "draft ids [-1, 2, 30, 60]", "layer inputs n/a (final boundary)",
                  "HF hidden_states n/a (final boundary)", "L=61 H=7168 K=4 fc_in=28672",
                  "layers_to_capture [0, 3, 31, 61 (final boundary, before the final norm)]",
-                 "taps=on", "final_boundary=on", "capture=on", "EAGLE3_CAPTURE_DISABLE"):
+                 "taps=on", "final_boundary=on", "capture=on" if release.packer_slot else "capture=off (",
+                 "EAGLE3_CAPTURE_DISABLE"):
         assert part in line, (part, line)
 
 
 def test_whether_a_spec_declares_the_final_boundary_is_asked_of_that_spec(sglang_plugin):
     """The model forward hook asks at every forward whether the model's spec declares the final boundary; the answer
     it keeps for the last spec asked about follows the spec (models with and without it, in any order)."""
-    from eagle3_capture.sglang import target
+    from eagle3_capture.sglang import model_forward
     from eagle3_capture.spec import TapSpec
 
     final = TapSpec.from_draft_ids([-1, 1, 5], 6, 64)
     inner = TapSpec.from_draft_ids([-1, 1, 3], 6, 64)
     for spec, want in ((final, True), (inner, False), (None, False), (final, True), (final, True), (inner, False),
                        (TapSpec.from_draft_ids([-1, 1, 5], 6, 64), True)):
-        assert target._declares_final(spec) is want, spec
+        assert model_forward.declares_final(spec) is want, spec

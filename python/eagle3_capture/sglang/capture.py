@@ -1,6 +1,9 @@
 """Capture writes through ``eagle3_capture::capture_`` into SGLang's packed aux buffer.
 
-Hook point: ``AuxHiddenStatePacker.append`` (switch ``capture``). Every write into SGLang 0.5.23's packed
+Hook point: ``AuxHiddenStatePacker.append`` (switch ``capture``), on releases whose packer has ``slot()`` (0.5.23;
+internals.py): older packers (0.5.18-0.5.22) allocate and copy inside ``append`` with nothing to hand the op, and
+0.5.12-0.5.16 keep the captures in a Python list that the logits processor concatenates -- there SGLang's own
+write stays, and the taps are still exactly the declared ones. Every write into SGLang 0.5.23's packed
 ``[T, K*H]`` buffer goes through it: ``capture()`` (what the layer-boundary stage and this plugin's final-boundary
 capture call), ``append()`` and ``extend()``, for a buffer the packer allocates itself and for the decode
 CUDA-graph runner's preallocated one (``AuxHiddenStatePacker.for_batch``: a row slice of a larger buffer). The
@@ -26,7 +29,7 @@ import torch
 
 from .switches import logger
 
-PACKER_APPEND_PATH = "sglang.srt.layers.aux_hidden_states.AuxHiddenStatePacker.append"
+from .internals import PACKER_APPEND_PATH
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _ops = None

@@ -43,10 +43,8 @@ from typing import Callable, List, Optional, Tuple
 import torch
 
 from . import switches
+from .internals import LLAMA_DRAFT_FORWARD_PATH, MLA_DRAFT_FORWARD_PATH
 from .switches import logger
-
-MLA_DRAFT_FORWARD_PATH = "sglang.srt.models.kimi_k25_eagle3.Eagle3MLAModel.forward"
-LLAMA_DRAFT_FORWARD_PATH = "sglang.srt.models.llama_eagle3.LlamaModel.forward"
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _fallback_logged = set()
@@ -250,9 +248,9 @@ class _FcPlan:
 def _fc_plan(model, input_norm) -> _FcPlan:
     """The draft's plan: the one kept on the model while it holds for the model's current modules, else a new one."""
     fc = model.fc
-    fc_norm = model.fc_norm
+    fc_norm = getattr(model, "fc_norm", None)  # absent on 0.5.12's MLA draft
     norms = tuple(fc_norm) if fc_norm is not None else None
-    k_raw = model.num_aux_hidden_states
+    k_raw = getattr(model, "num_aux_hidden_states", 1)  # only read with fc_norm (absent with it on 0.5.12 MLA)
     plan = model.__dict__.get(_PLAN_ATTR)
     if plan is None or not plan.holds(fc, norms, input_norm, k_raw):
         plan = model.__dict__[_PLAN_ATTR] = _FcPlan(fc, norms, input_norm, k_raw)
@@ -288,7 +286,8 @@ def fused_fc(x, weight, norm_weights, eps: float, bias, row_norm_weight=None, ro
 # ----------------------------------------------------------------------------------------------------------------
 
 def _mla_fc(model, x) -> Optional[torch.Tensor]:
-    """Eagle3MLAModel: cat(fc_norm_k(x_k)) -> ColumnParallelLinear -> _fc_gatherer."""
+    """Eagle3MLAModel: cat(fc_norm_k(x_k)) -> ColumnParallelLinear -> _fc_gatherer (0.5.18+), or a replicated
+    nn.Linear without fc_norm (0.5.12) or with it (0.5.14, 0.5.16)."""
     plan = _fc_plan(model, None)
     fc = plan.fc
     weight = getattr(fc, "weight", None)
@@ -306,7 +305,7 @@ def _mla_fc(model, x) -> Optional[torch.Tensor]:
 
 def _llama_fc(model, x) -> Optional[torch.Tensor]:
     """llama_eagle3.LlamaModel: [input_norm over the row] -> cat(fc_norm_k(x_k)) -> nn.Linear."""
-    input_norm = model.input_norm
+    input_norm = getattr(model, "input_norm", None)  # norm_before_fc: 0.5.18+
     plan = _fc_plan(model, input_norm)
     fc = plan.fc
     weight = getattr(fc, "weight", None)
@@ -364,18 +363,21 @@ def gather_columns(model, fc, y: torch.Tensor) -> torch.Tensor:
     for more rows than the gatherer holds, or while a CUDA graph is being captured before the gatherer exists
     (building it is collective and cannot run inside a capture). Every TP rank runs the same batch, so every rank
     takes the same branch."""
+    fc_gatherer = getattr(model, "_fc_gatherer", None)
+    if fc_gatherer is None:  # 0.5.12-0.5.16: the fc is a replicated nn.Linear, its output already whole
+        return y
     group = getattr(fc, "tp_group", None)
     world = int(getattr(group, "world_size", 1) or 1)
     if world <= 1 or not switches.enabled(switches.GATHER) or y.dim() != 2:
-        return model._fc_gatherer(y)
+        return fc_gatherer(y)
     state = model.__dict__.get(_GATHER_ATTR)
     if state is None:
         if _capturing(y):
-            return model._fc_gatherer(y)
+            return fc_gatherer(y)
         state = _build_gatherer(model, group, y, world)
         model.__dict__[_GATHER_ATTR] = state
     if state == _GATHER_OFF or y.shape[0] > state.max_rows_per_rank or y.dtype != state.dtype:
-        return model._fc_gatherer(y)
+        return fc_gatherer(y)
     if y.shape[0] == 0:
         return y.new_empty((0, state.hidden_size))
     return state.gather(y if y.stride(-1) == 1 else y.contiguous())
@@ -430,8 +432,6 @@ def _build_gatherer(model, group, y: torch.Tensor, world: int):
 # The gather's error poll, outside the captured region
 # ----------------------------------------------------------------------------------------------------------------
 
-DRAFT_EXTEND_DECODE_PATH = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._draft_extend_for_decode"
-DRAFT_EXTEND_PREFILL_PATH = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._draft_extend_for_prefill"
 
 
 def gather_poll_hook(original, self, *args, **kwargs):
@@ -455,10 +455,9 @@ def gather_poll_hook(original, self, *args, **kwargs):
     return out
 
 
-GATHER_HOOKS: List[Tuple[str, Callable]] = [
-    (DRAFT_EXTEND_DECODE_PATH, gather_poll_hook),
-    (DRAFT_EXTEND_PREFILL_PATH, gather_poll_hook),
-]
+def gather_hooks(i) -> List[Tuple[str, Callable]]:
+    """The gather's error poll around each draft extend the release `i` (internals.Internals) has."""
+    return [(path, gather_poll_hook) for path in i.draft_extend_paths]
 
 
 def _fc_forward_hook(compute: Callable):
@@ -489,6 +488,6 @@ HOOKS: List[Tuple[str, Callable]] = [
     (LLAMA_DRAFT_FORWARD_PATH, llama_forward_hook),
 ]
 
-__all__ = ["MLA_DRAFT_FORWARD_PATH", "LLAMA_DRAFT_FORWARD_PATH", "DRAFT_EXTEND_DECODE_PATH", "DRAFT_EXTEND_PREFILL_PATH",
-           "HOOKS", "GATHER_HOOKS", "unavailable", "gather_unavailable", "fused_fc", "gather_columns",
-           "mla_forward_hook", "llama_forward_hook", "gather_poll_hook"]
+__all__ = ["MLA_DRAFT_FORWARD_PATH", "LLAMA_DRAFT_FORWARD_PATH", "HOOKS", "gather_hooks", "unavailable",
+           "gather_unavailable", "fused_fc", "gather_columns", "mla_forward_hook", "llama_forward_hook",
+           "gather_poll_hook"]

@@ -15,10 +15,13 @@ Hook points (AROUND hooks through SGLang's HookRegistry) and why these, read in 
   ``DeepseekV2Model.forward``, where these checks used to run, runs only in those warm-up and capture passes under
   CUDA graphs (and the breakable prefill replay swaps it out on the instance).
 * ``DecodeCudaGraphRunner.can_run_graph``, ``PrefillCudaGraphRunner.can_run_graph``, ``CPUGraphRunner.can_run_graph``
-  (only with the dump on): SGLang decides graph or eager per batch there -- ``_forward_raw`` for every forward, and
-  ``eagle_utils`` once more before a verify -- so answering False for a target batch that holds one of the doctor's
-  requests makes that forward eager everywhere alike, which the stream needs (dump.py). The draft's runners are not
-  touched.
+  (0.5.14+; on 0.5.12 ``CudaGraphRunner``, ``PiecewiseCudaGraphRunner``, ``BreakableCudaGraphRunner`` and
+  ``CPUGraphRunner.can_run``: whichever the installed release has, internals.py) (only with the dump on): SGLang
+  decides graph or eager per batch there -- ``_forward_raw`` for every forward, and ``eagle_utils`` once more
+  before a verify -- so answering False for a target batch that holds one of the doctor's requests makes that
+  forward eager everywhere alike, which the stream needs (dump.py). The draft's runners are not touched.
+  SGLang's capture-mode flag is ``runner_utils.capture_mode.get_is_capture_mode`` (0.5.14+) or
+  ``cuda_graph_runner.get_is_capture_mode`` (0.5.12).
 
 With the self-test done (or off) and the dump off, the forward hook only checks two flags before calling SGLang.
 """
@@ -26,17 +29,12 @@ from __future__ import annotations
 
 import torch
 
-from . import dump, selftest, stream, switches
+from . import dump, internals, selftest, stream, switches
 from .dump_record import batch_rows
+from .model_forward import SPEC_ATTR
 from .switches import logger
-from .target import SPEC_ATTR
 
-RUNNER_FORWARD_PATH = "sglang.srt.model_executor.model_runner.ModelRunner.forward"
-DECODE_GRAPH_PATH = ("sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner."
-                     "can_run_graph")
-PREFILL_GRAPH_PATH = ("sglang.srt.model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner."
-                      "can_run_graph")
-CPU_GRAPH_PATH = "sglang.srt.model_executor.cpu_graph_runner.CPUGraphRunner.can_run_graph"
+RUNNER_FORWARD_PATH = internals.RUNNER_FORWARD_PATH
 
 _TARGET_ATTR = "_eagle3_capture_target"  # on the ModelRunner: (id(model), (model, inner) or None)
 _capture_mode = None
@@ -46,9 +44,9 @@ def _in_capture() -> bool:
     """SGLang's capture-mode flag (its warm-up and capture passes) or a stream being captured."""
     global _capture_mode
     if _capture_mode is None:
-        from sglang.srt.model_executor.runner_utils.capture_mode import get_is_capture_mode
-
-        _capture_mode = get_is_capture_mode
+        path = internals.current().capture_mode_path
+        # without SGLang's flag (internals moved), a capturing stream is the only sign left
+        _capture_mode = internals.resolve(path) if path else (lambda: False)
     if _capture_mode():
         return True
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
@@ -122,5 +120,9 @@ def graph_gate_hook(original, self, forward_batch, *args, **kwargs):
     return original(self, forward_batch, *args, **kwargs)
 
 
-__all__ = ["RUNNER_FORWARD_PATH", "DECODE_GRAPH_PATH", "PREFILL_GRAPH_PATH", "CPU_GRAPH_PATH", "runner_forward_hook",
-           "graph_gate_hook", "target_of"]
+def graph_gate_hooks(i: internals.Internals):
+    """(dotted path, hook) for every graph-or-eager decision the release `i` has."""
+    return [(path, graph_gate_hook) for path in i.graph_gate_paths]
+
+
+__all__ = ["RUNNER_FORWARD_PATH", "runner_forward_hook", "graph_gate_hook", "graph_gate_hooks", "target_of"]

@@ -71,12 +71,23 @@ def widen(req: StreamRequest, served: Sequence[int], num_layers: int) -> Optiona
 
 
 def split(req: StreamRequest, out, hidden_size: int):
-    """The forward's output with only the served slots (in their order), keeping every capture in req.packed."""
-    if not isinstance(out, tuple) or len(out) != 2 or not isinstance(out[1], torch.Tensor):
+    """The forward's output with only the served slots (in their order), keeping every capture in req.packed.
+    The captures are one packed [T, K*H] tensor (packer releases) or a list of K [T, H] tensors (list releases,
+    whose logits processor concatenates them; the stream's copy is then concatenated here, once, eagerly)."""
+    aux = out[1] if isinstance(out, tuple) and len(out) == 2 else None
+    H = hidden_size
+    if isinstance(aux, (list, tuple)) and all(isinstance(t, torch.Tensor) for t in aux):
+        if len(aux) != len(req.union) or any(t.dim() != 2 or t.shape[1] != H for t in aux):
+            req.error = (f"the forward returned {len(aux)} captures {[tuple(t.shape) for t in aux]}, expected "
+                         f"{len(req.union)} of [T, {H}]")
+            return out
+        req.packed = torch.cat(list(aux), dim=1)
+        pos = {i: p for p, i in enumerate(req.union)}
+        return out[0], [aux[pos[i]] for i in req.served]
+    if not isinstance(aux, torch.Tensor):
         req.error = "the forward returned no aux hidden states"
         return out
     hidden, packed = out
-    H = hidden_size
     if packed.dim() != 2 or packed.shape[1] != len(req.union) * H:
         req.error = f"the packed capture is {tuple(packed.shape)}, expected [T, {len(req.union)} x {H}]"
         return out
