@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 
 NATIVE_SOURCES := $(shell find csrc -type f) setup.py pyproject.toml
 
-.PHONY: demo test setup build gate clean bench-binaries
+.PHONY: demo test test-sglang test-releases setup build gate clean bench-binaries
 
 demo: build
 	$(PY) -m eagle3_capture selfcheck
@@ -27,6 +27,26 @@ test: build gate $(VENV)/.sglang-stamp
 	  marks="$$marks and not cuda_build"; echo "test: CPU-only build, deselecting the cuda_build tests"; fi; \
 	$(PY) -m pytest -m "$$marks" -q $(PYTEST_ARGS)
 	$(PY) -m pytest -m "engine" -q --durations=0 $(PYTEST_ARGS) tests/engine
+
+# One SGLang release from 0.5.12 through 0.5.23, e.g. `make test-sglang SGLANG=0.5.12`: installed beside this torch
+# (scripts/sglang_release.py, into $(VENV)/sglang-releases/<X>), then the plugin's model-level tests on SGLang's real
+# DeepseekV2 classes of that release (marker sglang) and its real serving loop (the smoke; SMOKE=0 leaves it out).
+SGLANG ?=
+SMOKE ?= 1
+SMOKE_TESTS ?= tests/engine/test_release_smoke.py
+test-sglang: build $(VENV)/.sglang-stamp
+	@if [ -z "$(SGLANG)" ]; then echo "usage: make test-sglang SGLANG=<a release from 0.5.12 through 0.5.23> [SMOKE=0]" >&2; exit 2; fi
+	@dir=$$($(PY) scripts/sglang_release.py $(SGLANG)) || exit $$?; \
+	export PYTHONPATH="$$dir"; echo "test-sglang: SGLang $(SGLANG) from $${dir:-this environment}"; \
+	$(PY) -m pytest -m "sglang and not cuda" -q $(PYTEST_ARGS) tests/sglang || exit 1; \
+	if [ "$(SMOKE)" = 1 ]; then $(PY) -m pytest -m engine -q --durations=0 $(PYTEST_ARGS) $(SMOKE_TESTS) || exit 1; fi
+
+# The release matrix (CI runs it after `make test`, which covers 0.5.23): one release of every other adapter, and
+# SGLang's serving loop on the oldest.
+RELEASE_MATRIX ?= 0.5.16 0.5.20 0.5.21
+test-releases:
+	$(MAKE) --no-print-directory test-sglang SGLANG=0.5.12
+	@for v in $(RELEASE_MATRIX); do $(MAKE) --no-print-directory test-sglang SGLANG=$$v SMOKE=0 || exit 1; done
 
 setup: $(VENV)/.deps-stamp
 

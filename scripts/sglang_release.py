@@ -10,8 +10,9 @@ transformers requires at a version this environment does not satisfy (tokenizers
 the xgrammar it pins. Everything else -- torch above all -- comes from this environment, so one torch serves every
 release. Run the tests on X with ``PYTHONPATH=DIR`` in front (the last line printed is that directory).
 
-Idempotent: a finished directory holds a stamp and is reused. Exit 2 with one line on a version outside the range
-the plugin supports, 1 when pip or the import check fails.
+Idempotent: a finished directory holds a stamp and is reused. When this environment already has SGLang X, nothing
+is installed and the last line is empty (no directory to put in front). Exit 2 with one line on a version outside
+the range the plugin supports, 1 when pip or the import check fails.
 """
 from __future__ import annotations
 
@@ -122,6 +123,13 @@ def copy_missing(target: Path, dist: Path, depth: int = 4) -> list:
 
 def main(argv=None) -> int:
     a = parse_args(argv)
+    try:
+        if metadata.version("sglang") == a.version and a.dir is None:
+            print(f"sglang_release.py: this environment has sglang {a.version} already", file=sys.stderr)
+            print("")
+            return 0
+    except metadata.PackageNotFoundError:
+        pass
     target = (a.dir or ROOT / ".venv" / "sglang-releases" / a.version).resolve()
     stamp = target / STAMP
     if stamp.exists() and json.loads(stamp.read_text()).get("sglang") == a.version:

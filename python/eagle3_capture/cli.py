@@ -9,7 +9,15 @@ import sys
 def _cmd_info(args) -> int:
     from .native import build_info
 
-    print(json.dumps(build_info(), indent=1))
+    info = build_info()
+    if not args.no_sglang:
+        try:
+            from .sglang.plugin import release_summary
+
+            info["sglang"] = release_summary()
+        except Exception as e:  # a broken SGLang install is a finding, not a reason to hide the build info
+            info["sglang"] = {"error": f"{type(e).__name__}: {e}"}
+    print(json.dumps(info, indent=1))
     return 0
 
 
@@ -23,7 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="eagle3-capture",
                                 description="Exact, cheap, checkable hidden-state capture for EAGLE-3 in SGLang.")
     sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("info", help="what the native extension was built with (backends, CUDA archs, versions)")
+    s = sub.add_parser("info", help="what the native extension was built with (backends, CUDA archs, versions), and "
+                                    "the installed SGLang's release and the plugin's adapter for it")
+    s.add_argument("--no-sglang", action="store_true", help="leave out the SGLang part (it imports SGLang: seconds)")
     s.set_defaults(func=_cmd_info)
     s = sub.add_parser("selfcheck", help="run every op once against the float64 reference (CPU, and CUDA if present)")
     s.set_defaults(func=_cmd_selfcheck)

@@ -70,11 +70,20 @@ def declares_final(spec) -> bool:
     return final
 
 
+_list_in_loop: Optional[bool] = None  # the installed release's adapter is list-in-loop (read once)
+
+
+def _is_list_in_loop() -> bool:
+    global _list_in_loop
+    if _list_in_loop is None:
+        _list_in_loop = internals.current().adapter == internals.LIST_IN_LOOP
+    return _list_in_loop
+
+
 def _first_needed(served) -> bool:
     """Whether this plugin captures layer input 0 of the served list itself: on list-in-loop, with the taps hook
     on (with it off, SGLang's own rule and its own failure stand)."""
-    return (bool(served) and served[0] == 0 and internals.current().adapter == internals.LIST_IN_LOOP
-            and switches.enabled(switches.TAPS))
+    return bool(served) and served[0] == 0 and _is_list_in_loop() and switches.enabled(switches.TAPS)
 
 
 def model_forward_hook(original, self, input_ids, positions, forward_batch, *args, **kwargs):
@@ -92,8 +101,7 @@ def model_forward_hook(original, self, input_ids, positions, forward_batch, *arg
         union = stream.widen(req, served, L)
         if union is not None:
             run = union
-    list_in_loop = internals.current().adapter == internals.LIST_IN_LOOP
-    first = bool(run) and run[0] == 0 and list_in_loop and (run is not served or _first_needed(served))
+    first = bool(run) and run[0] == 0 and _is_list_in_loop() and (run is not served or _first_needed(served))
     final = L in run
     if not first and not final and run is served:
         return original(self, input_ids, positions, forward_batch, *args, **kwargs)

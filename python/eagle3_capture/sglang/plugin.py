@@ -128,6 +128,20 @@ def _release_problem(i: internals.Internals) -> Optional[str]:
     return None
 
 
+def release_summary() -> dict:
+    """What the plugin does on the installed SGLang, for ``eagle3-capture info``: the release, the adapter, where
+    the final boundary comes from, and per hook group the hooks or why that release cannot have it."""
+    if internals.installed_version() is None:
+        return {"installed": False}
+    i = internals.current()
+    table, why = hook_table(i)
+    problem = _release_problem(i)
+    return {"installed": True, "version": i.version, "adapter": i.adapter, "final_boundary": i.final_boundary,
+            "in_range": i.in_range, "supported": f"{internals.range_text()}", "refusal": problem,
+            "groups": {g: ({"hooks": [p for p, _ in table[g]]} if g in table else {"unavailable": why.get(g)})
+                       for g in GROUPS}}
+
+
 def plan(settings: switches.Settings) -> Dict[str, Hooks]:
     """The hook groups register() installs for these settings (from the hook table of the installed release)."""
     out = {}
@@ -274,4 +288,4 @@ def _status_text(pending: bool = False) -> str:
 
 
 __all__ = ["register", "HOOKS", "GROUPS", "DUMP", "LOAD_MODEL_PATH", "load_model_hook", "registered", "skipped",
-           "unavailable", "plan", "hook_table", "hook_status"]
+           "unavailable", "plan", "hook_table", "hook_status", "release_summary"]
