@@ -1,6 +1,7 @@
 """The draft config's tap declaration as this process read it (beside SGLang's own read, at model load): a leaf
 shared by the taps hook (target.py), which turns it into the taps to capture, the self-test (selftest.py), which
-checks a capture against it, and the dump (dump_record.py), which records it."""
+checks a capture against it, and the dump (dump_record.py), which records it; and the target config a
+DeepseekV2Model answers to (:func:`config_of`)."""
 from __future__ import annotations
 
 import threading
@@ -24,6 +25,28 @@ class DraftDeclaration:
     draft: Optional[_configs.DraftConfig]
     error: Optional[str] = None
     source: str = "draft config"
+
+
+# Set on a DeepseekV2Model that has no ``config`` of its own (0.5.12 keeps it only on the causal LM around it).
+CONFIG_ATTR = "_eagle3_capture_config"
+
+
+def config_of(inner):
+    """The HF config a DeepseekV2Model was built from: its own ``config`` (0.5.14+), else the one the plugin
+    recorded from the causal LM holding it (``remember_config``). Raises AttributeError naming both."""
+    cfg = getattr(inner, "config", None)
+    if cfg is None:
+        cfg = getattr(inner, CONFIG_ATTR, None)
+    if cfg is None:
+        raise AttributeError(f"{type(inner).__name__} has no config and none was recorded by the plugin")
+    return cfg
+
+
+def remember_config(causal_lm) -> None:
+    """Record ``causal_lm.config`` on its DeepseekV2Model where that model has no config of its own."""
+    inner = getattr(causal_lm, "model", None)
+    if inner is not None and getattr(inner, "config", None) is None and getattr(causal_lm, "config", None) is not None:
+        setattr(inner, CONFIG_ATTR, causal_lm.config)
 
 
 _declaration_lock = threading.Lock()
@@ -50,10 +73,12 @@ def declared_taps(model, spec: Optional[TapSpec]) -> Tuple[Optional[TapSpec], st
     decl = current_declaration()
     if decl is None or decl.draft is None:
         return None, "no draft config declaration was read"
-    L, H = int(model.config.num_hidden_layers), int(model.config.hidden_size)
+    cfg = config_of(model)
+    L, H = int(cfg.num_hidden_layers), int(cfg.hidden_size)
     target = _configs.read_target_config({"num_hidden_layers": L, "hidden_size": H,
-                                          "model_type": getattr(model.config, "model_type", None)})
+                                          "model_type": getattr(cfg, "model_type", None)})
     return _configs.draft_taps(decl.draft, target), f"the draft config {decl.source}"
 
 
-__all__ = ["DraftDeclaration", "current_declaration", "set_declaration", "declared_taps"]
+__all__ = ["DraftDeclaration", "current_declaration", "set_declaration", "declared_taps", "CONFIG_ATTR", "config_of",
+           "remember_config"]

@@ -11,7 +11,7 @@ from typing import List, Optional, Tuple
 
 from ..dump_format import is_doctor_rid
 from ..spec import TapError, TapSpec
-from .declaration import current_declaration, declared_taps
+from .declaration import config_of, current_declaration, declared_taps
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ def spec_fields(inner, spec: Optional[TapSpec]) -> dict:
         convention = decl.draft.convention
     elif spec is not None:
         convention = "draft_ids"  # ids passed to set_eagle3_layers_to_capture, read as draft ids
-    cfg = inner.config
+    cfg = config_of(inner)
     return {
         "layers_to_capture": [int(i) for i in inner.layers_to_capture],
         "draft_ids": declared.to_draft_ids() if declared is not None else None,

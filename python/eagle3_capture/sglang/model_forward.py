@@ -26,6 +26,7 @@ import contextvars
 from typing import Callable, List, Optional, Tuple
 
 from . import internals, stream, switches
+from .declaration import config_of
 from .hook_chain import hook_path_in_place
 
 # Attribute set on the DeepseekV2Model instance by the taps hook (read here, by served.py and by tests).
@@ -95,7 +96,8 @@ def model_forward_hook(original, self, input_ids, positions, forward_batch, *arg
         return original(self, input_ids, positions, forward_batch, *args, **kwargs)
     if not self.pp_group.is_last_rank:  # SGLang captures on the last pipeline stage only
         return original(self, input_ids, positions, forward_batch, *args, **kwargs)
-    L = int(self.config.num_hidden_layers)
+    cfg = config_of(self)
+    L = int(cfg.num_hidden_layers)
     run = served
     if req is not None:
         union = stream.widen(req, served, L)
@@ -118,7 +120,7 @@ def model_forward_hook(original, self, input_ids, positions, forward_batch, *arg
             self.layers_to_capture = served
     out = _complete(scope, out, forward_batch)
     if req is not None and run is not served:
-        out = stream.split(req, out, int(self.config.hidden_size))
+        out = stream.split(req, out, int(cfg.hidden_size))
     return out
 
 

@@ -26,7 +26,7 @@ import torch
 
 from ..spec import EMBEDDING, TapError, TapSpec
 from . import switches
-from .declaration import declared_taps
+from .declaration import config_of, declared_taps
 
 _lock = threading.Lock()
 _done = False
@@ -94,7 +94,7 @@ def check(model, spec: Optional[TapSpec], input_ids, forward_batch, out, where: 
     except (TapError, ValueError) as e:
         return _skip(f"the declared taps cannot be read ({e})")
     slot_inputs = list(getattr(model, "layers_to_capture", []))  # the layer input each slot is told to take
-    H = int(model.config.hidden_size)
+    H = int(config_of(model).hidden_size)
     K = aux.shape[1] // H if H else 0
     if H == 0 or aux.shape[1] != K * H:
         return _skip(f"the aux buffer is {aux.shape[1]} wide, not a multiple of H={H}")

@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 
 from . import dump, internals, selftest, stream, switches
+from .declaration import remember_config
 from .dump_record import batch_rows
 from .model_forward import SPEC_ATTR
 from .switches import logger
@@ -66,6 +67,7 @@ def target_of(runner):
         inner = getattr(model, "model", None)
         if isinstance(inner, DeepseekV2Model):
             found = (model, inner)
+            remember_config(model)  # with the taps hook off, nothing else records it where 0.5.12 lacks it
     runner.__dict__[_TARGET_ATTR] = (id(model), found)
     return found
 

@@ -29,7 +29,7 @@ from .. import configs as _configs
 from ..sglang_rules import sglang_0523_native_capture
 from ..spec import DRAFT_IDS, TapError, TapSpec
 from . import internals, model_forward, switches
-from .declaration import DraftDeclaration, current_declaration, set_declaration
+from .declaration import DraftDeclaration, current_declaration, remember_config, set_declaration
 from .hook_chain import hook_in_place
 from .model_forward import SPEC_ATTR
 
@@ -206,6 +206,7 @@ def set_eagle3_layers_to_capture_hook(original, self, layer_ids: Optional[Sequen
     """AROUND ``DeepseekV2ForCausalLM.set_eagle3_layers_to_capture``: ids through the tap spec."""
     L, H = int(self.config.num_hidden_layers), int(self.config.hidden_size)
     cls = type(self).__name__
+    remember_config(self)  # 0.5.12's DeepseekV2Model has no config: the forward hooks read it from here
     spec, ids, convention, source = _ids_and_convention(layer_ids, self, L, H)
     if spec is None:  # no ids anywhere: SGLang's default, [2, L//2, L-3] layer inputs
         original(self, None)
