@@ -407,18 +407,18 @@ def assumed_release(version: Optional[str] = None, installed=_LOOK_UP) -> Tuple[
     installed SGLang is not a modelled release (e.g. a newer one), which then falls back to the newest.
     ``installed`` overrides the lookup (tests)."""
     if version is not None:
-        return release(version), "given by --sglang-version", None
+        return release(version), "given", None
     inst = installed_sglang_version() if installed is _LOOK_UP else installed
     if inst is None:
-        return release(NEWEST), f"no SGLang installed here: the newest release modelled, {NEWEST}", None
+        return release(NEWEST), "no SGLang installed here: the newest modelled", None
     local = inst.split("+", 1)[0]
     try:
         r = release(local)
     except ValueError as e:
-        return (release(NEWEST), f"the installed SGLang {inst} is not modelled: assumed the newest, {NEWEST}",
+        return (release(NEWEST), f"the installed SGLang {inst} is not modelled: the newest modelled",
                 f"the installed SGLang {inst} is not modelled ({e}); the report assumes {NEWEST}: pass "
                 "--sglang-version for the release the server runs")
-    why = f"the installed SGLang ({inst})" + (f", read as {r.version}" if local != inst else "")
+    why = "installed here" + (f" as {inst}" if local != inst else "")
     return r, why, None
 
 
@@ -451,7 +451,7 @@ def model_support_error(rel: Union[str, SGLangRelease], model_types: Sequence[Op
         if mt in _MODEL_SUPPORT:
             first, why = _MODEL_SUPPORT[mt]
             if _version_key(r.version) < _version_key(first):
-                return f"{why} (SGLang {r.version}; from {first} on it can)"
+                return f"{why}; SGLang {first} and later can"
     return None
 
 
@@ -850,7 +850,7 @@ def release_outlook(ids: Optional[Sequence[int]], num_layers: int, hidden_size: 
         if why is not None:
             nat = NativeCapture(family, None if ids is None else tuple(ids), num_layers, hidden_size, (), (), (),
                                 why, r.version, ERROR_AT_LOAD)
-            key = ("unsupported", why.split(" (SGLang")[0])
+            key = ("unsupported", why)
         else:
             nat = native_capture(ids, num_layers, hidden_size, r, family, cuda_graphs=cuda_graphs)
             key = nat.outcome()

@@ -126,14 +126,14 @@ def assumed_vllm_release(version: Optional[str] = None, installed=_LOOK_UP
                          ) -> Tuple[VLLMRelease, str, Optional[str]]:
     """(release, why, warning): ``version`` when given, else the installed vLLM when modelled, else the newest."""
     if version is not None:
-        return vllm_release(version), "given by --vllm-version", None
+        return vllm_release(version), "given", None
     inst = installed_vllm_version() if installed is _LOOK_UP else installed
     if inst is None:
-        return vllm_release(VLLM_NEWEST), f"no vLLM installed here: the newest modelled, {VLLM_NEWEST}", None
+        return vllm_release(VLLM_NEWEST), "no vLLM installed here: the newest modelled", None
     try:
-        return vllm_release(inst.split("+", 1)[0]), f"the installed vLLM ({inst})", None
+        return vllm_release(inst.split("+", 1)[0]), "installed here" + (f" as {inst}" if "+" in inst else ""), None
     except ValueError as e:
-        return (vllm_release(VLLM_NEWEST), f"the installed vLLM {inst} is not modelled: assumed {VLLM_NEWEST}",
+        return (vllm_release(VLLM_NEWEST), f"the installed vLLM {inst} is not modelled: the newest modelled",
                 f"{e}; the report assumes {VLLM_NEWEST}: pass --vllm-version for the release the server runs")
 
 

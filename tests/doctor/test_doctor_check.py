@@ -102,7 +102,7 @@ def test_json_report(tmp_path):
                          tmp_path / "r.json")
     j = json.load(open(tmp_path / "r.json"))
     assert j["declared"]["taps"] == ["Embedding", "LayerOutput(2)", "LayerOutput(30)"]
-    assert j["sglang_0523_native"]["stored"] == [-1, 2, 30]
+    assert j["sglang"]["native"]["stored"] == [-1, 2, 30] and j["sglang"]["adapter"] == "packer+layer-boundary"
     assert any(f["code"] == "plus-one-rule" for f in j["findings"])
 
 
