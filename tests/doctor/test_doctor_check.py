@@ -147,6 +147,17 @@ def test_the_seeds_server_on_0_5_12(tmp_path):
                for f in rep.findings)
 
 
+def test_cuda_graphs_hold_the_default_layers_on_0_5_10(tmp_path):
+    d = write_json(tmp_path / "draft.json", draft_config([2, 30, 58]))
+    rep = run_check(KIMI, d, sglang_version="0.5.10")
+    assert rep.native.graph is not None and rep.native.graph.stored == (2, 30, 58)
+    assert "sglang-graph-shifted-tap" in codes(rep)
+    assert any("--disable-cuda-graph" in f.fix for f in rep.findings if f.code == "sglang-graph-shifted-tap")
+    for flag in ("--disable-cuda-graph", "--disable_cuda_graph"):
+        rep = run_check(KIMI, d, f"--tp-size 8 {flag}", sglang_version="0.5.10")
+        assert rep.native.graph is None and not [c for c in codes(rep) if c.startswith("sglang-")]
+
+
 def test_embedding_on_list_in_loop_releases_crashes(tmp_path):
     d = write_json(tmp_path / "draft.json", draft_config([-1, 2, 30]))
     rep = run_check(KIMI, d, sglang_version="0.5.12")

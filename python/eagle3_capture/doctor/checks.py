@@ -419,7 +419,9 @@ def run_check(target_config: str, draft_config: str, server_args: Optional[str] 
                                     "eagle_config.use_aux_hidden_state is false: SGLang captures nothing",
                                     "remove use_aux_hidden_state=false"))
         else:
-            cuda_graphs = not (flags is not None and "--disable-cuda-graph" in flags.ignored)
+            # server_args.py does not model the flag; it keeps the names it skips
+            cuda_graphs = not (flags is not None and any(n.replace("_", "-") == "--disable-cuda-graph"
+                                                         for n in flags.ignored))
             native, stock = _stock_sglang(declared, draft, target, rel, fam, cuda_graphs, plugin_serves)
             findings += stock
             outlook = releases.release_outlook(draft.sglang_0523_target_ids, target.num_layers, target.hidden_size,
