@@ -484,7 +484,14 @@ def test_installed_0_5_23_set_eagle3_layers_to_capture_in_process():
     from importlib import metadata
 
     assert metadata.version("sglang") == "0.5.23"
+    import inspect
+
     from sglang.srt.models.deepseek_v2 import DeepseekV2ForCausalLM
+
+    # stock SGLang's function: when this project's plugin was loaded in this process (other tests), the registry's
+    # wrapper keeps the original in __wrapped__
+    stock = inspect.unwrap(DeepseekV2ForCausalLM.set_eagle3_layers_to_capture)
+    assert stock.__qualname__ == "DeepseekV2ForCausalLM.set_eagle3_layers_to_capture"
 
     @settings(max_examples=100)
     @given(ID_CASES, st.integers(1, 80))
@@ -493,7 +500,7 @@ def test_installed_0_5_23_set_eagle3_layers_to_capture_in_process():
         obj.pp_group = SimpleNamespace(is_last_rank=True)
         obj.config = SimpleNamespace(num_hidden_layers=L)
         obj.model = SimpleNamespace()
-        obj.set_eagle3_layers_to_capture(None if ids is None else list(ids))
+        stock(obj, None if ids is None else list(ids))
         assert obj.model.layers_to_capture == sr.layers_to_capture(ids, L, "0.5.23")
 
     check()

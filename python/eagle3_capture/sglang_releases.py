@@ -38,8 +38,8 @@ same, or differs only in lines that do not touch the rule). The central facts:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from .findings import Finding, compare_taps, wanted_capture
 from .spec import EMBEDDING, LayerOutput, Tap, TapError, TapSpec, as_index, positive_int, tap_error

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, List, Mapping, Optional, Tuple, Union
 
 from .findings import Finding, compare_taps, wanted_capture
 from .spec import EMBEDDING, LayerOutput, Tap, TapError, TapSpec, positive_int, tap_error
@@ -56,7 +56,7 @@ __all__ = [
     "VLLMRelease", "VLLM_RELEASES", "VLLM_KNOWN_VERSIONS", "VLLM_NEWEST", "vllm_release", "installed_vllm_version",
     "assumed_vllm_release", "vllm_family", "KEY_TOP_LEVEL", "KEY_NESTED", "KEY_DEFAULT", "IdsReading",
     "read_aux_layer_ids", "draft_num_aux", "default_aux_layers", "VLLMCapture", "vllm_capture", "vllm_ids_for",
-    "compare_vllm_capture",
+    "compare_vllm_capture", "ERROR_AT_FORWARD", "ERROR_AT_DRAFT_FC",
 ]
 
 RUNNER_V1 = "v1"  # v1/worker/gpu_model_runner.py GPUModelRunner (0.33 only)
