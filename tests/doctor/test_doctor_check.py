@@ -5,8 +5,16 @@ import os
 
 import pytest
 
+from eagle3_capture.spec import LayerOutput
 from doctor_helpers import DSV3_61, KIMI, assert_clean_error, cli, cli_subprocess, draft_config, write_json
+from eagle3_capture import sglang_releases
 from eagle3_capture.doctor.checks import run_check
+
+
+@pytest.fixture(autouse=True)
+def installed_sglang_0523(monkeypatch):
+    """The default release is the installed SGLang's: pin it, so that these tests do not depend on this machine."""
+    monkeypatch.setattr(sglang_releases, "installed_sglang_version", lambda: "0.5.23")
 
 
 def codes(rep, severity="error"):
@@ -102,13 +110,168 @@ def test_json_report(tmp_path):
                          tmp_path / "r.json")
     j = json.load(open(tmp_path / "r.json"))
     assert j["declared"]["taps"] == ["Embedding", "LayerOutput(2)", "LayerOutput(30)"]
-    assert j["sglang_0523_native"]["stored"] == [-1, 2, 30]
+    assert j["sglang"]["native"]["stored"] == [-1, 2, 30] and j["sglang"]["adapter"] == "packer+layer-boundary"
     assert any(f["code"] == "plus-one-rule" for f in j["findings"])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# SGLang releases (--sglang-version) and vLLM (--engine vllm)
+# ----------------------------------------------------------------------------------------------------------------
+
+def test_the_seeds_server_on_0_5_12(tmp_path):
+    """SGLang 0.5.12 adds 1 to every id: [2, 30, 58] becomes layer inputs [3, 31, 59], the SpecForge-HF taps;
+    from 0.5.13 on the same ids capture one layer earlier."""
+    d = write_json(tmp_path / "draft.json", draft_config([2, 30, 58]))
+    code, out, err = cli("doctor", "check", "--target-config", KIMI, "--draft-config", d, "--sglang-version", "0.5.12",
+                         "--json", tmp_path / "r.json")
+    assert code == 0, out + err
+    assert "SGLang release modelled: 0.5.12 (given): id rule \"+1 on every id\"" in out
+    assert "models/deepseek_v2.py DeepseekV2ForCausalLM.set_eagle3_layers_to_capture" in out
+    assert ("stock SGLang 0.5.12 (deepseek_v2): layers_to_capture [3, 31, 59] -> captures [LayerOutput(2), "
+            "LayerOutput(30), LayerOutput(58)]") in out
+    assert "0.5.11 .. 0.5.12.post1 (modelled above)" in out
+    assert ("0.5.13 .. 0.5.23: layers_to_capture [2, 30, 58] -> captures [LayerOutput(1), LayerOutput(29), "
+            "LayerOutput(57)]") in out
+    assert "forwards replayed from CUDA graphs" in out  # 0.5.8 .. 0.5.10.post1
+    assert "capture-only mode (--enable-return-aux-hidden-states): not in SGLang 0.5.12 (from 0.5.23 on)" in out
+    assert "adapter list-in-loop on SGLang 0.5.12" in out
+    j = json.load(open(tmp_path / "r.json"))
+    assert j["sglang"]["release"] == "0.5.12" and j["sglang"]["adapter"] == "list-in-loop"
+    assert j["sglang"]["native"]["stored"] == [3, 31, 59] and j["sglang"]["native"]["error"] is None
+    spans = {tuple(x["releases"][:1] + x["releases"][-1:]): x for x in j["sglang"]["other_releases"]}
+    assert spans[("0.5.13", "0.5.23")]["stored"] == [2, 30, 58]
+    # the same draft on the newest release: one layer off
+    rep = run_check(KIMI, d, sglang_version="0.5.23")
+    assert "sglang-shifted-tap" in codes(rep) and "plus-one-rule" in codes(rep)
+    assert any(f.code == "sglang-other-releases" and "0.5.11 .. 0.5.12.post1" in f.message
+               for f in rep.findings)
+
+
+def test_cuda_graphs_hold_the_default_layers_on_0_5_10(tmp_path):
+    d = write_json(tmp_path / "draft.json", draft_config([2, 30, 58]))
+    rep = run_check(KIMI, d, sglang_version="0.5.10")
+    assert rep.native.graph is not None and rep.native.graph.stored == (2, 30, 58)
+    assert "sglang-graph-shifted-tap" in codes(rep)
+    assert any("--disable-cuda-graph" in f.fix for f in rep.findings if f.code == "sglang-graph-shifted-tap")
+    for flag in ("--disable-cuda-graph", "--disable_cuda_graph"):
+        rep = run_check(KIMI, d, f"--tp-size 8 {flag}", sglang_version="0.5.10")
+        assert rep.native.graph is None and not [c for c in codes(rep) if c.startswith("sglang-")]
+
+
+def test_embedding_on_list_in_loop_releases_crashes(tmp_path):
+    d = write_json(tmp_path / "draft.json", draft_config([-1, 2, 30]))
+    rep = run_check(KIMI, d, sglang_version="0.5.12")
+    err = [f for f in rep.findings if f.code == "sglang-capture-error"]
+    assert err and "TypeError: unsupported operand type(s) for +: 'Tensor' and 'NoneType'" in err[0].message
+    # 0.5.13 keeps -1 (dropped) and still cannot capture the embedding: no ids help
+    rep = run_check(KIMI, d, sglang_version="0.5.13")
+    assert rep.native.error.startswith("2 of 3 aux hidden states captured")
+    for r in (run_check(KIMI, d, sglang_version="0.5.12"), rep):
+        assert all("no id list captures it" in f.fix and "TypeError" in f.fix for f in r.errors
+                   if f.code.startswith(("sglang-", "plus")))
+    rep = run_check(KIMI, d, sglang_version="0.5.12")
+    assert any(f.code == "plus-one-rule" and "adds 1 to every draft id" in f.message for f in rep.findings)
+    # on 0.5.14 stock SGLang can capture the embedding: [0, 3, 31]
+    rep = run_check(KIMI, d, sglang_version="0.5.14")
+    assert any("[0, 3, 31]" in f.fix for f in rep.findings if f.code == "plus-one-rule")
+    assert rep.native.error.startswith("2 of 3 aux hidden states captured")
+
+
+def test_default_release_installed_or_newest(tmp_path, monkeypatch):
+    d = write_json(tmp_path / "draft.json", draft_config([1, 29, 57]))
+    monkeypatch.setattr(sglang_releases, "installed_sglang_version", lambda: None)
+    code, out, err = cli("doctor", "check", "--target-config", DSV3_61, "--draft-config", d)
+    assert "SGLang release modelled: 0.5.23 (no SGLang installed here: the newest modelled)" in out
+    monkeypatch.setattr(sglang_releases, "installed_sglang_version", lambda: "0.5.14")
+    code, out, err = cli("doctor", "check", "--target-config", DSV3_61, "--draft-config", d)
+    assert code == 0 and "SGLang release modelled: 0.5.14 (installed here)" in out
+    monkeypatch.setattr(sglang_releases, "installed_sglang_version", lambda: "0.6.1")
+    rep = run_check(DSV3_61, d)
+    assert rep.release.version == "0.5.23"
+    assert any(f.code == "sglang-release-assumed" and "0.6.1" in f.message for f in rep.findings)
+
+
+def test_with_plugin_needs_the_plugin_registry(tmp_path):
+    d = write_json(tmp_path / "draft.json", draft_config([-1, 2, 30]))
+    rep = run_check(KIMI, d, sglang_version="0.5.10", with_plugin=True)
+    assert "plugin-unavailable" in codes(rep) and rep.plugin_taps is None
+    assert "sglang-capture-error" in codes(rep)  # stock capture stays an error: the plugin cannot serve it
+    rep = run_check(KIMI, d, sglang_version="0.5.11", with_plugin=True)
+    assert not codes(rep) and "adapter list-in-loop" in rep.plugin_note
+
+
+def test_capture_only_mode_lines(tmp_path):
+    d = write_json(tmp_path / "draft.json", draft_config([1, 29, 57]))
+    code, out, err = cli("doctor", "check", "--target-config", DSV3_61, "--draft-config", d, "--sglang-version",
+                         "0.5.23")
+    assert code == 0, out + err
+    assert ("--return-aux-hidden-state-layer-ids 1 29 57 (the draft's ids) captures [LayerOutput(1), "
+            "LayerOutput(29), LayerOutput(57)]") in out
+    assert ("the trained taps [LayerOutput(1), LayerOutput(29), LayerOutput(57)]: --return-aux-hidden-state-layer-ids "
+            "2 30 58") in out
+    # LayerOutput(0) first: layer input 1 is shifted to 2 by the model's own rule, in this mode too
+    d = write_json(tmp_path / "d0.json", draft_config([0, 29, 57]))
+    code, out, err = cli("doctor", "check", "--target-config", DSV3_61, "--draft-config", d, "--sglang-version",
+                         "0.5.23")
+    assert "the trained taps [LayerOutput(0), LayerOutput(29), LayerOutput(57)]: no ids capture them" in out
+    assert "(the draft's ids) captures [Embedding, LayerOutput(28), LayerOutput(56)]" in out
+
+
+def test_specforge_reading_is_its_pinned_sglang(tmp_path):
+    d = write_json(tmp_path / "draft.json", draft_config([2, 30, 58]))
+    rep = run_check(KIMI, d, sglang_version="0.5.12")
+    w = [f for f in rep.findings if f.code == "ids-convention-unknown"]
+    assert w and "specforge 0.2.0 pins sglang 0.5.14" in w[0].message
+    assert "LayerOutput(1), LayerOutput(29), LayerOutput(57)" in w[0].message
+
+
+def test_vllm_nested_ids_fall_back_silently(tmp_path):
+    d = write_json(tmp_path / "draft.json", draft_config([-1, 2, 30]))
+    code, out, err = cli("doctor", "check", "--target-config", KIMI, "--draft-config", d, "--engine", "vllm",
+                         "--json", tmp_path / "r.json")
+    assert code == 1, out + err
+    assert "vLLM release modelled: 0.34.0" in out and "ignores eagle_config.eagle_aux_hidden_state_layer_ids" in out
+    assert "[error] vllm-nested-ids-ignored" in out and "stock SGLang" not in out
+    j = json.load(open(tmp_path / "r.json"))
+    assert j["engine"] == "vllm" and j["sglang"] is None
+    assert j["vllm"]["ids"] is None and j["vllm"]["stored"] == [2, 30, 58]
+    # 0.33 still has the V1 runner, which reads the nested key
+    rep = run_check(KIMI, d, engine="vllm", vllm_version="0.33.0")
+    assert rep.vllm_alternative is not None and rep.vllm_alternative.reading.key.startswith("eagle_config")
+    assert "vllm-runner-dependent" in codes(rep, "info")
+
+
+def test_vllm_top_level_layer_inputs_capture_the_trained_taps(tmp_path):
+    # trained on LayerOutput(2, 30, 58) (SpecForge-HF ids in eagle_config); vLLM reads layer inputs at the top level
+    d = write_json(tmp_path / "draft.json", draft_config([2, 30, 58], eagle_aux_hidden_state_layer_ids=[3, 31, 59]))
+    rep = run_check(KIMI, d, engine="vllm")
+    assert rep.vllm.captured_taps == (LayerOutput(2), LayerOutput(30), LayerOutput(58))
+    assert not [f for f in rep.findings if f.code.startswith("vllm-") and f.severity == "error"]
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # bad inputs
 # ----------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("extra, needles", [
+    (["--sglang-version", "0.5.7"], ["--sglang-version", "older than", "0.5.8 .. 0.5.23"]),
+    (["--sglang-version", "0.5.24"], ["--sglang-version", "newer than"]),
+    (["--sglang-version", "latest"], ["--sglang-version", "expected an SGLang release version"]),
+    (["--sglang-version", "0.5.12.post3"], ["not a release on the registry"]),
+    (["--engine", "trtllm"], ["--engine", "expected one of sglang, vllm, got 'trtllm'"]),
+    (["--engine", "vllm", "--vllm-version", "0.1"], ["--vllm-version", "not modelled"]),
+    (["--engine", "vllm", "--with-plugin"], ["--with-plugin is about SGLang"]),
+    (["--engine", "vllm", "--sglang-version", "0.5.12"], ["--sglang-version is about SGLang"]),
+    (["--engine", "vllm", "--server-args", "--tp-size 8"], ["--server-args is about SGLang"]),
+    (["--vllm-version", "0.33.0"], ["--vllm-version goes with --engine vllm"]),
+])
+def test_bad_release_and_engine_flags(extra, needles):
+    d = os.path.join(CFG, "draft_eagle_config_ids.json")
+    code, out, err = cli("doctor", "check", "--target-config", KIMI, "--draft-config", d, *extra)
+    assert_clean_error(code, out, err, *needles)
+    assert len(err.strip().splitlines()) == 1, err
+
+
 
 CFG = os.path.dirname(KIMI)
 
@@ -141,3 +304,6 @@ def test_no_traceback_in_a_fresh_process(tmp_path):
     assert_clean_error(code, out, err, "no such file")
     code, out, err = cli_subprocess("doctor", "check", "--target-config", KIMI)  # argparse: missing option
     assert code == 2 and "Traceback" not in err and "--draft-config" in err
+    code, out, err = cli_subprocess("doctor", "check", "--target-config", KIMI, "--draft-config",
+                                    os.path.join(CFG, "draft_eagle_config_ids.json"), "--sglang-version", "0.5")
+    assert_clean_error(code, out, err, "--sglang-version")

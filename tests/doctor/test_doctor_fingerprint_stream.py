@@ -99,7 +99,8 @@ def test_training_data_slot_by_slot_and_layer_by_layer(tf, training, tmp_path):
     j = json.load(open(tmp_path / "s.json"))
     assert j["same_as_served"] and j["training_layer_inputs"] == [0, 1, 4]
     assert [m["verdict"] for m in j["vs_served"]] == ["clear"] * 3  # bf16 training vs fp32 server: close, not equal
-    assert "SGLang 0.5.23 serving" in j["reading"] and "the server captures what training used" in text
+    assert "SpecForge SGLang backend (specforge 0.2.0 pins sglang 0.5.14" in j["reading"]
+    assert "the server captures what training used" in text
     code, text, err = cli("doctor", "fingerprint", "--training-data", d["hf"], "--captured", dump,
                           "--draft-config", cfg, "--target-config", target_cfg, "--json", tmp_path / "h.json")
     assert code == 1, text + err

@@ -152,9 +152,39 @@ def server(text: str) -> str:
         raise argparse.ArgumentTypeError(str(e).replace(f"--server {text!r}: ", "")) from None
 
 
+def sglang_version(text: str) -> str:
+    """``--sglang-version``: a release this package models (sglang_releases.KNOWN_VERSIONS)."""
+    from ..sglang_releases import release
+
+    try:
+        return release(text).version
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def vllm_version(text: str) -> str:
+    """``--vllm-version``: a vLLM release this package models (vllm_rules.VLLM_KNOWN_VERSIONS)."""
+    from ..vllm_rules import vllm_release
+
+    try:
+        return vllm_release(text).version
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+ENGINES = ("sglang", "vllm")
+
+
+def engine(text: str) -> str:
+    """``doctor check --engine``: sglang or vllm."""
+    if text not in ENGINES:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(ENGINES)}, got {text!r}")
+    return text
+
+
 POSITIVE = int_at_least(1)
 NON_NEGATIVE = int_at_least(0)
 THREADS = threads
 
-__all__ = ["int_at_least", "seed", "finite_float", "output_file", "output_dir", "threads", "server", "POSITIVE",
-           "NON_NEGATIVE", "THREADS", "SEED_MAX"]
+__all__ = ["int_at_least", "seed", "finite_float", "output_file", "output_dir", "threads", "server", "sglang_version",
+           "vllm_version", "engine", "ENGINES", "POSITIVE", "NON_NEGATIVE", "THREADS", "SEED_MAX"]

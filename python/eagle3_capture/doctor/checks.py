@@ -1,6 +1,8 @@
-"""``doctor check``: the taps a draft was trained on against what SGLang 0.5.23 and this project's plugin capture,
-every inconsistency of the configs, the server-flag traps, and -- when both dumps are given -- the fingerprint of
-what a server really captured.
+"""``doctor check``: the taps a draft was trained on against what stock SGLang (the release assumed: given, else
+the installed one, else the newest modelled; every release 0.5.8 - 0.5.23 is modelled in sglang_releases.py) or
+stock vLLM (``--engine vllm``, vllm_rules.py) and this project's plugin capture, what changes on other SGLang
+releases, every inconsistency of the configs, the server-flag traps, and -- when both dumps are given -- the
+fingerprint of what a server really captured.
 
 Each :class:`~eagle3_capture.findings.Finding` carries its fix; the exit code is non-zero when any finding is an
 error. The pieces come from the rest of the package: config reading (``configs``), tap conventions and SGLang's
@@ -12,13 +14,19 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
 from .. import configs
-from ..sglang_rules import NativeCapture, compare_native_capture, sglang_0523_native_capture
+from .. import sglang_releases as releases
+from .. import vllm_rules
 from ..findings import Finding
+from ..sglang_releases import NativeCapture, ReleaseSpan, SGLangRelease, compare_native_capture
 from ..spec import DRAFT_IDS, HF_HIDDEN_STATES, LAYER_INPUTS, TapError, TapSpec, convention_limits
 from .common import DoctorError, read_json
 from .server_args import ServerFlags, SpecResolution, parallel_findings, parse_server_args, speculative_findings
 
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+
+ENGINE_SGLANG = "sglang"
+ENGINE_VLLM = "vllm"
+ENGINES = (ENGINE_SGLANG, ENGINE_VLLM)
 
 
 @dataclass
@@ -33,6 +41,14 @@ class CheckReport:
     speculative: Optional[SpecResolution]
     findings: List[Finding] = field(default_factory=list)
     fingerprint: Optional[object] = None  # FingerprintResult
+    engine: str = ENGINE_SGLANG
+    release: Optional[SGLangRelease] = None   # the SGLang release modelled (engine sglang)
+    release_reason: str = ""
+    outlook: List[ReleaseSpan] = field(default_factory=list)
+    capture_only: List[str] = field(default_factory=list)   # report lines on the capture-only mode
+    vllm: Optional[vllm_rules.VLLMCapture] = None
+    vllm_reason: str = ""
+    vllm_alternative: Optional[vllm_rules.VLLMCapture] = None  # the other runner of the same release, when it differs
 
     @property
     def errors(self) -> List[Finding]:
@@ -47,9 +63,17 @@ class CheckReport:
                       "layer_ids_source": self.draft.layer_ids_source, "convention": self.draft.convention,
                       "fc_in_features": self.draft.fc_in_features},
             "declared": None if d is None else {"taps": [repr(t) for t in d.taps], "describe": d.describe()},
-            "sglang_0523_native": None if self.native is None else {
-                "stored": list(self.native.stored), "captured": [repr(t) for t in self.native.captured_taps],
-                "error": self.native.error},
+            "engine": self.engine,
+            "sglang": None if self.release is None else {
+                "release": self.release.version, "why": self.release_reason, "id_rule": self.release.id_rule,
+                "adapter": self.release.variant, "plugin_registry": self.release.plugin_registry,
+                "capture_only_mode": self.release.capture_only_mode,
+                "native": None if self.native is None else _native_json(self.native),
+                "other_releases": [{"releases": list(sp.versions), **_native_json(sp.native)} for sp in self.outlook],
+                "capture_only": self.capture_only},
+            "vllm": None if self.vllm is None else {
+                "release": self.vllm.release, "why": self.vllm_reason, **_vllm_json(self.vllm),
+                "other_runner": None if self.vllm_alternative is None else _vllm_json(self.vllm_alternative)},
             "plugin": None if self.plugin_taps is None else [repr(t) for t in self.plugin_taps],
             "speculative": None if self.speculative is None else {
                 "steps": self.speculative.steps, "topk": self.speculative.topk,
@@ -57,6 +81,20 @@ class CheckReport:
             "findings": [f.__dict__ for f in self.findings],
             "fingerprint": None if self.fingerprint is None else self.fingerprint.to_json(),
         }
+
+
+def _native_json(n: NativeCapture) -> dict:
+    return {"stored": list(n.stored), "captured": [repr(t) for t in n.captured_taps], "error": n.error,
+            "error_at": n.error_at,
+            "cuda_graph_replays": None if n.graph is None else {
+                "stored": list(n.graph.stored), "captured": [repr(t) for t in n.graph.captured_taps],
+                "error": n.graph.error}}
+
+
+def _vllm_json(c: "vllm_rules.VLLMCapture") -> dict:
+    return {"runner": c.reading.runner, "key": c.reading.key, "ids": None if c.reading.ids is None else
+            list(c.reading.ids), "ignored_keys": list(c.reading.ignored), "stored": list(c.stored),
+            "captured": [repr(t) for t in c.captured_taps], "draft_fc_taps": c.draft_k, "error": c.error}
 
 
 def _read_config(reader, path):
@@ -113,9 +151,10 @@ def config_findings(draft: configs.DraftConfig, target: configs.TargetConfig, ra
     if draft.layer_ids is None:
         out.append(Finding(
             "warning", "no-declared-taps",
-            f"the draft config names no taps ({configs.SRC_EAGLE_CONFIG} absent): SGLang 0.5.23 captures its "
-            f"default layer inputs [2, L//2, L-3] = {[2, target.num_layers // 2, target.num_layers - 3]} and sizes "
-            f"the fc for {configs.DEFAULT_NUM_AUX} taps; whether that is what the draft was trained on is unknown",
+            f"the draft config names no taps ({configs.SRC_EAGLE_CONFIG} absent): SGLang (every release 0.5.8 - "
+            f"0.5.23) captures its default layer inputs [2, L//2, L-3] = "
+            f"{[2, target.num_layers // 2, target.num_layers - 3]} and sizes the fc for {configs.DEFAULT_NUM_AUX} "
+            "taps; whether that is what the draft was trained on is unknown",
             "write the trained taps in eagle_config.eagle_aux_hidden_state_layer_ids (SpecForge draft ids, -1 = "
             "embedding)"))
     L = target.num_layers
@@ -147,7 +186,7 @@ def pipeline_findings(draft: configs.DraftConfig, target: configs.TargetConfig, 
     """A warning when the config states no convention and the common training pipelines would read its ids as
     different taps (pipelines.py): which one trained the draft decides what the server must capture."""
     ec = raw_draft.get("eagle_config") if isinstance(raw_draft.get("eagle_config"), dict) else {}
-    fam = target.sglang_0523_family
+    fam = releases.sglang_family(target.model_type) or releases.sglang_family(target.top_model_type)
     if draft.layer_ids is None or "eagle_aux_hidden_state_convention" in ec or fam is None:
         return []
     from .pipelines import HF_READING, SGLANG_READING, Readings, readings_of
@@ -210,19 +249,143 @@ def plugin_capture(declared: TapSpec, flags: Optional[ServerFlags]) -> Tuple[Lis
     return list(declared.taps), note
 
 
+def _sglang_release(sglang_version: Optional[str]) -> Tuple[SGLangRelease, str, Optional[str]]:
+    try:
+        return releases.assumed_release(sglang_version)
+    except ValueError as e:  # argparse checks the flag first; a caller of run_check may pass anything
+        raise DoctorError(f"--sglang-version: {e}") from None
+
+
+def _stock_sglang(declared: TapSpec, draft: configs.DraftConfig, target: configs.TargetConfig,
+                  rel: SGLangRelease, fam: str, cuda_graphs: bool, plugin_serves: bool
+                  ) -> Tuple[NativeCapture, List[Finding]]:
+    """What stock SGLang ``rel`` captures for the draft's ids, as findings prefixed "sglang-" (info instead of
+    error when the plugin serves the model instead)."""
+    ids = draft.sglang_0523_target_ids  # eagle_config's ids: what the target side of every release reads
+    native = releases.native_capture(ids, target.num_layers, target.hidden_size, rel, fam, cuda_graphs=cuda_graphs)
+    stock = compare_native_capture(declared, native)
+    v = rel.version
+    if stock and fam == releases.FAMILY_DEEPSEEK_V2 and ids and draft.convention == DRAFT_IDS:
+        cite = rel.cite("id-rule")
+        if rel.id_rule == releases.ID_RULE_PLUS_ONE_IF_FIRST_IS_1 and ids[0] != 1:
+            stock.insert(0, Finding(
+                "error", "plus-one-rule",
+                f"SGLang {v}'s DeepseekV2 turns draft ids into layer inputs (+1) only when ids[0] == 1 ({cite}); "
+                f"here ids[0] = {ids[0]}, so {ids} are used as layer-input indices unchanged: each draft id d is "
+                "read as LayerOutput(d-1)" + (", and -1 matches no layer" if -1 in ids else ""), stock[0].fix))
+        elif rel.id_rule == releases.ID_RULE_PLUS_ONE_ALWAYS and -1 in ids:
+            stock.insert(0, Finding(
+                "error", "plus-one-rule",
+                f"SGLang {v}'s DeepseekV2 adds 1 to every draft id ({cite}): -1 becomes layer input 0, the "
+                f"embedding, which {v}'s DeepseekV2Model.forward cannot capture (it adds the residual, still None "
+                "there)", stock[0].fix))
+    out = []
+    for f in stock:
+        severity = "info" if plugin_serves else f.severity
+        code = f.code if f.code.startswith("plus") else "sglang-" + f.code
+        out.append(Finding(severity, code, f"stock SGLang {v}: " + f.message
+                           + (" (not with the plugin, which captures the declared taps)" if plugin_serves else ""),
+                           f.fix))
+    return native, out
+
+
+def _release_findings(declared: TapSpec, rel: SGLangRelease, outlook: List[ReleaseSpan]) -> List[Finding]:
+    """An info finding naming the releases on which stock SGLang captures the declared taps from these ids, when
+    the modelled one does not (what an upgrade or a downgrade would change)."""
+    good = [sp for sp in outlook if sp.native.error is None and sp.native.captured_taps == declared.taps
+            and sp.native.graph is None]
+    here = next((sp for sp in outlook if sp.contains(rel.version)), None)
+    if here is None or here in good or len(outlook) < 2:
+        return []
+    if good:
+        where = ", ".join(sp.label() for sp in good)
+        return [Finding("info", "sglang-other-releases",
+                        f"stock SGLang {where} would capture the declared taps from these ids ({rel.version} does "
+                        "not): see 'stock SGLang on other releases' above", "")]
+    return [Finding("info", "sglang-other-releases",
+                    f"no stock SGLang release from {releases.OLDEST} to {releases.NEWEST} captures the declared "
+                    "taps from these ids (see 'stock SGLang on other releases' above)", "")]
+
+
+def _capture_only_lines(declared: TapSpec, draft: configs.DraftConfig, rel: SGLangRelease, fam: str) -> List[str]:
+    """The capture-only mode of ``rel`` (--enable-return-aux-hidden-states): what the draft's ids capture there,
+    and which ids capture the trained taps."""
+    v = rel.version
+    if not rel.capture_only_mode:
+        first = next(r.version for r in releases.RELEASES if r.capture_only_mode)
+        return [f"capture-only mode (--enable-return-aux-hidden-states): not in SGLang {v} (from {first} on)"]
+    flag = "--enable-return-aux-hidden-states --speculative-algorithm EAGLE3"
+    L, H = declared.num_layers, declared.hidden_size
+    lines = [f"capture-only mode on SGLang {v} ({flag}, pp 1; {rel.cite('capture-only')}):"]
+    ids = draft.layer_ids if draft.convention == DRAFT_IDS else None
+    if ids is not None:
+        c = releases.capture_only(ids, L, H, rel, fam)
+        got = f"captures {list(c.captured_taps)}" if not c.error else f"fails: {c.error}"
+        lines.append(f"  --return-aux-hidden-state-layer-ids {' '.join(map(str, ids))} (the draft's ids) {got}")
+    try:
+        want = releases.capture_only_ids_for(declared, rel, fam)
+        lines.append(f"  the trained taps {list(declared.taps)}: --return-aux-hidden-state-layer-ids "
+                     f"{' '.join(map(str, want))}")
+    except (TapError, ValueError) as e:
+        lines.append(f"  the trained taps {list(declared.taps)}: no ids capture them ({e})")
+    return lines
+
+
+def _stock_vllm(declared: TapSpec, raw_draft: dict, target: configs.TargetConfig, vfam: str,
+                vrel: vllm_rules.VLLMRelease):
+    cap = vllm_rules.vllm_capture(raw_draft, target.num_layers, target.hidden_size, vfam, vrel)
+    out = [Finding(f.severity, "vllm-" + f.code, f.message, f.fix)
+           for f in vllm_rules.compare_vllm_capture(declared, cap)]
+    alt = None
+    for runner in vrel.runners:
+        if runner == cap.reading.runner:
+            continue
+        other = vllm_rules.vllm_capture(raw_draft, target.num_layers, target.hidden_size, vfam, vrel, runner)
+        if (other.stored, other.captured_inputs, other.error) != (cap.stored, cap.captured_inputs, cap.error):
+            alt = other
+            out.append(Finding(
+                "info", "vllm-runner-dependent",
+                f"vLLM {vrel.version} with runner {runner} (VLLM_USE_V2_MODEL_RUNNER=0) reads {other.reading.key} and "
+                f"captures {list(other.captured_taps)}" + (f", then fails: {other.error}" if other.error else "")
+                + f"; the default runner {cap.reading.runner} captures {list(cap.captured_taps)}", ""))
+    return cap, alt, out
+
+
 def run_check(target_config: str, draft_config: str, server_args: Optional[str] = None,
               reference: Optional[str] = None, captured: Optional[str] = None,
-              family: Optional[str] = None, with_plugin: bool = False) -> CheckReport:
+              family: Optional[str] = None, with_plugin: bool = False, sglang_version: Optional[str] = None,
+              engine: str = ENGINE_SGLANG, vllm_version: Optional[str] = None) -> CheckReport:
     """with_plugin: the server runs this project's plugin, so stock SGLang's capture problems are reported as
-    info (the plugin's own limits stay errors)."""
+    info (the plugin's own limits stay errors). sglang_version: the SGLang release to model (default: the
+    installed one, else the newest modelled). engine "vllm": stock vLLM's reading of the configs instead
+    (vllm_version: default the installed one, else the newest modelled)."""
+    if engine not in ENGINES:
+        raise DoctorError(f"--engine: expected one of {', '.join(ENGINES)}, got {engine!r}")
+    if engine == ENGINE_VLLM:
+        for given, flag in ((with_plugin, "--with-plugin"), (server_args is not None, "--server-args"),
+                            (sglang_version is not None, "--sglang-version")):
+            if given:
+                raise DoctorError(f"{flag} is about SGLang; it does not go with --engine vllm")
+    elif vllm_version is not None:
+        raise DoctorError("--vllm-version goes with --engine vllm")
     if (reference is None) != (captured is None):
         raise DoctorError("--reference and --captured go together (the fingerprint needs both)")
+    rel, rel_why, rel_warn = _sglang_release(sglang_version) if engine == ENGINE_SGLANG else (None, "", None)
+    vrel, vrel_why, vrel_warn = None, "", None
+    if engine == ENGINE_VLLM:
+        try:
+            vrel, vrel_why, vrel_warn = vllm_rules.assumed_vllm_release(vllm_version)
+        except ValueError as e:
+            raise DoctorError(f"--vllm-version: {e}") from None
     target = _read_target(target_config)
     draft = _read_draft(draft_config)
     raw_draft = read_json(draft.source_path, "draft config") if draft.source_path else {}
     raw_target = _raw_target(target_config)
     flags = parse_server_args(server_args) if server_args is not None else None
     findings = config_findings(draft, target, raw_draft)
+    for warn, code in ((rel_warn, "sglang-release-assumed"), (vrel_warn, "vllm-release-assumed")):
+        if warn:
+            findings.append(Finding("warning", code, warn, ""))
 
     findings += checkpoint_findings(draft_config, draft, target)
     declared = None
@@ -232,43 +395,70 @@ def run_check(target_config: str, draft_config: str, server_args: Optional[str] 
         findings.append(Finding("error", "declared-taps-invalid", str(e),
                                 "fix eagle_config.eagle_aux_hidden_state_layer_ids (draft ids: -1 = embedding, d = "
                                 f"output of layer d, 0..{target.num_layers - 1}) or the draft's widths"))
-    native = None
-    fam = family or target.sglang_0523_family
-    if declared is not None:
+    model_types = (target.model_type, target.top_model_type)
+    native, outlook, capture_only, vcap, valt = None, [], [], None, None
+    fam = family or releases.sglang_family(target.model_type) or releases.sglang_family(target.top_model_type)
+    deepseek = fam == releases.FAMILY_DEEPSEEK_V2
+    plugin_serves = with_plugin and deepseek and rel is not None and rel.plugin_registry
+    if with_plugin and rel is not None and not rel.plugin_registry:
+        findings.append(Finding("error", "plugin-unavailable",
+                                f"--with-plugin, but SGLang {rel.version} has no plugin registry (sglang.srt.plugins "
+                                "is in 0.5.11 on): the plugin cannot load there",
+                                "upgrade SGLang to 0.5.11 or later to serve with the plugin"))
+    if declared is not None and engine == ENGINE_SGLANG:
+        unsupported = None if fam is None else releases.model_support_error(rel, model_types)
         if fam is None:
             findings.append(Finding("info", "unmodelled-family",
-                                    f"target model_type {target.model_type!r}: SGLang 0.5.23's capture for it is not "
+                                    f"target model_type {target.model_type!r}: stock SGLang's capture for it is not "
                                     "modelled here; only the plugin's (DeepseekV2 family) is"))
+        elif unsupported:
+            findings.append(Finding("error", "sglang-model-unsupported", f"stock SGLang {rel.version}: {unsupported}",
+                                    "upgrade SGLang"))
         elif not draft.use_aux_hidden_state:
             findings.append(Finding("error", "no-capture",
-                                    "eagle_config.use_aux_hidden_state is false: SGLang 0.5.23 captures nothing",
+                                    "eagle_config.use_aux_hidden_state is false: SGLang captures nothing",
                                     "remove use_aux_hidden_state=false"))
         else:
-            native = sglang_0523_native_capture(draft.sglang_0523_target_ids, target.num_layers,
-                                                target.hidden_size, fam)
-            stock = compare_native_capture(declared, native)
-            ids = draft.sglang_0523_target_ids
-            if stock and fam == "deepseek_v2" and ids and ids[0] != 1 and draft.convention == DRAFT_IDS:
-                stock.insert(0, Finding(
-                    "error", "plus-one-rule",
-                    f"SGLang 0.5.23's DeepseekV2 turns draft ids into layer inputs (+1) only when ids[0] == 1; here "
-                    f"ids[0] = {ids[0]}, so {ids} are used as layer-input indices unchanged: each draft id d is read "
-                    "as LayerOutput(d-1)" + (", and -1 matches no layer" if -1 in ids else ""),
-                    stock[0].fix))
-            severity = "info" if with_plugin and fam == "deepseek_v2" else None
-            for f in stock:
-                findings.append(Finding(severity or f.severity, "sglang-" + f.code if not f.code.startswith("plus")
-                                        else f.code,
-                                        "stock SGLang 0.5.23: " + f.message
-                                        + (" (not with the plugin, which captures the declared taps)" if severity
-                                           else ""), f.fix))
+            # server_args.py does not model the flag; it keeps the names it skips
+            cuda_graphs = not (flags is not None and any(n.replace("_", "-") == "--disable-cuda-graph"
+                                                         for n in flags.ignored))
+            native, stock = _stock_sglang(declared, draft, target, rel, fam, cuda_graphs, plugin_serves)
+            findings += stock
+            outlook = releases.release_outlook(draft.sglang_0523_target_ids, target.num_layers, target.hidden_size,
+                                               fam, model_types, cuda_graphs=cuda_graphs)
+            findings += _release_findings(declared, rel, outlook)
+            capture_only = _capture_only_lines(declared, draft, rel, fam)
+    if declared is not None and engine == ENGINE_VLLM:
+        vfam = vllm_rules.vllm_family(target.model_type) or vllm_rules.vllm_family(target.top_model_type)
+        if vfam is None:
+            findings.append(Finding("info", "unmodelled-family",
+                                    f"target model_type {target.model_type!r}: vLLM's capture for it is not modelled "
+                                    "here"))
+        elif not draft.use_aux_hidden_state:
+            findings.append(Finding("error", "no-capture",
+                                    "eagle_config.use_aux_hidden_state is false: vLLM captures nothing "
+                                    "(eagle3_utils.py requires_aux_hidden_states)", "remove use_aux_hidden_state=false"))
+        else:
+            try:
+                vcap, valt, vf = _stock_vllm(declared, raw_draft, target, vfam, vrel)
+                findings += vf
+            except TapError as e:
+                findings.append(Finding("error", "vllm-ids-invalid", str(e), "fix the draft config's ids"))
     plugin_taps, plugin_note = (None, "")
     if declared is not None:
         plugin_taps, plugin_note = plugin_capture(declared, flags)
-        if fam is not None and fam != "deepseek_v2":
+        if engine == ENGINE_VLLM:
+            plugin_taps, plugin_note = None, ("this project's plugin is an SGLang plugin; vLLM captures by its own "
+                                              "rule (above)")
+        elif fam is not None and not deepseek:
             plugin_note = (f"the plugin hooks the DeepseekV2 family only; {target.model_type} is served by stock "
                            "SGLang's rule")
             plugin_taps = None
+        elif not rel.plugin_registry:
+            plugin_taps, plugin_note = None, (f"SGLang {rel.version} has no plugin registry (sglang.srt.plugins, in "
+                                              "0.5.11 on): the plugin cannot load there")
+        else:
+            plugin_note += f"; adapter {rel.variant} on SGLang {rel.version}"
 
     spec_res = None
     if flags is not None:
@@ -288,7 +478,30 @@ def run_check(target_config: str, draft_config: str, server_args: Optional[str] 
         findings += fp.findings
 
     findings.sort(key=lambda f: SEVERITY_ORDER.get(f.severity, 3))
-    return CheckReport(target, draft, declared, native, plugin_taps, plugin_note, flags, spec_res, findings, fp)
+    return CheckReport(target, draft, declared, native, plugin_taps, plugin_note, flags, spec_res, findings, fp,
+                       engine, rel, rel_why, outlook, capture_only, vcap, vrel_why, valt)
+
+
+def _native_line(n: NativeCapture) -> str:
+    txt = f"layers_to_capture {list(n.stored)} -> "
+    if n.error and not n.captured_inputs:
+        txt += f"fails ({n.error_at}): {n.error}"
+    else:
+        txt += f"captures {list(n.captured_taps)}" + (f", then fails ({n.error_at}): {n.error}" if n.error else "")
+    if n.graph is not None:
+        txt += f"; forwards replayed from CUDA graphs: {_native_line(n.graph)}"
+    return txt
+
+
+def _vllm_line(c: "vllm_rules.VLLMCapture") -> str:
+    read = (f"reads {c.reading.key} = {list(c.reading.ids)}" if c.reading.ids is not None else
+            f"finds no ids ({c.reading.key})")
+    ign = f" (ignores {', '.join(c.reading.ignored)})" if c.reading.ignored else ""
+    txt = f"{read}{ign} -> aux_hidden_state_layers {list(c.stored)} -> "
+    if c.error and not c.captured_inputs:
+        return txt + f"fails ({c.error_at}): {c.error}"
+    return (txt + f"captures {list(c.captured_taps)}; draft fc sized for {c.draft_k} taps"
+            + (f", then fails ({c.error_at}): {c.error}" if c.error else ""))
 
 
 def render(rep: CheckReport) -> str:
@@ -307,10 +520,28 @@ def render(rep: CheckReport) -> str:
                            (HF_HIDDEN_STATES, "HF hidden_states")):
             c = lim[key]
             lines.append(f"  {label:28s} {list(c.indices) if c.ok else 'n/a: ' + (c.short_reason or '')}")
+    if rep.release is not None:
+        r = rep.release
+        lines.append(f"SGLang release modelled: {r.version} ({rep.release_reason}): id rule \"{r.id_rule}\" "
+                     f"[{r.cite('id-rule')}], capture variant {r.variant} (the plugin's adapter)")
     if rep.native is not None:
         n = rep.native
-        lines.append(f"stock SGLang 0.5.23 ({n.family}): layers_to_capture {list(n.stored)} -> captures "
-                     f"{list(n.captured_taps)}" + (f", then {n.error}" if n.error else ""))
+        lines.append(f"stock SGLang {n.release} ({n.family}): {_native_line(n)}")
+    if len(rep.outlook) > 1:
+        lines.append("stock SGLang on other releases, same ids:")
+        for sp in rep.outlook:
+            here = " (modelled above)" if rep.release is not None and sp.contains(rep.release.version) else ""
+            detail = (_native_line(sp.native) if sp.native.stored or not sp.native.error
+                      else f"fails ({sp.native.error_at}): {sp.native.error}")
+            lines.append(f"  {sp.label()}{here}: {detail}")
+    lines += rep.capture_only
+    if rep.vllm is not None:
+        c = rep.vllm
+        lines.append(f"vLLM release modelled: {c.release} ({rep.vllm_reason}); runner {c.reading.runner}")
+        lines.append(f"stock vLLM {c.release} (runner {c.reading.runner}, {c.family}): {_vllm_line(c)}")
+        if rep.vllm_alternative is not None:
+            a = rep.vllm_alternative
+            lines.append(f"  with runner {a.reading.runner} (VLLM_USE_V2_MODEL_RUNNER=0): {_vllm_line(a)}")
     if rep.plugin_taps is not None:
         lines.append(f"with the eagle3-capture plugin: captures {rep.plugin_taps} ({rep.plugin_note})")
     elif rep.plugin_note:
@@ -340,4 +571,5 @@ def render(rep: CheckReport) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["CheckReport", "run_check", "render", "config_findings", "plugin_capture"]
+__all__ = ["CheckReport", "run_check", "render", "config_findings", "plugin_capture", "ENGINES", "ENGINE_SGLANG",
+           "ENGINE_VLLM"]

@@ -21,7 +21,8 @@ def _cmd_check(args) -> int:
     from . import checks
 
     rep = checks.run_check(args.target_config, args.draft_config, args.server_args, args.reference, args.captured,
-                           with_plugin=args.with_plugin)
+                           with_plugin=args.with_plugin, sglang_version=args.sglang_version, engine=args.engine,
+                           vllm_version=args.vllm_version)
     if args.json:
         write_json(args.json, rep.to_json())
     print(checks.render(rep))
@@ -151,9 +152,12 @@ def add_doctor_parser(sub) -> None:
     one_line_errors(doc)
     ds = doc.add_subparsers(dest="doctor_command", required=True, metavar="{check,fingerprint,dump-reference,accept,online,demo}")
 
-    s = ds.add_parser("check", help="trained taps vs what SGLang 0.5.23 / the plugin capture, config and flag traps",
+    s = ds.add_parser("check", help="trained taps vs what stock SGLang (any release 0.5.8-0.5.23) or vLLM / the plugin "
+                                    "capture, config and flag traps",
                       description="Reads the target and draft config.json, says which taps the draft was trained on "
-                                  "(in every convention), what stock SGLang 0.5.23 and this project's plugin capture, "
+                                  "(in every convention), what stock SGLang (the release given, else the installed "
+                                  "one, else the newest modelled) or stock vLLM (--engine vllm) and this project's "
+                                  "plugin capture, what other SGLang releases would capture from the same ids, "
                                   "every inconsistency and server-flag trap, each with a fix; with --reference and "
                                   "--captured also fingerprints what a server captured. Exit 1 on an error finding.")
     s.add_argument("--target-config", required=True, metavar="PATH", help="target config.json (or its directory)")
@@ -164,6 +168,14 @@ def add_doctor_parser(sub) -> None:
                                                      "directory or file, or a safetensors capture")
     s.add_argument("--with-plugin", action="store_true",
                    help="the server runs this project's SGLang plugin: stock SGLang's capture problems become info")
+    s.add_argument("--engine", type=at.engine, default="sglang", metavar="{sglang,vllm}",
+                   help="the serving engine whose reading of the configs to model (default sglang)")
+    s.add_argument("--sglang-version", type=at.sglang_version, metavar="X",
+                   help="the SGLang release the server runs, 0.5.8 .. 0.5.23 (.post releases included); default: the "
+                        "installed SGLang, else the newest modelled")
+    s.add_argument("--vllm-version", type=at.vllm_version, metavar="X",
+                   help="with --engine vllm: the vLLM release (0.33.0, 0.34.0); default: the installed vLLM, else "
+                        "the newest modelled")
     _add_json(s, "also write the report as JSON")
     s.set_defaults(func=_cmd_check)
 
