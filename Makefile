@@ -22,29 +22,32 @@ demo: build
 
 # The engine tests (SGLang's real serving loop, about 16 minutes on two cores) run after the rest.
 test: build gate $(VENV)/.sglang-stamp
-	@marks="not cuda and not multigpu and not engine"; \
+	@marks="not cuda and not multigpu and not engine and not sglang_releases"; \
 	if ! $(PY) -c "import sys, eagle3_capture as e; sys.exit(0 if 'cuda' in e.build_info()['backends'] else 1)"; then \
 	  marks="$$marks and not cuda_build"; echo "test: CPU-only build, deselecting the cuda_build tests"; fi; \
 	$(PY) -m pytest -m "$$marks" -q $(PYTEST_ARGS)
 	$(PY) -m pytest -m "engine" -q --durations=0 $(PYTEST_ARGS) tests/engine
 
 # One SGLang release from 0.5.12 through 0.5.23, e.g. `make test-sglang SGLANG=0.5.12`: installed beside this torch
-# (scripts/sglang_release.py, into $(VENV)/sglang-releases/<X>), then the plugin's model-level tests on SGLang's real
+# (tests/sglang_release_dirs.py, into $(VENV)/sglang-releases/<X>), then the plugin's model-level tests on SGLang's real
 # DeepseekV2 classes of that release (marker sglang) and its real serving loop (the smoke; SMOKE=0 leaves it out).
 SGLANG ?=
 SMOKE ?= 1
 SMOKE_TESTS ?= tests/engine/test_release_smoke.py
 test-sglang: build $(VENV)/.sglang-stamp
 	@if [ -z "$(SGLANG)" ]; then echo "usage: make test-sglang SGLANG=<a release from 0.5.12 through 0.5.23> [SMOKE=0]" >&2; exit 2; fi
-	@dir=$$($(PY) scripts/sglang_release.py $(SGLANG)) || exit $$?; \
+	@dir=$$($(PY) tests/sglang_release_dirs.py sglang --importable $(SGLANG) | tail -n 1) || exit $$?; \
 	export PYTHONPATH="$$dir"; echo "test-sglang: SGLang $(SGLANG) from $${dir:-this environment}"; \
 	$(PY) -m pytest -m "sglang and not cuda" -q $(PYTEST_ARGS) tests/sglang || exit 1; \
 	if [ "$(SMOKE)" = 1 ]; then $(PY) -m pytest -m engine -q --durations=0 $(PYTEST_ARGS) $(SMOKE_TESTS) || exit 1; fi
 
-# The release matrix (CI runs it after `make test`, which covers 0.5.23): one release of every other adapter, and
-# SGLang's serving loop on the oldest.
+# The release matrix (CI runs it after `make test`, which covers 0.5.23): the doctor's model of every release checked
+# against each release's own code (marker sglang_releases; sources under $(VENV)/sglang-releases, none may skip),
+# then one release of every other adapter, and SGLang's serving loop on the oldest.
 RELEASE_MATRIX ?= 0.5.16 0.5.20 0.5.21
-test-releases:
+test-releases: build $(VENV)/.sglang-stamp
+	$(PY) tests/sglang_release_dirs.py for-tests
+	E3_FAIL_ON_SKIP=1 $(PY) -m pytest -m "sglang_releases and not cuda" -q $(PYTEST_ARGS) tests
 	$(MAKE) --no-print-directory test-sglang SGLANG=0.5.12
 	@for v in $(RELEASE_MATRIX); do $(MAKE) --no-print-directory test-sglang SGLANG=$$v SMOKE=0 || exit 1; done
 

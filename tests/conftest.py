@@ -21,6 +21,17 @@ settings.load_profile(os.environ.get("E3_HYPOTHESIS_PROFILE", "ci"))
 DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.cuda)]
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """E3_FAIL_ON_SKIP=1 (make test-releases): a skip is a failure, so a release whose code was not installed can
+    never pass as skipped."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and os.environ.get("E3_FAIL_ON_SKIP") == "1" and not hasattr(report, "wasxfail"):
+        report.outcome = "failed"
+        report.longrepr = f"skipped under E3_FAIL_ON_SKIP=1: {report.longrepr}"
+
+
 def pytest_runtest_setup(item):
     if item.get_closest_marker("cuda") is not None and not torch.cuda.is_available():
         pytest.fail("this test is marked `cuda` and needs a GPU; deselect it with -m 'not cuda' on a CPU machine")

@@ -23,12 +23,12 @@ same, or differs only in lines that do not touch the rule). The central facts:
   and ``layers/communicator.py LayerCommunicator.prepare_attn_and_capture_last_layer_outputs`` appends the
   residual after the input norm, the embedding at layer input 0 ("list-into-layer"); 0.5.17 - 0.5.21 hands an
   ``AuxHiddenStatePacker`` (``layers/aux_hidden_states.py``) instead ("packer"), whose ``finalize`` checks the count
-  (0.5.17 - 0.5.19 by ``assert``, 0.5.20 on by ``RuntimeError``); 0.5.22 - 0.5.23 capture through the layer
-  boundary (``layers/layer_boundary/stage.py StageBoundary._prepare_attention`` ``capture_gathered``) into the packer
-  and run the final norm through ``layers/layer_boundary/residual/batch.py final_norm`` ("packer+layer-boundary").
-  0.5.21 already captures through ``StageBoundary._prepare_attention`` (keyword ``captured_last_layer_outputs``) and
-  has ``complete_output`` but its final norm is ``residual/batch.py norm`` (``capture_output=``), not
-  ``final_norm``: it is modelled as "packer".
+  (0.5.17 - 0.5.19 by ``assert``, 0.5.20 on by ``RuntimeError``); 0.5.21 - 0.5.23 keep the residual in the
+  batch's residual stream and capture through the layer boundary (``layers/layer_boundary/stage.py
+  StageBoundary._prepare_attention``: keyword ``captured_last_layer_outputs`` on 0.5.21, ``capture_gathered`` on
+  0.5.22+) into the packer ("packer+layer-boundary"); their final norm is ``layers/layer_boundary/residual/batch.py
+  norm(capture_output=)`` on 0.5.21 and ``final_norm(capture=)`` on 0.5.22+ (the plugin's adapter is the same
+  one, its final-boundary hook follows the function, sglang/internals.py).
 * 0.5.8 - 0.5.10.post1: ``model_executor/cuda_graph_runner.py CudaGraphRunner.__init__`` calls
   ``set_eagle3_layers_to_capture()`` with no ids before capturing, and ``ModelRunner.initialize`` sets the draft's
   ids only after ``init_device_graphs``: forwards replayed from CUDA graphs (decode / target verify) capture the
@@ -132,7 +132,7 @@ _TRANSFORMERS = (("0.5.8", "4.57.1"), ("0.5.10", "5.3.0"), ("0.5.11", "5.6.0"), 
 _ID_RULE = (("0.5.8", ID_RULE_PLUS_ONE_ALWAYS), ("0.5.13", ID_RULE_PLUS_ONE_IF_FIRST_IS_1))
 # models/deepseek_v2.py DeepseekV2Model.forward (and DeepseekV2DecoderLayer.forward from 0.5.14).
 _VARIANT = (("0.5.8", VARIANT_LIST_IN_LOOP), ("0.5.14", VARIANT_LIST_INTO_LAYER), ("0.5.17", VARIANT_PACKER),
-            ("0.5.22", VARIANT_PACKER_LAYER_BOUNDARY))
+            ("0.5.21", VARIANT_PACKER_LAYER_BOUNDARY))
 # layers/aux_hidden_states.py AuxHiddenStatePacker.finalize (no packer before 0.5.17).
 _COUNT_CHECK = (("0.5.8", COUNT_CHECK_NONE), ("0.5.17", COUNT_CHECK_ASSERT), ("0.5.20", COUNT_CHECK_RAISE))
 # arg_groups/fields/exec_.py enable_return_aux_hidden_states, arg_groups/validation_hook.py
@@ -564,7 +564,7 @@ def native_capture(ids: Optional[Sequence[int]], num_layers: int, hidden_size: i
     * list-into-layer (0.5.14 - 0.5.16, ``LayerCommunicator.prepare_attn_and_capture_last_layer_outputs``): the
       residual after the input norm's fused add; at i = 0 ``prepare_attn`` sets ``residual = hidden_states``, the
       embedding. No count check.
-    * packer (0.5.17 - 0.5.21) and packer+layer-boundary (0.5.22 - 0.5.23): the same slots into an
+    * packer (0.5.17 - 0.5.20) and packer+layer-boundary (0.5.21 - 0.5.23): the same slots into an
       ``AuxHiddenStatePacker(len(layers_to_capture))`` whose ``finalize()`` fails "captured n of K aux hidden
       states" when 0 < n < K (AssertionError 0.5.17 - 0.5.19, RuntimeError 0.5.20 on).
     With n = 0 every release returns the bare hidden states, which ``DeepseekV2ForCausalLM.forward`` then unpacks

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence
 
 from .. import configs as _configs
-from ..sglang_rules import sglang_0523_native_capture
+from ..sglang_releases import native_capture
 from ..spec import DRAFT_IDS, TapError, TapSpec
 from . import internals, model_forward, switches
 from .declaration import DraftDeclaration, current_declaration, remember_config, set_declaration
@@ -236,12 +236,16 @@ def set_eagle3_layers_to_capture_hook(original, self, layer_ids: Optional[Sequen
 
 
 def _native_note(spec: TapSpec, sglang_ids) -> str:
-    """What stock SGLang 0.5.23 would have captured for the ids it passes."""
+    """What the installed stock SGLang release would have captured for the ids it passes (sglang_releases.py's
+    model of that release; a release it does not model says so)."""
+    version = internals.current().version
     try:
-        nat = sglang_0523_native_capture(None if sglang_ids is None else list(sglang_ids),
-                                         spec.num_layers, spec.hidden_size)
+        nat = native_capture(None if sglang_ids is None else list(sglang_ids), spec.num_layers, spec.hidden_size,
+                             version)
     except TapError as e:
-        return f"stock SGLang: {e}"
+        return f"stock SGLang {version}: {e}"
+    except ValueError as e:  # a release the model does not know (e.g. newer than the newest read)
+        return f"stock SGLang {version} is not modelled ({e})"
     if nat.captured_taps == spec.taps and not nat.error:
         return "same as stock SGLang"
     txt = f"stock SGLang would store {list(nat.stored)} and capture {list(nat.captured_taps)}"
