@@ -1,0 +1,9 @@
+"""The server dump (``EAGLE3_CAPTURE_DUMP=<dir>``): the one definition of its records, their one validator and their
+one reader. The SGLang plugin writes records (sglang/dump*.py); the doctor, the tests and the GPU report read them
+here.
+
+* ``contract``: file names, the keys of a record and what each holds, the validator (:func:`record_problems` for
+  version 2, :func:`v1_record_problems` for the plugin's older records);
+* ``reader``: a record file loaded and checked by that validator into a :class:`DumpRecord`, a directory read as a
+  live server fills it (:class:`DumpReader`), and one request's rows stitched across records.
+"""
