@@ -6,7 +6,7 @@ import os
 import pytest
 
 from doctor_helpers import DSV3_61, KIMI, assert_clean_error, cli, cli_subprocess, draft_config, write_json
-from eagle3_capture.doctor.checks import run_check
+from eagle3_capture.doctor.deployment.check import run_check
 
 
 def codes(rep, severity="error"):

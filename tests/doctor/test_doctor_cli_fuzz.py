@@ -251,7 +251,7 @@ META_VALUE = st.one_of(st.text(max_size=10), JSON_VALUE.map(json.dumps), st.samp
 
 
 def _reference(path, data, mutate: bool):
-    from eagle3_capture.doctor.fingerprint import REFERENCE_FORMAT
+    from eagle3_capture.doctor.fingerprint.reference import REFERENCE_FORMAT
 
     stack = _good_stack()
     t = {"hidden_states": torch.cat([stack[:L], (stack[L] * 1.7)[None]]), "final_prenorm": stack[L].clone(),

@@ -186,7 +186,7 @@ def test_bad_dumps_are_one_line_each(tf, tmp_path):
 
 def test_dump_fields_are_checked(tmp_path):
     from eagle3_capture.doctor.common import DoctorError
-    from eagle3_capture.doctor.dump_records import record_from_dict
+    from eagle3_capture.dump_format.reader import record_from_dict
 
     base = {"format": "eagle3-capture-dump/2", "forward_mode": "EXTEND", "input_ids": torch.arange(4),
             "positions": torch.arange(4), "requests": [{"rid": "r", "row_start": 0, "row_end": 4, "prefix_len": 0}],
@@ -213,7 +213,7 @@ def test_teacher_forced_pass_through_a_server(tf, tmp_path):
     import time
 
     from dump_helpers import record_path, write_v2_record
-    from eagle3_capture.doctor.target_server import ServerTarget
+    from eagle3_capture.doctor.target.server_side import ServerTarget
 
     t = tf["t"]
     prompts = t.prompts
@@ -253,8 +253,8 @@ def test_teacher_forced_pass_through_a_server(tf, tmp_path):
     side = ServerTarget.teacher_force("http://stand-in", d, prompts, outputs, 3, post, timeout=30, concurrency=2,
                                       progress=False)
     assert len(sent) == len(prompts) and len(set(sent)) == len(prompts)
-    from eagle3_capture.doctor.replay import evaluate, served_walks
-    from eagle3_capture.doctor.server_args import SpecResolution
+    from eagle3_capture.doctor.replay.evaluate import evaluate, served_walks
+    from eagle3_capture.doctor.sglang_model.flag_rules import SpecResolution
 
     runs = evaluate(side, t.draft_side.draft, prompts, t.draft_side.taps, 3, N, SpecResolution(3, 1, 4), 8, False)
     assert [(s.verify_ct, s.histogram) for s in served_walks(runs, N)] == [(s.verify_ct, s.histogram)
@@ -265,7 +265,7 @@ def test_teacher_forced_pass_through_a_server(tf, tmp_path):
 
 def test_teacher_forced_answers_that_are_not_usable(tmp_path):
     from eagle3_capture.doctor.common import DoctorError
-    from eagle3_capture.doctor.target_server import _greedy_from_logprobs
+    from eagle3_capture.doctor.target.server_side import _greedy_from_logprobs
 
     ok = {"output_ids": [5], "meta_info": {"input_top_logprobs": [None, [[-1.0, 3, None]], [[-2.0, 4, None]]]}}
     assert _greedy_from_logprobs(ok, "x", 3).tolist() == [3, 4, 5]
@@ -275,7 +275,7 @@ def test_teacher_forced_answers_that_are_not_usable(tmp_path):
                         ({"meta_info": ok["meta_info"]}, "no output_ids"), ("nope", "no meta_info")):
         with pytest.raises(DoctorError, match=needle):
             _greedy_from_logprobs(bad, "x", 3)
-    from eagle3_capture.doctor.target_server import wait_for_requests
+    from eagle3_capture.doctor.target.server_side import wait_for_requests
 
     with pytest.raises(DoctorError, match="are not in it"):
         wait_for_requests(str(tmp_path), ["eagle3-doctor-x-0"], [torch.arange(4)], 0.5)

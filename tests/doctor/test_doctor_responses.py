@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from conftest import fuzz_examples
 from eagle3_capture.doctor.common import DoctorError
-from eagle3_capture.doctor.responses import check_counts, parse_response, read_recorded
-from eagle3_capture.doctor.serving import walk
+from eagle3_capture.doctor.sglang_model.responses import check_counts, parse_response, read_recorded
+from eagle3_capture.doctor.sglang_model.serving import walk
 
 CHAIN = (3, 1, 4)
 GOOD = [3, 1, 0, 2, 3, 3, 0, 1, 2, 3]  # accepted draft tokens at anchors 0..9

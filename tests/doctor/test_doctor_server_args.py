@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from eagle3_capture.doctor.common import DoctorError
-from eagle3_capture.doctor.server_args import (
+from eagle3_capture.doctor.sglang_model.flag_rules import (
     parse_server_args, resolve_speculative, speculative_findings, parallel_findings,
 )
 from eagle3_capture.spec import TapSpec

@@ -144,7 +144,7 @@ def threads(text: str) -> int:
 def server(text: str) -> str:
     """``doctor online --server``: a well-formed http(s) URL or an existing recorded-responses file."""
     from .common import DoctorError
-    from .server_url import server_source
+    from .sglang_model.server_url import server_source
 
     try:
         return server_source(text)

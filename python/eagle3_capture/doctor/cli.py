@@ -18,7 +18,7 @@ SERVER_ARGS_HELP = ("SGLang launch flags, quoted as one string (e.g. \"--specula
 
 
 def _cmd_check(args) -> int:
-    from . import checks
+    from .deployment import check as checks
 
     rep = checks.run_check(args.target_config, args.draft_config, args.server_args, args.reference, args.captured,
                            with_plugin=args.with_plugin)
@@ -29,15 +29,15 @@ def _cmd_check(args) -> int:
 
 
 def _cmd_fingerprint(args) -> int:
-    from .fingerprint_run import command
+    from .commands.fingerprint import command
 
     return command(args)
 
 
 def _cmd_dump_reference(args) -> int:
     from .common import pick_device, read_prompts, torch_threads
-    from .reference_dump import dump_reference
-    from .target_model import load_target
+    from .fingerprint.reference_dump import dump_reference
+    from .target.model import load_target
 
     import torch
 
@@ -57,7 +57,7 @@ def _cmd_dump_reference(args) -> int:
 
 
 def _cmd_accept(args) -> int:
-    from .accept import render, run_accept
+    from .commands.accept import render, run_accept
     from .common import pick_device, torch_threads
 
     device = pick_device(args.device)
@@ -73,7 +73,7 @@ def _cmd_accept(args) -> int:
 
 def _cmd_online(args) -> int:
     from .common import pick_device, torch_threads
-    from .online_run import render, run_online
+    from .commands.online import render, run_online
 
     device = pick_device(args.device)
     with torch_threads(args.threads):
@@ -87,7 +87,7 @@ def _cmd_online(args) -> int:
 
 
 def _cmd_demo(args) -> int:
-    from .demo import run_demo
+    from .demo.run import run_demo
 
     res = run_demo(out_dir=args.out, fast=args.fast, device=args.device, threads=args.threads, seed=args.seed,
                    plot=not args.no_plot, progress=not args.no_progress)

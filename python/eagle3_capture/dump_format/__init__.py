@@ -7,3 +7,10 @@ here.
 * ``reader``: a record file loaded and checked by that validator into a :class:`DumpRecord`, a directory read as a
   live server fills it (:class:`DumpReader`), and one request's rows stitched across records.
 """
+from .contract import (CONVENTIONS, DOCTOR_RID_PREFIX, FIELDS, FILE_RE, FORMAT, RANK_FIELDS, REQUEST_FIELDS, STREAM_ALL,
+                       STREAM_DECLARED, STREAM_MODES, TMP_SUFFIX, V1_FILE_RE, DumpRecordError, file_name, is_doctor_rid,
+                       record_problems, validate_record)
+
+__all__ = ["FORMAT", "DOCTOR_RID_PREFIX", "TMP_SUFFIX", "FILE_RE", "V1_FILE_RE", "STREAM_DECLARED", "STREAM_ALL",
+           "STREAM_MODES", "CONVENTIONS", "FIELDS", "REQUEST_FIELDS", "RANK_FIELDS", "DumpRecordError",
+           "file_name", "is_doctor_rid", "record_problems", "validate_record"]

@@ -22,8 +22,8 @@ from typing import Any, Dict, Iterable, List, Optional
 
 import torch
 
-from .. import dump_format as _dump_format
-from .common import DoctorError, require_file, shown
+from . import contract as _dump_format
+from ..doctor.common import DoctorError, require_file, shown
 
 # The writer's module owns the format constant and the doctor's rid prefix; version-1 files have no `tp` part.
 DUMP_FORMAT = _dump_format.FORMAT

@@ -29,14 +29,14 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from ..spec import TapSpec
-from .common import DoctorError, read_prompts, save_safetensors, write_json
-from .bounds import check_positions, check_speculative, check_steps
-from .draft_side import parse_taps
-from .replay import chain_correct_taps
-from .serving import Served, chain_accepted, total
-from .server_args import not_eagle3, parse_server_args, resolve_speculative
-from .target_side import layer_inputs
+from ...spec import TapSpec
+from ..common import DoctorError, read_prompts, save_safetensors, write_json
+from ..bounds import check_positions, check_speculative, check_steps
+from ..draft.side import parse_taps
+from ..replay.evaluate import chain_correct_taps
+from ..sglang_model.serving import Served, chain_accepted, total
+from ..sglang_model.flag_rules import not_eagle3, parse_server_args, resolve_speculative
+from ..target.side import layer_inputs
 
 
 def tap_indices(spec: TapSpec) -> List[int]:
@@ -199,7 +199,7 @@ def open_target(target: Optional[str], hidden_states: Optional[str], target_chec
         raise DoctorError("give the target side: --target (a transformers model) or --hidden-states (a dump of the "
                           "server's teacher-forced requests), one of them")
     if target is not None:
-        from .target_transformers import TransformersTarget
+        from ..target.model_side import TransformersTarget
 
         if target_checkpoint is not None:
             raise DoctorError("--target-checkpoint is for --hidden-states (without a model to take the embedding "
@@ -207,8 +207,8 @@ def open_target(target: Optional[str], hidden_states: Optional[str], target_chec
         side = TransformersTarget.load(target, device=device, seed=seed, quiet=not progress)
         m = side.target.model
         return side, m.get_input_embeddings().weight.detach(), m.get_output_embeddings().weight.detach()
-    from .checkpoint_tensors import CheckpointSide
-    from .target_stream import DumpTarget
+    from ..target.checkpoint import CheckpointSide
+    from ..target.dump_side import DumpTarget
 
     ck = CheckpointSide(target_checkpoint)
     side = DumpTarget(hidden_states, ck.config, ck.vocab_size, ck.tokenizer)
@@ -222,8 +222,8 @@ def run_accept(target_path: Optional[str], draft_path: str, prompts_path: str, s
                out_tensors: Optional[str] = None, progress: bool = True, seed: int = 0,
                hidden_states: Optional[str] = None, target_checkpoint: Optional[str] = None,
                dtype: Optional[str] = None) -> AcceptReport:
-    from .draft_side import draft_dtype, load_draft_side
-    from .replay import evaluate, served_walks, unserved_reason
+    from ..draft.side import draft_dtype, load_draft_side
+    from ..replay.evaluate import evaluate, served_walks, unserved_reason
 
     if new_tokens is not None and new_tokens < 2:
         raise DoctorError(f"--new-tokens {new_tokens}: need at least 2 continuation tokens")

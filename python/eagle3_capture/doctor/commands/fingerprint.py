@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from typing import List, Optional, Tuple
 
-from .common import EXIT_FINDINGS, EXIT_OK, DoctorError, write_json
+from ..common import EXIT_FINDINGS, EXIT_OK, DoctorError, write_json
 
 
 def _draft_ids(draft_config: Optional[str]) -> Optional[List[int]]:
     if draft_config is None:
         return None
-    from .. import configs
+    from ... import configs
 
     try:
         d = configs.read_draft_config(draft_config)
@@ -30,14 +30,14 @@ def run(captured: str, declared=None, training: Optional[str] = None, server: Op
         target_checkpoint: Optional[str] = None, draft_config: Optional[str] = None, samples: int = 8,
         max_tokens: int = 512, timeout: float = 120.0, min_cos: float = 0.95) -> Tuple[str, dict, int]:
     """(report text, JSON, exit code)."""
-    from .checkpoint_tensors import CheckpointSide
-    from .target_side import layer_inputs
+    from ..target.checkpoint import CheckpointSide
+    from ..target.side import layer_inputs
 
     if server is not None and training is None:
         raise DoctorError("--server sends the training samples' token ids to the server: it needs --training-data")
     ck = CheckpointSide(target_checkpoint)
     if training is None:
-        from .fingerprint_stream import dump_fingerprint
+        from ..fingerprint.stream import dump_fingerprint
 
         expected = layer_inputs(declared) if declared is not None else None
         fp = dump_fingerprint(captured, expected, ck.tensors, ck.config, min_cos=min_cos)
@@ -48,11 +48,11 @@ def run(captured: str, declared=None, training: Optional[str] = None, server: Op
                                              else "no declared taps to compare with (give --draft-config and "
                                                   "--target-config, or --taps)")]
         return "\n".join(lines), fp.to_json(), EXIT_FINDINGS if bad else EXIT_OK
-    from .fingerprint_training import load_samples, send_samples, training_fingerprint
+    from ..fingerprint.training import load_samples, send_samples, training_fingerprint
 
     H = None
     if ck.config is not None:
-        from .. import configs
+        from ... import configs
 
         H = configs.read_target_config(ck.config).hidden_size
     smp = load_samples(training, samples, max_tokens, H)
@@ -60,7 +60,7 @@ def run(captured: str, declared=None, training: Optional[str] = None, server: Op
     if server is not None:
         if not server.startswith(("http://", "https://")):
             raise DoctorError(f"--server {server!r}: expected the http(s):// URL of the running server")
-        from .online import _post_json
+        from ..sglang_model.http import _post_json
 
         rids = send_samples(server, smp, _post_json, timeout)
     fp = training_fingerprint(smp, captured, rids, _draft_ids(draft_config), timeout, min_cos)
@@ -70,9 +70,9 @@ def run(captured: str, declared=None, training: Optional[str] = None, server: Op
 def command(args) -> int:
     """The ``fingerprint`` subcommand: its flags checked, then with --reference the reference fingerprint
     (fingerprint.py), else :func:`run`."""
-    from . import fingerprint as fp
-    from .. import configs
-    from ..spec import TapError
+    from ..fingerprint import reference as fp
+    from ... import configs
+    from ...spec import TapError
 
     declared, src = None, ""
     if args.taps is not None and (args.draft_config is not None or args.target_config is not None):
@@ -97,7 +97,7 @@ def command(args) -> int:
         elif args.taps is not None:
             L, H = _dump_shape(args.captured)
         if args.taps is not None:
-            from .draft_side import parse_taps
+            from ..draft.side import parse_taps
 
             declared, src = parse_taps(args.taps, L, H), f"--taps {args.taps}"
         else:
@@ -131,7 +131,7 @@ def command(args) -> int:
 
 def _dump_shape(path: str):
     """(L, H) the records of a dump directory state."""
-    from .dump_records import DumpReader
+    from ...dump_format.reader import DumpReader
 
     recs = DumpReader(path).refresh()
     shapes = {(r.num_layers, r.hidden_size) for r in recs if r.num_layers and r.hidden_size}

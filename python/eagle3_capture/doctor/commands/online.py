@@ -12,13 +12,13 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from .bounds import MAX_TIMEOUT_S, check_positions, check_speculative
-from .common import DoctorError, read_prompts, write_json
-from .online import OnlineReport, Response, StepRow, _flags_from, _post_json, fetch, read_recorded, render, \
+from ..bounds import MAX_TIMEOUT_S, check_positions, check_speculative
+from ..common import DoctorError, read_prompts, write_json
+from ..sglang_model.http import OnlineReport, Response, StepRow, _flags_from, _post_json, fetch, read_recorded, render, \
     server_flags, verdict_of
-from .responses import has_histograms
-from .server_url import is_url as url_like, server_source
-from .serving import step_acceptance, total
+from ..sglang_model.responses import has_histograms
+from ..sglang_model.server_url import is_url as url_like, server_source
+from ..sglang_model.serving import step_acceptance, total
 
 
 def _validate(tolerance, timeout, concurrency, batch_size, new_tokens) -> None:
@@ -60,7 +60,7 @@ def _recorded(server: str, prompts: List[List[int]], prompts_path: str, new_toke
 def _draft_vocabs(draft_path: str) -> Tuple[Optional[int], Optional[int]]:
     """The draft config's (``vocab_size``: the target's vocabulary, ``draft_vocab_size``: the draft's own head,
     ``vocab_size`` where it has none), each None when absent."""
-    from .common import read_json
+    from ..common import read_json
 
     cfg = read_json(os.path.join(draft_path, "config.json"), "draft config")
 
@@ -86,11 +86,11 @@ def run_online(server: str, prompts_path: str, target_path: Optional[str], draft
                tolerance: float = 0.02, out_json: Optional[str] = None, progress: bool = True, seed: int = 0,
                dump: Optional[str] = None, target_checkpoint: Optional[str] = None,
                dtype: Optional[str] = None) -> OnlineReport:
-    from .checkpoint_tensors import CheckpointSide
-    from .draft_side import draft_dtype, load_draft_side
+    from ..target.checkpoint import CheckpointSide
+    from ..draft.side import draft_dtype, load_draft_side
     from .accept import metrics
-    from .replay import evaluate, served_walks
-    from .server_args import SpecResolution, not_eagle3, parse_server_args
+    from ..replay.evaluate import evaluate, served_walks
+    from ..sglang_model.flag_rules import SpecResolution, not_eagle3, parse_server_args
 
     _validate(tolerance, timeout, concurrency, batch_size, new_tokens)
     new_tokens_given = new_tokens is not None
@@ -108,7 +108,7 @@ def run_online(server: str, prompts_path: str, target_path: Optional[str], draft
     torch_dtype = draft_dtype(dtype, device, target_path is not None)
     notes: List[str] = []
     if target_path is not None:
-        from .target_transformers import TransformersTarget
+        from ..target.model_side import TransformersTarget
 
         side = TransformersTarget.load(target_path, device=device, seed=seed, quiet=not progress)
         embed = side.target.model.get_input_embeddings().weight.detach()
@@ -124,7 +124,7 @@ def run_online(server: str, prompts_path: str, target_path: Optional[str], draft
         vocab = ck.vocab_size or target_vocab
         arch = None
         if ck.config is not None:
-            from .. import configs
+            from ... import configs
 
             tcfg = configs.read_target_config(ck.config)
             arch = tcfg.architectures[0] if tcfg.architectures else None
@@ -158,10 +158,10 @@ def run_online(server: str, prompts_path: str, target_path: Optional[str], draft
     check_positions(positions, prompts, new_tokens, S,
                     "--new-tokens" if is_url or new_tokens_given else f"completion_tokens of --server {server}")
     if target_path is None:
-        from .target_stream import DumpTarget
+        from ..target.dump_side import DumpTarget
 
         if is_url:
-            from .target_server import ServerTarget
+            from ..target.server_side import ServerTarget
 
             side = ServerTarget.teacher_force(server, dump, prompts, [r.output_ids for r in responses], S,
                                               _post_json, timeout, concurrency, progress, ck.config, vocab,
@@ -202,7 +202,7 @@ def run_online(server: str, prompts_path: str, target_path: Optional[str], draft
     ok, verdict = verdict_of(lossless, first, rows, on_tot, pr_tot, tolerance)
     fp_json, fp_lines = None, []
     if target_path is None:
-        from .fingerprint_stream import served_fingerprint
+        from ..fingerprint.stream import served_fingerprint
 
         fp = served_fingerprint(side, ds, ck.tensors, progress)
         fp_json, fp_lines = fp.to_json(), fp.lines()

@@ -22,12 +22,12 @@ from typing import Dict, List, Optional
 
 import torch
 
-from ..spec import EMBEDDING, TapSpec
-from .accept import Metrics, chain_correct, metrics
-from .replay import evaluate, served_walks
-from .common import pick_device, torch_threads, write_json
-from .server_args import parse_server_args, resolve_speculative
-from .serving import total
+from ...spec import EMBEDDING, TapSpec
+from ..commands.accept import Metrics, chain_correct, metrics
+from ..replay.evaluate import evaluate, served_walks
+from ..common import pick_device, torch_threads, write_json
+from ..sglang_model.flag_rules import parse_server_args, resolve_speculative
+from ..sglang_model.serving import total
 
 
 @dataclass
@@ -48,7 +48,7 @@ class DemoResult:
 
 
 def _settings(fast: bool) -> dict:
-    from .target_model import demo_settings
+    from ..target.model import demo_settings
 
     s = demo_settings()
     run = dict(s["run"])
@@ -73,13 +73,14 @@ def run_demo(out_dir: str = "eagle3-demo", fast: bool = False, device: str = "au
 
 def _run(out_dir: str, fast: bool, dev: str, seed: int, plot: bool, progress: bool,
          draft_seed: Optional[int] = None) -> DemoResult:
-    from . import checks, fingerprint as fpmod
-    from .draft_checkpoint import save_draft
-    from .draft_model import DraftArch
-    from .fingerprint import save_captured
-    from .reference_dump import reference_tensors, write_reference
-    from .target_model import Target, build_demo_target, demo_target_config_dict, greedy_continue, residual_stream
-    from .target_transformers import TransformersTarget
+    from ..deployment import check as checks
+    from ..fingerprint import reference as fpmod
+    from ..draft.checkpoint import save_draft
+    from ..draft.model import DraftArch
+    from ..fingerprint.reference import save_captured
+    from ..fingerprint.reference_dump import reference_tensors, write_reference
+    from ..target.model import Target, build_demo_target, demo_target_config_dict, greedy_continue, residual_stream
+    from ..target.model_side import TransformersTarget
     from .train import TrainConfig, init_draft_from_target, train_draft
 
     settings = _settings(fast)
@@ -222,7 +223,7 @@ def _run(out_dir: str, fast: bool, dev: str, seed: int, plot: bool, progress: bo
         notes.append("matplotlib is not installed: no PNG written (pip install matplotlib)")
         plot = False
     if plot:
-        from .plots import accuracy_plot
+        from .plot import accuracy_plot
 
         png = os.path.join(out_dir, "accuracy.png")
         sglang_defaults = f"{default.steps}/{default.topk}/{default.draft_tokens}"
@@ -279,7 +280,7 @@ def _save_target(model, path: str) -> None:
 
 def _report(S, trained, miswired, m_ok, m_mis, taus, served, res, default, rep, fp_ok, log, timings, out_dir, fast,
             dev, failures, notes=()) -> str:
-    from .fingerprint import render as render_fp
+    from ..fingerprint.reference import render as render_fp
 
     run = S["run"]
     L = trained.num_layers

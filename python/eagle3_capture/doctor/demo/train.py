@@ -9,7 +9,7 @@ from typing import Callable, List, Optional
 import torch
 import torch.nn.functional as F
 
-from .draft_model import DraftArch, Eagle3Draft
+from ..draft.model import DraftArch, Eagle3Draft
 
 
 @dataclass

@@ -11,12 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
-from .. import configs
-from ..sglang_rules import NativeCapture, compare_native_capture, sglang_0523_native_capture
-from ..findings import Finding
-from ..spec import DRAFT_IDS, HF_HIDDEN_STATES, LAYER_INPUTS, TapError, TapSpec, convention_limits
-from .common import DoctorError, read_json
-from .server_args import ServerFlags, SpecResolution, parallel_findings, parse_server_args, speculative_findings
+from ... import configs
+from ...sglang_rules import NativeCapture, compare_native_capture, sglang_0523_native_capture
+from ...findings import Finding
+from ...spec import DRAFT_IDS, HF_HIDDEN_STATES, LAYER_INPUTS, TapError, TapSpec, convention_limits
+from ..common import DoctorError, read_json
+from ..sglang_model.flag_rules import ServerFlags, SpecResolution, parallel_findings, parse_server_args, speculative_findings
 
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 
@@ -281,7 +281,7 @@ def run_check(target_config: str, draft_config: str, server_args: Optional[str] 
 
     fp = None
     if reference is not None:
-        from .fingerprint import fingerprint
+        from ..fingerprint.reference import fingerprint
 
         fp = fingerprint(reference, captured, declared=declared,
                          declared_source="the draft config" if declared is not None else "")
@@ -292,7 +292,7 @@ def run_check(target_config: str, draft_config: str, server_args: Optional[str] 
 
 
 def render(rep: CheckReport) -> str:
-    from .fingerprint import render as render_fp
+    from ..fingerprint.reference import render as render_fp
 
     t, d = rep.target, rep.draft
     lines = [f"target: {t.source_path}: {t.model_type or '?'} L={t.num_layers} H={t.hidden_size}"

@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
-from ..sglang_rules import SGLANG_0523_DEEPSEEK_V2, sglang_0523_native_capture
-from ..spec import EMBEDDING, LayerOutput, TapError, TapSpec
+from ...sglang_rules import SGLANG_0523_DEEPSEEK_V2, sglang_0523_native_capture
+from ...spec import EMBEDDING, LayerOutput, TapError, TapSpec
 
 HF_READING = "SpecForge HF backend / ModelOpt (output of layer d)"
 SGLANG_READING = "SpecForge SGLang backend / SGLang 0.5.23 serving (set_eagle3_layers_to_capture)"

@@ -10,16 +10,16 @@ from typing import Dict, Optional
 
 import torch
 
-from ..weights import canonical_name
-from .common import DoctorError
-from .draft_layers import rope_kind
-from .draft_mla import MLA_DRAFT_ARCH
-from .draft_model import DRAFT_ARCH, DraftArch, Eagle3Draft
+from ...weights import canonical_name
+from ..common import DoctorError
+from .layers import rope_kind
+from .mla import MLA_DRAFT_ARCH
+from .model import DRAFT_ARCH, DraftArch, Eagle3Draft
 
 
 def save_draft(model: Eagle3Draft, path: str, extra_config: Optional[dict] = None) -> None:
     """Write config.json and model.safetensors (SpecForge names: midlayer.*, fc.*, fc_norm.{k}.*, d2t)."""
-    from .common import save_safetensors, write_json
+    from ..common import save_safetensors, write_json
 
     os.makedirs(path, exist_ok=True)
     cfg = model.arch.config_json()
@@ -100,9 +100,9 @@ def load_draft(path: str, target_embed=None, target_lm_head=None, device: str = 
     module built without a second copy. Raises DoctorError on anything it cannot use."""
     from safetensors import safe_open
 
-    from .. import configs
-    from ..weights import checkpoint_files, load_draft_fc
-    from .common import read_json, require_file
+    from ... import configs
+    from ...weights import checkpoint_files, load_draft_fc
+    from ..common import read_json, require_file
 
     require_file(path, "draft checkpoint", allow_dir=True)
     if not os.path.isdir(path):

@@ -21,8 +21,8 @@ from typing import List
 import torch
 from torch import nn
 
-from .common import DoctorError
-from .draft_layers import RMSNorm, attend_rows, rope_kind
+from ..common import DoctorError
+from .layers import RMSNorm, attend_rows, rope_kind
 
 MLA_DRAFT_ARCH = "Eagle3DeepseekV2ForCausalLM"
 

@@ -30,8 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import DoctorError
-from .draft_layers import RMSNorm, attend_rows, rmsnorm as _rmsnorm
+from ..common import DoctorError
+from .layers import RMSNorm, attend_rows, rmsnorm as _rmsnorm
 
 DRAFT_ARCH = "LlamaForCausalLMEagle3"
 
@@ -84,7 +84,7 @@ class DraftArch:
             "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(self.layer_ids), "use_aux_hidden_state": True},
         }
         if self.mla:
-            from .draft_mla import MLA_DRAFT_ARCH
+            from .mla import MLA_DRAFT_ARCH
 
             cfg.update(architectures=[MLA_DRAFT_ARCH], model_type="deepseek_v3", q_lora_rank=self.q_lora_rank,
                        kv_lora_rank=self.kv_lora_rank, qk_nope_head_dim=self.qk_nope_head_dim,
@@ -155,7 +155,7 @@ class _MidLayer(nn.Module):
         self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self.hidden_norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         if a.mla:
-            from .draft_mla import MLAAttention
+            from .mla import MLAAttention
 
             self.self_attn = MLAAttention(a)
         else:
@@ -189,7 +189,7 @@ class Eagle3Draft(nn.Module):
             x = self.input_norm(x)
         g = torch.stack([n.weight for n in self.fc_norm]) if self.fc_norm is not None else None
         if use_op:
-            from .. import ops
+            from ... import ops
 
             # the op has no autograd: this path is for measuring (doctor accept), never for training
             shape = x.shape

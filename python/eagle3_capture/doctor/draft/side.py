@@ -9,10 +9,10 @@ from typing import List, Optional
 
 import torch
 
-from .. import configs
-from ..spec import CONVENTIONS, TapError, TapSpec
-from .common import DoctorError
-from .target_side import TargetInfo
+from ... import configs
+from ...spec import CONVENTIONS, TapError, TapSpec
+from ..common import DoctorError
+from ..target.side import TargetInfo
 
 
 def parse_taps(text: str, num_layers: int, hidden_size: int) -> TapSpec:
@@ -58,7 +58,7 @@ class DraftSide:
 
     @property
     def layer_input_ids(self) -> List[int]:
-        from .target_side import layer_inputs
+        from ..target.side import layer_inputs
 
         return layer_inputs(self.taps)
 
@@ -67,7 +67,7 @@ def load_draft_side(draft_path: str, info: TargetInfo, taps: Optional[str], devi
                     dtype: Optional[torch.dtype] = None, embed=None, lm_head=None) -> DraftSide:
     """The draft for this target. ``embed`` / ``lm_head``: a tensor, or a function giving one, used only when the
     checkpoint has none."""
-    from .draft_checkpoint import load_draft
+    from .checkpoint import load_draft
 
     draft = load_draft(draft_path, embed, lm_head, device=device, dtype=dtype)
     dcfg = configs.read_draft_config(os.path.join(draft_path, "config.json"))

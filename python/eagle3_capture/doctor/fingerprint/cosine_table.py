@@ -9,9 +9,9 @@ from typing import List, Tuple
 
 import torch
 
-from ..findings import Finding
-from .common import DoctorError
-from .fingerprint_files import Captured, Reference
+from ...findings import Finding
+from ..common import DoctorError
+from .files import Captured, Reference
 
 
 def align_rows(ref: Reference, cap: Captured) -> Tuple[int, str]:

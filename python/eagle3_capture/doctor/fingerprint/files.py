@@ -20,9 +20,9 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from ..spec import EMBEDDING, LayerOutput
-from .common import DoctorError, load_safetensors, meta_json, require_file, save_safetensors, shown
-from .dump_records import int_list
+from ...spec import EMBEDDING, LayerOutput
+from ..common import DoctorError, load_safetensors, meta_json, require_file, save_safetensors, shown
+from ...dump_format.reader import int_list
 
 REFERENCE_FORMAT = "eagle3-capture-reference/1"
 CAPTURE_FORMAT = "eagle3-capture-captured/1"

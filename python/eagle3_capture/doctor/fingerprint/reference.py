@@ -24,11 +24,11 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from ..findings import Finding, compare_taps
-from ..spec import EMBEDDING, LayerOutput, TapError, TapSpec
-from .common import DoctorError, fmt_table
+from ...findings import Finding, compare_taps
+from ...spec import EMBEDDING, LayerOutput, TapError, TapSpec
+from ..common import DoctorError, fmt_table
 from .cosine_table import SlotRows, align_rows, row_findings, slot_rows, stream_cosines
-from .fingerprint_files import (
+from .files import (
     CAPTURE_FORMAT, POST_NORM, REFERENCE_FORMAT, Captured, Reference, load_captured, load_reference, save_captured,
     short_label,
 )

@@ -18,10 +18,10 @@ from typing import List, Sequence
 
 import torch
 
-from .bounds import check_positions
-from .common import save_safetensors
-from .fingerprint import REFERENCE_FORMAT
-from .target_model import Target, greedy_continue, residual_stream
+from ..bounds import check_positions
+from ..common import save_safetensors
+from .reference import REFERENCE_FORMAT
+from ..target.model import Target, greedy_continue, residual_stream
 
 
 @torch.no_grad()

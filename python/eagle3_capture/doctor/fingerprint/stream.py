@@ -15,8 +15,8 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from .common import DoctorError
-from .dump_records import DumpReader, RequestParts, doctor_requests
+from ..common import DoctorError
+from ...dump_format.reader import DumpReader, RequestParts, doctor_requests
 from .stream_match import StreamMatcher, SlotMatch, layer_name, render_matches
 
 
@@ -40,7 +40,7 @@ class EmbeddingCheck:
 
 def embedding_check(ck, info, ids: torch.Tensor, rows: torch.Tensor, what: str) -> EmbeddingCheck:
     """rows [T, H] against embed_tokens[ids] of the checkpoint (cast to the rows' dtype, as a server computes)."""
-    from .checkpoint_tensors import read_embedding
+    from ..target.checkpoint import read_embedding
 
     uniq, inv = torch.unique(ids, return_inverse=True)
     bad = [int(t) for t in uniq.tolist() if not 0 <= t < (info.vocab_size or 2 ** 62)]
@@ -156,7 +156,7 @@ def _merge(fp: StreamFingerprint, e: EmbeddingCheck) -> None:
 
 def served_fingerprint(side, ds, ck, progress: bool = False) -> StreamFingerprint:
     """``doctor online``'s fingerprint: the teacher-forced requests' served slots against the declared taps."""
-    from .target_side import layer_inputs
+    from ..target.side import layer_inputs
 
     expected = layer_inputs(ds.declared) if ds.declared is not None else None
     return fingerprint_requests([sp.parts for sp in side.streamed], side.info.num_layers, expected, ck, side.info,
@@ -166,7 +166,7 @@ def served_fingerprint(side, ds, ck, progress: bool = False) -> StreamFingerprin
 def dump_fingerprint(path: str, expected: Optional[List[int]], ck=None, checkpoint_config=None,
                      progress: bool = False, min_cos: float = 0.95) -> StreamFingerprint:
     """``doctor fingerprint --captured DUMP`` with no reference: every doctor request of the dump."""
-    from .target_stream import info_from_dump
+    from ..target.dump_side import info_from_dump
 
     records = DumpReader(path).refresh()
     reqs = list(doctor_requests(records).values())

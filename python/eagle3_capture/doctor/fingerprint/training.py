@@ -16,11 +16,11 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from .common import DoctorError
-from .pipelines import HF_READING, SGLANG_READING, Readings, readings_of
-from .dump_records import DOCTOR_RID_PREFIX, DumpReader, RequestParts, doctor_requests, v1_sequences
+from ..common import DoctorError
+from ..deployment.pipelines import HF_READING, SGLANG_READING, Readings, readings_of
+from ...dump_format.reader import DOCTOR_RID_PREFIX, DumpReader, RequestParts, doctor_requests, v1_sequences
 from .stream_match import SlotMatch, StreamMatcher, layer_name, render_matches
-from .training_data import TrainingSample, load_sample, training_files
+from ..target.training_data import TrainingSample, load_sample, training_files
 
 
 @dataclass

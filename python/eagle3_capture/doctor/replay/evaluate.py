@@ -9,8 +9,8 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from ..spec import TapSpec
-from .serving import Served, chain_accepted, tree_accepted_taps, walk
+from ...spec import TapSpec
+from ..sglang_model.serving import Served, chain_accepted, tree_accepted_taps, walk
 
 
 @torch.no_grad()

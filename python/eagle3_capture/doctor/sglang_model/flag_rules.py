@@ -38,9 +38,9 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-from ..findings import Finding
-from ..spec import TapSpec
-from .common import DoctorError
+from ...findings import Finding
+from ...spec import TapSpec
+from ..common import DoctorError
 
 # architectures -> SGLang 0.5.23 _auto_choose_speculative_params (steps, topk, draft tokens)
 _AUTO_LLAMA_LIKE = ("LlamaForCausalLM", "Grok1ForCausalLM", "Grok1VForCausalLM")
@@ -338,7 +338,7 @@ def speculative_findings(flags: ServerFlags, architecture: Optional[str] = None)
 
 
 def _layer_input(t) -> int:
-    from ..spec import Embedding
+    from ...spec import Embedding
 
     return 0 if isinstance(t, Embedding) else t.k + 1
 

@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple
 
-from .common import DoctorError
+from ..common import DoctorError
 from .responses import (DUMP_HINT, Response, StepRow, check_counts, has_histograms, parse_response,  # noqa: F401
                         read_recorded, verdict_of)
 from .serving import Served, total
@@ -154,7 +154,7 @@ def _r(v: float):
 
 
 def _flags_from(server_args: Optional[str], arch: Optional[str], from_server, responses: Sequence[Response]):
-    from .server_args import not_eagle3, parse_server_args, resolve_speculative
+    from .flag_rules import not_eagle3, parse_server_args, resolve_speculative
 
     given = None
     if server_args:
@@ -181,7 +181,7 @@ def _flags_from(server_args: Optional[str], arch: Optional[str], from_server, re
 
 
 def render(rep: OnlineReport) -> str:
-    from .accept import SERVED_MEANS
+    from ..commands.accept import SERVED_MEANS
 
     S, k, D = rep.flags
     on_tot, pr_tot = total(rep.online), total(rep.predicted)

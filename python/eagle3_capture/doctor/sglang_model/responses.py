@@ -41,7 +41,7 @@ import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .common import DoctorError, jsonl_records, read_text, require_file, shown
+from ..common import DoctorError, jsonl_records, read_text, require_file, shown
 from .serving import Served
 
 DUMP_HINT = "run the server with EAGLE3_CAPTURE_DUMP=<dir> and `eagle3-capture doctor fingerprint`"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import urllib.parse
 
-from .common import DoctorError
+from ..common import DoctorError
 
 SCHEMES = ("http://", "https://")
 

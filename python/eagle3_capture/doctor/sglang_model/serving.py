@@ -37,7 +37,7 @@ from typing import List, Sequence
 
 import torch
 
-from .common import DoctorError
+from ..common import DoctorError
 
 
 @dataclass

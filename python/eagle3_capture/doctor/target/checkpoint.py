@@ -16,7 +16,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from .common import DoctorError, read_json, require_file
+from ..common import DoctorError, read_json, require_file
 
 EMBED_NAMES = ("model.embed_tokens.weight", "language_model.model.embed_tokens.weight",
                "model.language_model.embed_tokens.weight", "language_model.embed_tokens.weight",

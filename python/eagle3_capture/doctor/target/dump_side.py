@@ -19,11 +19,11 @@ from typing import Iterator, List, Optional, Sequence
 
 import torch
 
-from .. import configs
-from ..spec import TapSpec
-from .common import DoctorError
-from .dump_records import DumpReader, RequestParts, doctor_requests, v1_sequences
-from .target_side import TargetBatch, TargetInfo, TargetSide, info_from_config, layer_inputs, length_groups, \
+from ... import configs
+from ...spec import TapSpec
+from ..common import DoctorError
+from ...dump_format.reader import DumpReader, RequestParts, doctor_requests, v1_sequences
+from .side import TargetBatch, TargetInfo, TargetSide, info_from_config, layer_inputs, length_groups, \
     progress_bar
 
 V1_TRUST = ("version-1 dump (no residual stream): the taps were read from the served slots, where the server's own "

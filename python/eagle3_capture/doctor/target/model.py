@@ -12,7 +12,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from .common import DoctorError, require_file
+from ..common import DoctorError, require_file
 
 DEMO = "demo"
 DEMO_TARGET_CONFIG = "demo_target_config.json"
@@ -115,7 +115,7 @@ def load_target(path: str, device: str = "cpu", seed: int = 0, dtype: Optional[t
         if not os.path.isdir(path):
             raise DoctorError(f"target model {path}: expected a transformers model directory (config.json + "
                               "weights) or 'demo'")
-        from .common import read_json
+        from ..common import read_json
 
         cfg = read_json(os.path.join(path, "config.json"), "target config")
         if not isinstance(cfg, dict):

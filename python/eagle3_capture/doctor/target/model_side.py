@@ -8,11 +8,11 @@ from typing import Iterator, List, Sequence
 
 import torch
 
-from .. import configs
-from ..spec import TapSpec
-from .common import DoctorError
-from .target_model import Target, greedy_continue, residual_stream
-from .target_side import TargetBatch, TargetInfo, TargetSide, info_from_config, layer_inputs, length_groups, \
+from ... import configs
+from ...spec import TapSpec
+from ..common import DoctorError
+from .model import Target, greedy_continue, residual_stream
+from .side import TargetBatch, TargetInfo, TargetSide, info_from_config, layer_inputs, length_groups, \
     progress_bar
 
 
@@ -30,7 +30,7 @@ class TransformersTarget(TargetSide):
 
     @classmethod
     def load(cls, path: str, device: str = "cpu", seed: int = 0, quiet: bool = False) -> "TransformersTarget":
-        from .target_model import load_target
+        from .model import load_target
 
         return cls(load_target(path, device=device, seed=seed, quiet=quiet))
 

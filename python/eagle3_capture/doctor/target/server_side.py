@@ -25,9 +25,9 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from .common import DoctorError
-from .dump_records import DOCTOR_RID_PREFIX, DumpReader, RequestParts, doctor_requests, v1_sequences
-from .target_stream import StreamedPrompt, StreamTarget, info_from_dump
+from ..common import DoctorError
+from ...dump_format.reader import DOCTOR_RID_PREFIX, DumpReader, RequestParts, doctor_requests, v1_sequences
+from .dump_side import StreamedPrompt, StreamTarget, info_from_dump
 
 
 def _greedy_from_logprobs(obj, what: str, T: int) -> torch.Tensor:

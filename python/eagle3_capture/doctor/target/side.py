@@ -28,8 +28,8 @@ from typing import Iterator, List, Optional, Sequence
 
 import torch
 
-from .. import configs
-from ..spec import EMBEDDING, TapSpec
+from ... import configs
+from ...spec import EMBEDDING, TapSpec
 
 
 @dataclass(frozen=True)

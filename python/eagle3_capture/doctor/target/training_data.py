@@ -17,7 +17,7 @@ from typing import List, Optional
 
 import torch
 
-from .common import DoctorError, require_file, shown
+from ..common import DoctorError, require_file, shown
 
 _FLOAT = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 _INT = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
