@@ -10,6 +10,7 @@ import types
 from typing import Optional
 
 from . import arg_types as at
+from ..dump_format.contract import DumpError
 from .common import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_OK, DoctorError, write_json
 
 SERVER_ARGS_HELP = ("SGLang launch flags, quoted as one string (e.g. \"--speculative-algorithm EAGLE3 "
@@ -326,10 +327,10 @@ def add_doctor_parser(sub) -> None:
 
 
 def run(args) -> int:
-    """Run a parsed doctor command: DoctorError -> message on stderr, exit 2."""
+    """Run a parsed doctor command: a bad input (DoctorError, DumpError) -> one line on stderr, exit 2."""
     try:
         return args.func(args)
-    except (DoctorError, OSError) as e:  # OSError: an output that cannot be written, a file vanishing under us
+    except (DoctorError, DumpError, OSError) as e:  # OSError: an output that cannot be written, a file vanishing
         # one line, whatever the message holds (a value quoted from a file may have had line breaks)
         message = " ".join(str(e).split())
         print(f"eagle3-capture doctor {args.doctor_command}: error: {message}", file=sys.stderr)

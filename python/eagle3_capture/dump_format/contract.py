@@ -1,17 +1,19 @@
-"""The server dump, version 2: what the SGLang plugin writes (``EAGLE3_CAPTURE_DUMP=<dir>``) and the doctor reads.
+"""The server dump's contract: what the SGLang plugin writes (``EAGLE3_CAPTURE_DUMP=<dir>``) and everything that
+reads it (the doctor, the tests, the GPU report) checks, through :func:`record_problems` alone.
 
-Engine-free (torch only, no SGLang): the plugin's writer (sglang/dump*.py) and the doctor's reader share these names
-and :func:`validate_record`, a pure check of one record dict.
+Engine-free (torch only, no SGLang): the plugin's writer (sglang/dump*.py) and the reader (:mod:`.reader`) share
+these names.
 
 Files: ``<dir>/eagle3_capture_pid<pid>_tp<tp_rank>_<seq:06d>.pt`` (``torch.save`` of a dict, written as
 ``*.pt.tmp`` and renamed, so a reader never sees a partial file; readers ignore ``*.tmp``). Version-1 files
-(``eagle3_capture_pid<pid>_<n:04d>.pt``, no ``format`` key) are what the plugin wrote before.
+(``eagle3_capture_pid<pid>_<n:04d>.pt``, no ``format`` key) are what the plugin wrote before; they are still read,
+checked by :func:`v1_record_problems`.
 
 A record holds one forward of the target as served (or the rows of it that belong to the requests the dump
 follows): its token ids, positions, request boundaries, the packed slots the target handed to the draft (``aux``),
 the taps in force, who wrote it, and, for forwards that contain one of the doctor's own requests (``rid`` starting
 with :data:`DOCTOR_RID_PREFIX`), the residual stream at more layer inputs (``stream``). The table of keys is
-:data:`FIELDS`; docs/dump_format.md-style prose lives in the module docstrings of the writer and the reader.
+:data:`FIELDS`; docs/dump_format.md says what each holds.
 """
 from __future__ import annotations
 
@@ -47,8 +49,13 @@ _TAP_RE = re.compile(r"^(Embedding|LayerOutput\((0|[1-9]\d*)\))$")
 _FLOAT = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
-class DumpRecordError(ValueError):
-    """A record that does not follow the version-2 contract; the message names every offending key."""
+class DumpError(ValueError):
+    """A dump the reader cannot use: a file that does not load, a record off the contract, a request whose rows do
+    not fit together. The message names the file (or the request) and what was expected."""
+
+
+class DumpRecordError(DumpError):
+    """A record that does not follow the contract; the message names every offending key."""
 
 
 def file_name(pid: int, tp_rank: int, seq: int) -> str:
@@ -219,6 +226,83 @@ def _rank_problems(rec: dict) -> List[str]:
     return out
 
 
+_INT = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+def int_values(v: Any) -> Optional[List[int]]:
+    """A version-1 integer list (a list, a tuple or an integer tensor), None when it is not one."""
+    if isinstance(v, torch.Tensor):
+        return v.reshape(-1).tolist() if v.dtype in _INT else None
+    return list(v) if isinstance(v, (list, tuple)) and all(_is_int(x) for x in v) else None
+
+
+def _v1_count(v: Any) -> Optional[int]:
+    """A version-1 count (an int, or a one-element integer tensor), None when it is not one."""
+    if isinstance(v, torch.Tensor) and v.numel() == 1 and v.dtype in _INT:
+        return int(v)
+    return v if _is_int(v) else None
+
+
+def v1_record_problems(rec: Any) -> List[str]:
+    """Every way `rec` departs from a version-1 record (the plugin's older dump, no ``format`` key): ``input_ids`` and
+    ``positions`` [T] (integer tensors or lists), and optionally ``aux`` [T, K*H] (floating), ``layers_to_capture``,
+    ``draft_ids`` (integer lists), ``num_layers``, ``hidden_size`` (integers >= 1), ``forward_mode``,
+    ``model_class``, ``dtype``, ``declared_convention`` (strings), ``declared`` (a list of strings). Looser on types
+    than version 2, as that writer was. Pure: reads, never converts."""
+    if not isinstance(rec, dict):
+        return [f"a record is a dict, got {type(rec).__name__}"]
+    out: List[str] = []
+    T = None
+    for key, what in (("input_ids", "the forward's token ids"), ("positions", "each row's position in its request")):
+        v = rec.get(key)
+        if v is None:
+            out.append(f"no '{key}' ({what})")
+            continue
+        if (isinstance(v, torch.Tensor) and v.dim() != 1) or int_values(v) is None:
+            out.append(f"{key} must be a 1-D integer tensor or list [T], got {_shown(v)}")
+            continue
+        n = len(int_values(v))
+        if T is None:
+            T = n
+        elif n != T:
+            out.append(f"positions has {n} entries, input_ids {T} (one per row)")
+    counts = {}
+    for key in ("num_layers", "hidden_size"):
+        v = rec.get(key)
+        if v is not None:
+            counts[key] = _v1_count(v)
+            if counts[key] is None or counts[key] < 1:
+                out.append(f"{key} must be an integer >= 1, got {_shown(v)}")
+                counts[key] = None
+    L, H = counts.get("num_layers"), counts.get("hidden_size")
+    lists = {}
+    for key in ("layers_to_capture", "draft_ids"):
+        v = rec.get(key)
+        if v is not None:
+            lists[key] = int_values(v)
+            if lists[key] is None:
+                out.append(f"{key} must be a list of integers, got {_shown(v)}")
+    aux = rec.get("aux")
+    if aux is not None:
+        if not (isinstance(aux, torch.Tensor) and aux.dim() == 2 and aux.dtype in _FLOAT):
+            out.append(f"aux must be a floating [T, K*H] tensor or None, got {_shown(aux)}")
+            aux = None
+        elif T is not None and aux.shape[0] != T:
+            out.append(f"aux has {aux.shape[0]} rows, input_ids {T}")
+        ltc = lists.get("layers_to_capture")
+        if aux is not None and ltc is not None and H is not None and aux.shape[1] != len(ltc) * H:
+            out.append(f"aux is {aux.shape[1]} wide, layers_to_capture x hidden_size = {len(ltc)} x {H}")
+    for key in ("forward_mode", "model_class", "dtype", "declared_convention"):
+        v = rec.get(key)
+        if v is not None and not isinstance(v, str):
+            out.append(f"{key} must be a string, got {_shown(v)}")
+    dec = rec.get("declared")
+    if dec is not None and not (isinstance(dec, list) and all(isinstance(x, str) for x in dec)):
+        out.append(f"declared must be a list of strings, got {_shown(dec)}")
+    out += _stream_problems(rec.get("stream"), rec.get("stream_layer_inputs"), T, H, L, aux)
+    return out
+
+
 def validate_record(rec: Any, where: str = "record") -> None:
     """Raise :class:`DumpRecordError` naming every problem of `rec` (see :func:`record_problems`)."""
     problems = record_problems(rec)
@@ -227,5 +311,6 @@ def validate_record(rec: Any, where: str = "record") -> None:
 
 
 __all__ = ["FORMAT", "DOCTOR_RID_PREFIX", "TMP_SUFFIX", "FILE_RE", "V1_FILE_RE", "STREAM_DECLARED", "STREAM_ALL",
-           "STREAM_MODES", "CONVENTIONS", "FIELDS", "REQUEST_FIELDS", "RANK_FIELDS", "DumpRecordError",
-           "file_name", "is_doctor_rid", "record_problems", "validate_record"]
+           "STREAM_MODES", "CONVENTIONS", "FIELDS", "REQUEST_FIELDS", "RANK_FIELDS", "DumpError",
+           "DumpRecordError", "file_name", "is_doctor_rid", "record_problems", "v1_record_problems",
+           "validate_record"]

@@ -1,5 +1,6 @@
-"""Reading the SGLang plugin's dump (``EAGLE3_CAPTURE_DUMP=<dir>``): one record per dumped forward, checked field by
-field, and one request's rows stitched across records.
+"""Reading the server dump: each record file loaded and checked against the contract (:mod:`.contract`, the one
+validator) into a :class:`DumpRecord`, a directory read as a live server fills it (:class:`DumpReader`), and one
+request's rows stitched across records.
 
 Version 2 (``format`` = ``eagle3-capture-dump/2``; files ``eagle3_capture_pid<pid>_tp<rank>_<seq>.pt``) carries the
 request boundaries (``requests``: rid, rows, prefix length), the served slots (``aux``, at ``layers_to_capture``) and,
@@ -10,30 +11,22 @@ carries ``aux``, ``input_ids``, ``positions`` and ``layers_to_capture`` only: no
 
 Rows of one request may be split over several records (chunked prefill); :func:`doctor_requests` stitches them by
 ``positions`` and refuses rows that disagree. ``*.tmp`` files are in flight and never read. Every problem is a
-:class:`~.common.DoctorError` naming the file and the field.
+:class:`~.contract.DumpError` naming the file (or the request) and the field.
 """
 from __future__ import annotations
 
 import glob
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional
 
 import torch
 
-from . import contract as _dump_format
-from ..doctor.common import DoctorError, require_file, shown
+from .contract import (DOCTOR_RID_PREFIX, FORMAT, DumpError, DumpRecordError, int_values, record_problems,
+                       v1_record_problems)
 
-# The writer's module owns the format constant and the doctor's rid prefix; version-1 files have no `tp` part.
-DUMP_FORMAT = _dump_format.FORMAT
-DOCTOR_RID_PREFIX = _dump_format.DOCTOR_RID_PREFIX
-FILE_PATTERN = re.compile(r"^eagle3_capture_pid\d+_(?:tp\d+_)?\d+\.pt$")
 # forwards whose rows are the request's own tokens (a verify's rows are draft tokens, a decode's one new token)
 PREFILL_MODES = ("EXTEND", "MIXED", "PREFILL", "SPLIT_PREFILL")
-
-_FLOAT = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
-_INT = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
 @dataclass
@@ -46,7 +39,7 @@ class RequestRows:
 
 @dataclass
 class DumpRecord:
-    """One dumped forward, fields checked (tensors may be memory-mapped: read only what is used)."""
+    """One dumped forward, its fields checked (tensors may be memory-mapped: read only what is used)."""
 
     path: str
     version: int
@@ -65,6 +58,7 @@ class DumpRecord:
     draft_ids: Optional[List[int]]
     declared: Optional[List[str]]
     declared_convention: Optional[str]
+    graph: Optional[bool] = None             # v2: replayed from a CUDA graph
 
     @property
     def rows(self) -> int:
@@ -73,137 +67,61 @@ class DumpRecord:
 
 def dump_files(path: str) -> List[str]:
     """The record files of a dump directory (or the one file given), in name order; ``*.tmp`` never."""
-    require_file(path, "dump", allow_dir=True)
+    if path is None or not os.path.exists(path):
+        raise DumpError(f"dump {path}: no such file or directory")
     if not os.path.isdir(path):
         return [path]
     files = [f for f in glob.glob(os.path.join(path, "*.pt")) if os.path.isfile(f)]
     return sorted(files)
 
 
-def int_list(v: Any, what: str, key: str, *, allow_none: bool = True) -> Optional[List[int]]:
-    """A list of ints from a list / tuple / integer tensor (None passes when allow_none), else DoctorError naming
-    `key` of `what`."""
-    if v is None:
-        if allow_none:
-            return None
-        raise DoctorError(f"{what}: no '{key}'")
-    if isinstance(v, torch.Tensor):
-        if v.dtype not in _INT:
-            raise DoctorError(f"{what}: '{key}' must be a list of integers, got {shown(v)}")
-        v = v.reshape(-1).tolist()
-    if not isinstance(v, (list, tuple)) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
-        raise DoctorError(f"{what}: '{key}' must be a list of integers, got {shown(v)}")
-    return list(v)
+def _ids(v: Any) -> torch.Tensor:
+    """A checked list or integer tensor of ids as a 1-D int64 tensor."""
+    return v.to(torch.int64) if isinstance(v, torch.Tensor) else torch.tensor(int_values(v), dtype=torch.int64)
 
 
-def _ids_tensor(v: Any, what: str, key: str, n: Optional[int] = None) -> torch.Tensor:
-    if isinstance(v, (list, tuple)):
-        v = torch.tensor(int_list(v, what, key), dtype=torch.int64)
-    if not isinstance(v, torch.Tensor) or v.dtype not in _INT or v.dim() != 1:
-        raise DoctorError(f"{what}: '{key}' must be a 1-D integer tensor [T], got {shown(v)}")
-    if n is not None and v.numel() != n:
-        raise DoctorError(f"{what}: '{key}' has {v.numel()} entries, expected {n} (one per row)")
-    return v.to(torch.int64)
+def _count(v: Any) -> Optional[int]:
+    return None if v is None else int(v)
 
 
-def _opt(d: dict, key: str, kind, what: str):
-    v = d.get(key)
-    if v is None:
-        return None
-    if kind is int and isinstance(v, torch.Tensor) and v.numel() == 1 and v.dtype in _INT:
-        v = int(v)
-    if not isinstance(v, kind) or isinstance(v, bool):
-        raise DoctorError(f"{what}: '{key}' must be {kind.__name__}, got {shown(v)}")
-    return v
+def _ints(v: Any) -> Optional[List[int]]:
+    return None if v is None else int_values(v)
 
 
-def _requests(v: Any, what: str, T: int) -> List[RequestRows]:
-    if not isinstance(v, list):
-        raise DoctorError(f"{what}: 'requests' must be a list of {{rid, row_start, row_end, prefix_len}}, got "
-                          f"{shown(v)}")
-    out, end = [], 0
-    for i, r in enumerate(v):
-        w = f"{what}: requests[{i}]"
-        if not isinstance(r, dict):
-            raise DoctorError(f"{w}: expected a dict, got {shown(r)}")
-        rid = r.get("rid")
-        if rid is not None and not isinstance(rid, str):
-            raise DoctorError(f"{w}: 'rid' must be a string or None, got {shown(rid)}")
-        s, e = r.get("row_start"), r.get("row_end")
-        if not all(isinstance(x, int) and not isinstance(x, bool) for x in (s, e)) or not end <= s <= e <= T:
-            raise DoctorError(f"{w}: rows [{s!r}, {e!r}) must be integers with {end} <= row_start <= row_end <= "
-                              f"{T} (in row order, within the record's {T} rows)")
-        p = r.get("prefix_len")
-        if p is not None and (not isinstance(p, int) or isinstance(p, bool) or p < 0):
-            raise DoctorError(f"{w}: 'prefix_len' must be a non-negative integer or None, got {shown(p)}")
-        out.append(RequestRows(rid, s, e, p))
-        end = e
-    return out
-
-
-def record_from_dict(d: Any, path: str) -> DumpRecord:
-    """A checked :class:`DumpRecord` of one loaded file."""
+def read_record(d: Any, path: str) -> DumpRecord:
+    """A :class:`DumpRecord` of one loaded record, checked by the contract (:func:`~.contract.record_problems` for
+    version 2, :func:`~.contract.v1_record_problems` for a record without ``format``); every problem is named in
+    one :class:`~.contract.DumpRecordError`."""
     what = f"dump {path}"
     if not isinstance(d, dict):
-        raise DoctorError(f"{what}: expected the plugin's dump (a dict), got {type(d).__name__}")
+        raise DumpRecordError(f"{what}: expected the plugin's dump (a dict), got {type(d).__name__}")
     fmt = d.get("format")
-    if fmt is not None and fmt != DUMP_FORMAT:
-        raise DoctorError(f"{what}: format {fmt!r}; this doctor reads {DUMP_FORMAT!r} (and version 1, which has no "
-                          "format key)")
+    if fmt is not None and fmt != FORMAT:
+        raise DumpRecordError(f"{what}: format {fmt!r}; this reader reads {FORMAT!r} (and version 1, which has no "
+                              "format key)")
     version = 2 if fmt is not None else 1
-    ids = d.get("input_ids")
-    if ids is None:
-        raise DoctorError(f"{what}: no 'input_ids' (the forward's token ids): not a capture dump")
-    ids = _ids_tensor(ids, what, "input_ids")
-    T = ids.numel()
-    pos = d.get("positions")
-    if pos is None:
-        raise DoctorError(f"{what}: no 'positions' (each row's position in its request)")
-    pos = _ids_tensor(pos, what, "positions", T)
-    aux = d.get("aux")
-    if aux is not None:
-        if not isinstance(aux, torch.Tensor) or aux.dim() != 2 or aux.dtype not in _FLOAT or aux.shape[0] != T:
-            raise DoctorError(f"{what}: 'aux' must be a floating [T={T}, K*H] tensor, got {shown(aux)}")
-    num_layers = _opt(d, "num_layers", int, what)
-    hidden = _opt(d, "hidden_size", int, what)
-    for key, v in (("num_layers", num_layers), ("hidden_size", hidden)):
-        if v is not None and v < 1:
-            raise DoctorError(f"{what}: '{key}' must be >= 1, got {v}")
-    ltc = int_list(d.get("layers_to_capture"), what, "layers_to_capture")
-    if aux is not None and hidden is not None and ltc is not None and aux.shape[1] != len(ltc) * hidden:
-        raise DoctorError(f"{what}: aux is {aux.shape[1]} wide but layers_to_capture {ltc} at hidden_size {hidden} "
-                          f"means {len(ltc) * hidden}")
-    requests = _requests(d.get("requests"), what, T) if version == 2 else None
-    stream, sli = d.get("stream"), int_list(d.get("stream_layer_inputs"), what, "stream_layer_inputs")
-    if stream is not None:
-        if not isinstance(stream, torch.Tensor) or stream.dim() != 3 or stream.dtype not in _FLOAT \
-                or stream.shape[1] != T:
-            raise DoctorError(f"{what}: 'stream' must be a floating [S, T={T}, H] tensor, got {shown(stream)}")
-        if sli is None or len(sli) != stream.shape[0]:
-            raise DoctorError(f"{what}: 'stream' has {stream.shape[0]} entries but stream_layer_inputs is {sli!r}")
-        if hidden is not None and stream.shape[2] != hidden:
-            raise DoctorError(f"{what}: 'stream' is {stream.shape[2]} wide, hidden_size is {hidden}")
-        if len(set(sli)) != len(sli) or (num_layers is not None and not all(0 <= i <= num_layers for i in sli)):
-            raise DoctorError(f"{what}: stream_layer_inputs {sli} must be distinct layer inputs in 0..{num_layers}")
-    mode = d.get("forward_mode")
-    if mode is not None and not isinstance(mode, str):
-        raise DoctorError(f"{what}: 'forward_mode' must be a string, got {shown(mode)}")
-    declared = d.get("declared")
-    if declared is not None and (not isinstance(declared, list) or not all(isinstance(x, str) for x in declared)):
-        raise DoctorError(f"{what}: 'declared' must be a list of strings, got {shown(declared)}")
-    return DumpRecord(path, version, mode or "?", ids, pos, aux, ltc, requests, stream, sli, num_layers, hidden,
-                      _opt(d, "model_class", str, what), _opt(d, "dtype", str, what),
-                      int_list(d.get("draft_ids"), what, "draft_ids"), declared,
-                      _opt(d, "declared_convention", str, what))
+    problems = record_problems(d) if version == 2 else v1_record_problems(d)
+    if problems:
+        kind = f"an {FORMAT} record" if version == 2 else "a version-1 dump record"
+        raise DumpRecordError(f"{what}: not {kind}: " + "; ".join(problems))
+    reqs = None
+    if version == 2:
+        reqs = [RequestRows(r["rid"], r["row_start"], r["row_end"], r["prefix_len"]) for r in d["requests"]]
+    return DumpRecord(path, version, d.get("forward_mode") or "?", _ids(d["input_ids"]), _ids(d["positions"]),
+                      d.get("aux"), _ints(d.get("layers_to_capture")), reqs, d.get("stream"),
+                      _ints(d.get("stream_layer_inputs")), _count(d.get("num_layers")), _count(d.get("hidden_size")),
+                      d.get("model_class"), d.get("dtype"), _ints(d.get("draft_ids")), d.get("declared"),
+                      d.get("declared_convention"), d.get("graph"))
 
 
 def load_record(path: str) -> DumpRecord:
+    """One record file, loaded (memory-mapped, no pickled code) and checked."""
     try:
         d = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:  # pickle / zip errors come in many types; a truncated file is one of them
-        raise DoctorError(f"dump {path}: not a readable dump record (torch.load: {type(e).__name__}: "
-                          f"{str(e).splitlines()[0] if str(e) else ''}); a truncated or foreign file?") from None
-    return record_from_dict(d, path)
+        raise DumpError(f"dump {path}: not a readable dump record (torch.load: {type(e).__name__}: "
+                        f"{str(e).splitlines()[0] if str(e) else ''}); a truncated or foreign file?") from None
+    return read_record(d, path)
 
 
 class DumpReader:
@@ -250,13 +168,13 @@ def _same(values: Iterable, what: str, key: str):
     vals = [v for v in values]
     for v in vals[1:]:
         if v != vals[0]:
-            raise DoctorError(f"{what}: its records disagree on {key} ({vals[0]!r} vs {v!r})")
+            raise DumpError(f"{what}: its records disagree on {key} ({vals[0]!r} vs {v!r})")
     return vals[0] if vals else None
 
 
 def stitch(rid: Optional[str], parts: List[tuple], layers: Optional[List[int]] = None,
            with_aux: bool = True) -> DumpedRequest:
-    """parts: (record, row_start, row_end) of one request's prefill rows; DoctorError when they do not form one
+    """parts: (record, row_start, row_end) of one request's prefill rows; DumpError when they do not form one
     run of positions or disagree. ``layers``: only these stream entries (layer inputs) are read (a full-stream
     record of a deep model is large); ``with_aux``: read the served slots too."""
     what = f"dumped request {rid or '(no rid)'}"
@@ -267,14 +185,14 @@ def stitch(rid: Optional[str], parts: List[tuple], layers: Optional[List[int]] =
             if p in by_pos:
                 other, orow = by_pos[p]
                 if int(other.input_ids[orow]) != tok:
-                    raise DoctorError(f"{what}: position {p} holds token {int(other.input_ids[orow])} in "
+                    raise DumpError(f"{what}: position {p} holds token {int(other.input_ids[orow])} in "
                                       f"{os.path.basename(other.path)} and {tok} in {os.path.basename(rec.path)}")
                 continue  # the same row written twice (two TP ranks of a version-1 dump)
             by_pos[p] = (rec, r)
     first, last = min(by_pos), max(by_pos)
     missing = [p for p in range(first, last + 1) if p not in by_pos]
     if missing:
-        raise DoctorError(f"{what}: positions {first}..{last} with {len(missing)} missing (first: {missing[0]}): a "
+        raise DumpError(f"{what}: positions {first}..{last} with {len(missing)} missing (first: {missing[0]}): a "
                           "chunk of its prefill is not in the dump (the writer's budget, or records removed)")
     recs = [by_pos[p] for p in range(first, last + 1)]
     records = list(dict.fromkeys(r.path for r, _ in recs))
@@ -291,7 +209,7 @@ def stitch(rid: Optional[str], parts: List[tuple], layers: Optional[List[int]] =
         if layers is not None:
             absent = [i for i in layers if i not in stream_layers]
             if absent:
-                raise DoctorError(f"{what}: the dump's stream holds layer inputs {stream_layers}, not {absent} "
+                raise DumpError(f"{what}: the dump's stream holds layer inputs {stream_layers}, not {absent} "
                                   f"({os.path.basename(recs[0][0].path)})")
             pick = [stream_layers.index(i) for i in layers]
             stream_layers = list(layers)
@@ -336,14 +254,14 @@ class RequestParts:
 
     @property
     def input_ids(self) -> torch.Tensor:
-        """The request's token ids by position (DoctorError when a position is missing), without its tensors."""
+        """The request's token ids by position (DumpError when a position is missing), without its tensors."""
         by_pos: Dict[int, int] = {}
         for rec, s, e in self.parts:
             by_pos.update(zip(rec.positions[s:e].tolist(), rec.input_ids[s:e].tolist()))
         first, last = min(by_pos), max(by_pos)
         if len(by_pos) != last - first + 1:
             gap = next(p for p in range(first, last + 1) if p not in by_pos)
-            raise DoctorError(f"dumped request {self.rid or '(no rid)'}: positions {first}..{last} with "
+            raise DumpError(f"dumped request {self.rid or '(no rid)'}: positions {first}..{last} with "
                               f"{last - first + 1 - len(by_pos)} missing (first: {gap}): a chunk of its prefill is "
                               "not in the dump (the writer's budget, or records removed)")
         return torch.tensor([by_pos[p] for p in range(first, last + 1)], dtype=torch.int64)
@@ -380,6 +298,5 @@ def v1_sequences(records: Iterable[DumpRecord]) -> List[RequestParts]:
     return out
 
 
-__all__ = ["DUMP_FORMAT", "DOCTOR_RID_PREFIX", "int_list", "PREFILL_MODES", "RequestRows", "DumpRecord", "DumpedRequest",
-           "DumpReader", "RequestParts", "dump_files", "record_from_dict", "load_record", "stitch", "doctor_requests",
-           "v1_sequences"]
+__all__ = ["PREFILL_MODES", "RequestRows", "DumpRecord", "DumpedRequest", "DumpReader", "RequestParts", "dump_files",
+           "read_record", "load_record", "stitch", "doctor_requests", "v1_sequences"]

@@ -4,10 +4,12 @@ so a reference of many layers and tokens never sits in memory whole) and the cap
 * reference: safetensors with ``hidden_states`` [L+1, T, H] (floating point), ``final_prenorm`` [T, H] (optional),
   ``input_ids`` [T] (integers), ``positions`` [T] (integers, optional), metadata ``format`` =
   ``eagle3-capture-reference/1``, ``num_layers``, ``hidden_size`` (optional; checked against the shapes).
-* captured: the SGLang plugin's dump (``EAGLE3_CAPTURE_DUMP=<dir>``: ``eagle3_capture_pid*_*.pt``, a dict with
-  ``aux``, ``input_ids``, ``positions``, ``draft_ids``, ``layers_to_capture``, ``num_layers``, ``hidden_size``),
-  a directory of such dumps, or a safetensors file with ``aux`` [T, K*H] and ``input_ids`` [T] (metadata
-  ``layers_to_capture`` / ``draft_ids`` as JSON lists, ``num_layers`` / ``hidden_size`` as JSON integers, optional).
+* captured: the SGLang plugin's dump (``EAGLE3_CAPTURE_DUMP=<dir>``: ``eagle3_capture_pid*_*.pt``; a version-2
+  record is read and checked by the dump format's one reader, ``eagle3_capture.dump_format``), a directory of such
+  dumps, a ``.pt`` dict with ``aux`` and optionally ``input_ids``, ``positions``, ``draft_ids``,
+  ``layers_to_capture``, ``num_layers``, ``hidden_size`` (a version-1 record, or a capture written by hand), or a
+  safetensors file with ``aux`` [T, K*H] and ``input_ids`` [T] (metadata ``layers_to_capture`` / ``draft_ids`` as
+  JSON lists, ``num_layers`` / ``hidden_size`` as JSON integers, optional).
 
 Every problem is a :class:`~.common.DoctorError` naming the file and the field, what was expected and what was found.
 """
@@ -22,7 +24,8 @@ import torch
 
 from ...spec import EMBEDDING, LayerOutput
 from ..common import DoctorError, load_safetensors, meta_json, require_file, save_safetensors, shown
-from ...dump_format.reader import int_list
+from ...dump_format.contract import int_values
+from ...dump_format.reader import read_record
 
 REFERENCE_FORMAT = "eagle3-capture-reference/1"
 CAPTURE_FORMAT = "eagle3-capture-captured/1"
@@ -227,7 +230,10 @@ def _captured_from_dict(d: dict, path: str) -> Captured:
         raise DoctorError(f"{what}: aux has no columns (shape {tuple(aux.shape)})")
 
     def ints(key):
-        return int_list(d.get(key), what, key)
+        v = d.get(key)
+        if v is not None and int_values(v) is None:
+            raise DoctorError(f"{what}: '{key}' must be a list of integers, got {shown(v)}")
+        return None if v is None else int_values(v)
 
     def tensor(key):
         v = d.get(key)
@@ -268,9 +274,14 @@ def load_captured(path: str) -> List[Captured]:
                                   f"{str(e).splitlines()[0] if str(e) else ''})") from None
             if not isinstance(d, dict):
                 raise DoctorError(f"captured {f}: expected the plugin's dump (a dict), got {type(d).__name__}")
-            if d.get("format") is not None and d.get("aux") is None:
-                continue  # a version-2 record of a forward that fed the draft nothing (an idle batch)
-            out.extend(_requests_of(_captured_from_dict(d, f)))
+            if d.get("format") is None:  # a version-1 record, or a capture written by hand
+                out.extend(_requests_of(_captured_from_dict(d, f)))
+                continue
+            rec = read_record(d, f)  # the plugin's version-2 record: checked as the dump format says
+            if rec.aux is None:
+                continue  # a forward that fed the draft nothing (an idle batch)
+            out.extend(_requests_of(Captured(rec.aux, rec.input_ids, rec.positions, rec.layers_to_capture,
+                                             rec.draft_ids, rec.num_layers, rec.hidden_size, f)))
     return out
 
 

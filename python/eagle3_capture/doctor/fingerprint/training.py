@@ -18,7 +18,8 @@ import torch
 
 from ..common import DoctorError
 from ..deployment.pipelines import HF_READING, SGLANG_READING, Readings, readings_of
-from ...dump_format.reader import DOCTOR_RID_PREFIX, DumpReader, RequestParts, doctor_requests, v1_sequences
+from ...dump_format.contract import DOCTOR_RID_PREFIX
+from ...dump_format.reader import DumpReader, RequestParts, doctor_requests, v1_sequences
 from .stream_match import SlotMatch, StreamMatcher, layer_name, render_matches
 from ..target.training_data import TrainingSample, load_sample, training_files
 

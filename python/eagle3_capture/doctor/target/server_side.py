@@ -26,7 +26,8 @@ from typing import Callable, Dict, List, Optional, Sequence
 import torch
 
 from ..common import DoctorError
-from ...dump_format.reader import DOCTOR_RID_PREFIX, DumpReader, RequestParts, doctor_requests, v1_sequences
+from ...dump_format.contract import DOCTOR_RID_PREFIX, DumpError
+from ...dump_format.reader import DumpReader, RequestParts, doctor_requests, v1_sequences
 from .dump_side import StreamedPrompt, StreamTarget, info_from_dump
 
 
@@ -141,7 +142,7 @@ def _has(parts: Optional[RequestParts], n: int) -> bool:
         return False
     try:
         return parts.input_ids.numel() >= n
-    except DoctorError:  # a gap between chunks: the writer is behind, or a chunk is lost (said at the deadline)
+    except DumpError:  # a gap between chunks: the writer is behind, or a chunk is lost (said at the deadline)
         return False
 
 
