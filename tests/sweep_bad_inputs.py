@@ -444,7 +444,7 @@ def message_cases(demo, tmp):
     import torch
 
     from doctor_helpers import CONFIGS, DSV3_61
-    from eagle3_capture.doctor.fingerprint.reference import save_captured
+    from eagle3_capture.doctor.fingerprint.files import save_captured
     from eagle3_capture.doctor.fingerprint.reference_dump import write_reference
 
     c = []

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from doctor_helpers import assert_clean_error, cli, demo_fast, write_json
-from eagle3_capture.doctor.commands.accept import metrics
+from eagle3_capture.doctor.replay.metrics import metrics
 from eagle3_capture.doctor.sglang_model.serving import chain_accepted
 
 

@@ -244,16 +244,16 @@ def test_teacher_forced_pass_through_a_server(tf, tmp_path):
 
 def test_teacher_forced_answers_that_are_not_usable(tmp_path):
     from eagle3_capture.doctor.common import DoctorError
-    from eagle3_capture.doctor.target.server_side import _greedy_from_logprobs
+    from eagle3_capture.doctor.target.server_side import greedy_from_logprobs
 
     ok = {"output_ids": [5], "meta_info": {"input_top_logprobs": [None, [[-1.0, 3, None]], [[-2.0, 4, None]]]}}
-    assert _greedy_from_logprobs(ok, "x", 3).tolist() == [3, 4, 5]
+    assert greedy_from_logprobs(ok, "x", 3).tolist() == [3, 4, 5]
     for bad, needle in (({"output_ids": [5], "meta_info": {}}, "input_top_logprobs"),
                         ({"output_ids": [5], "meta_info": {"input_top_logprobs": [None, [[-1.0]], None]}},
                          r"input_top_logprobs\[1\]"),
                         ({"meta_info": ok["meta_info"]}, "no output_ids"), ("nope", "no meta_info")):
         with pytest.raises(DoctorError, match=needle):
-            _greedy_from_logprobs(bad, "x", 3)
+            greedy_from_logprobs(bad, "x", 3)
     from eagle3_capture.doctor.target.server_side import wait_for_requests
 
     with pytest.raises(DoctorError, match="are not in it"):

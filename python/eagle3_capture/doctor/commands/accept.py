@@ -1,102 +1,51 @@
 """``doctor accept``: the standalone test of a draft against its target, offline.
 
 For each prompt the target writes its own greedy continuation; at every anchor t of that continuation (the target
-has just produced x_{t+1}) the draft runs its chain (see ``draft_model.Eagle3Draft.unroll``) from the target's taps
+has just produced x_{t+1}) the draft runs its chain (see ``draft.model.Eagle3Draft.unroll``) from the target's taps
 at t, as a server would, with the draft fc through ``ops.draft_fc``. Step j is correct when the draft's top-1 token
-equals the target's greedy token at t+j.
-
-* teacher-forced accuracy of step j: over all anchors (the chain is fed the target's tokens);
-* conditional accuracy of step j: over the anchors whose steps 1..j-1 were all correct -- exactly the anchors a
-  server would still be verifying at step j, where the target's tokens and the draft's coincide;
-* tau for a chain of n draft tokens: 1 + sum_{k=1..n} prod_{i<=k} acc_i (conditional accuracies), the mean over
-  every anchor of 1 + (number of leading correct steps, at most n);
-* the served accept length (``serving.py``): SGLang's own loop replayed for the server flags (the chain, or the
-  tree for eagle-topk > 1) over each prompt's continuation, reported as its ``meta_info`` reports it: completion
-  tokens / verifies, and the histogram of accepted draft tokens per verify. This, not tau, is what a server's
-  ``spec_accept_length`` is compared with: the server's walk visits hard stretches more often than tau weighs them.
+equals the target's greedy token at t+j. Reported: the teacher-forced and conditional accuracy per step and tau
+(:mod:`..replay.metrics`), and the served accept length (:mod:`..sglang_model.serving`): SGLang's own loop replayed
+for the server flags (the chain, or the tree for eagle-topk > 1) over each prompt's continuation, reported as its
+``meta_info`` reports it: completion tokens / verifies, and the histogram of accepted draft tokens per verify. This,
+not tau, is what a server's ``spec_accept_length`` is compared with.
 
 The taps fed to the draft are the declared ones unless ``--taps`` says otherwise (to predict a miswired server).
 
-The target side (:mod:`.target_side`) is a transformers model (``--target``), or a recorded dump of the doctor's
+The target side (:mod:`..target.open`) is a transformers model (``--target``), or a recorded dump of the doctor's
 teacher-forced requests (``--hidden-states DUMP``: the server's own residual stream; the continuation is the dumped
 request's tokens after the prompt -- the server's greedy output, which ``doctor online`` sent back -- and the
-target's greedy token after position t is the token at t+1). The replay is :mod:`.replay`.
+target's greedy token after position t is the token at t+1). The replay is :mod:`..replay.evaluate`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
 
-import torch
-
 from ...spec import TapSpec
-from ..common import DoctorError, read_prompts, save_safetensors, write_json
-from ..bounds import check_positions, check_speculative, check_steps
-from ..draft.side import parse_taps
-from ..replay.evaluate import chain_correct_taps
-from ..sglang_model.serving import Served, chain_accepted, total
-from ..sglang_model.flag_rules import not_eagle3, parse_server_args, resolve_speculative
-from ..target.side import layer_inputs
+from ..common import EXIT_OK, DoctorError
+from ..replay.metrics import SERVED_MEANS, TAU_MEANS, Metrics
+from ..sglang_model.serving import Served, total
 
 
-def tap_indices(spec: TapSpec) -> List[int]:
-    """Index of each tap in the residual-stream stack (0 Embedding, k+1 LayerOutput(k))."""
-    return layer_inputs(spec)
-
-
-@torch.no_grad()
-def chain_correct(draft, stack: torch.Tensor, seq: torch.Tensor, greedy: torch.Tensor, tap_idx: Sequence[int],
-                  steps: int, first_anchor: int, use_op: bool = True) -> torch.Tensor:
-    """Correctness [B, A, steps] of the draft chain at anchors first_anchor..T-1-steps.
-
-    stack: [B, T, L+1, H] residual-stream taps; seq: [B, T] tokens; greedy: [B, T] target argmax tokens."""
-    B, T = seq.shape
-    return chain_correct_taps(draft, stack[:, :, list(tap_idx)].reshape(B, T, -1), seq, greedy, steps, first_anchor,
-                              use_op)
-
-
-@dataclass
-class Metrics:
-    steps: int
-    anchors: int
-    teacher_forced: List[float]
-    conditional: List[float]
-    conditional_support: List[int]
-    tau_by_chain: List[float]  # tau for chains of 1..steps draft tokens
-
-    def tau(self, n: int) -> float:
-        n = max(0, min(n, self.steps))
-        return 1.0 if n == 0 else self.tau_by_chain[n - 1]
-
-    def to_json(self) -> dict:
-        return {"steps": self.steps, "anchors": self.anchors,
-                "teacher_forced": [round(v, 6) for v in self.teacher_forced],
-                "conditional": [round(v, 6) for v in self.conditional],
-                "conditional_support": self.conditional_support,
-                "tau_by_chain_length": {str(n + 1): round(v, 6) for n, v in enumerate(self.tau_by_chain)}}
-
-
-def metrics(correct: torch.Tensor) -> Metrics:
-    """correct: [N, S] bool over anchors."""
-    N, S = correct.shape
-    if N == 0:
-        raise DoctorError("no anchor positions to evaluate: prompts plus continuations are shorter than "
-                          f"{S + 1} tokens; use more --new-tokens")
-    c = correct.to(torch.bool)
-    tf = c.float().mean(0).tolist()
-    cond, sup = [], []
-    prefix = torch.ones(N, dtype=torch.bool)
-    for j in range(S):
-        n = int(prefix.sum())
-        sup.append(n)
-        cond.append(float((c[:, j] & prefix).sum()) / n if n else 0.0)
-        prefix = prefix & c[:, j]
-    taus, prod, tau = [], 1.0, 1.0
-    for j in range(S):
-        prod *= cond[j]
-        tau += prod
-        taus.append(tau)
-    return Metrics(S, N, tf, cond, sup, taus)
+@dataclass(frozen=True)
+class Options:
+    draft: str
+    prompts: str
+    target: Optional[str] = None
+    hidden_states: Optional[str] = None
+    target_checkpoint: Optional[str] = None
+    server_args: Optional[str] = None
+    taps: Optional[str] = None
+    new_tokens: Optional[int] = None
+    steps: Optional[int] = None
+    batch_size: int = 8
+    device: str = "auto"
+    threads: Optional[int] = None
+    dtype: str = "auto"
+    json: Optional[str] = None
+    tensors: Optional[str] = None
+    no_progress: bool = False
+    seed: int = 0
 
 
 @dataclass
@@ -139,12 +88,6 @@ class AcceptReport:
                 "served": served, "tau": round(self.tau, 6),
                 "metrics": self.metrics.to_json(), "prompts": self.prompts, "tokens": self.tokens,
                 "notes": self.notes}
-
-
-SERVED_MEANS = ("served accept length: completion tokens / verifies along SGLang's own loop (its meta_info "
-                "spec_accept_length), the figure to compare with a server's")
-TAU_MEANS = ("tau: the mean of 1 + accepted draft tokens over every position of the continuations, each weighed "
-             "alike (no server reports it)")
 
 
 def render_served(served: Sequence[Served], label: str = "prompt") -> List[str]:
@@ -191,59 +134,51 @@ def render(rep: AcceptReport) -> str:
     return "\n".join(lines)
 
 
-def open_target(target: Optional[str], hidden_states: Optional[str], target_checkpoint: Optional[str],
-                device: str, seed: int, progress: bool):
-    """(the target side, its embedding, its lm_head) for accept: a transformers model, or a recorded dump (with the
-    embedding / lm_head read alone from --target-checkpoint when the draft lacks them)."""
-    if (target is None) == (hidden_states is None):
-        raise DoctorError("give the target side: --target (a transformers model) or --hidden-states (a dump of the "
-                          "server's teacher-forced requests), one of them")
-    if target is not None:
-        from ..target.model_side import TransformersTarget
+def run(opts: Options) -> AcceptReport:
+    from ..common import pick_device, torch_threads
 
-        if target_checkpoint is not None:
-            raise DoctorError("--target-checkpoint is for --hidden-states (without a model to take the embedding "
-                              "from); --target has its own")
-        side = TransformersTarget.load(target, device=device, seed=seed, quiet=not progress)
-        m = side.target.model
-        return side, m.get_input_embeddings().weight.detach(), m.get_output_embeddings().weight.detach()
-    from ..target.checkpoint import CheckpointSide
-    from ..target.dump_side import DumpTarget
-
-    ck = CheckpointSide(target_checkpoint)
-    side = DumpTarget(hidden_states, ck.config, ck.vocab_size, ck.tokenizer)
-    embed, head = ck.weights(side.info, device)
-    return side, embed, head
+    device = pick_device(opts.device)
+    with torch_threads(opts.threads):
+        return _run(opts, device)
 
 
-def run_accept(target_path: Optional[str], draft_path: str, prompts_path: str, server_args: Optional[str] = None,
-               taps: Optional[str] = None, new_tokens: Optional[int] = 64, steps: Optional[int] = None,
-               batch_size: int = 8, device: str = "cpu", out_json: Optional[str] = None,
-               out_tensors: Optional[str] = None, progress: bool = True, seed: int = 0,
-               hidden_states: Optional[str] = None, target_checkpoint: Optional[str] = None,
-               dtype: Optional[str] = None) -> AcceptReport:
+def _run(opts: Options, device: str) -> AcceptReport:
+    import torch
+
+    from ..bounds import check_positions, check_speculative, check_steps
+    from ..common import read_prompts, save_safetensors
     from ..draft.side import draft_dtype, load_draft_side
     from ..replay.evaluate import evaluate, served_walks, unserved_reason
+    from ..replay.metrics import metrics
+    from ..sglang_model.flag_rules import not_eagle3, resolve_speculative
+    from ..sglang_model.serving import chain_accepted
+    from ..sglang_model.server_args import parse_server_args
+    from ..target.checkpoint import CheckpointSide
+    from ..target.open import open_target
 
-    if new_tokens is not None and new_tokens < 2:
-        raise DoctorError(f"--new-tokens {new_tokens}: need at least 2 continuation tokens")
-    if batch_size < 1:
-        raise DoctorError(f"--batch-size {batch_size}: need at least 1")
-    if steps is not None and steps < 1:
-        raise DoctorError(f"--steps {steps}: need at least 1")
-    check_steps(steps, "--steps")
-    flags = parse_server_args(server_args) if server_args else None
+    progress = not opts.no_progress
+    check_steps(opts.steps, "--steps")
+    flags = parse_server_args(opts.server_args) if opts.server_args else None
     refused = not_eagle3(flags) if flags is not None else None
     if refused:
         raise DoctorError(f"--server-args: {refused}")
-    side, embed, head = open_target(target_path, hidden_states, target_checkpoint, device, seed, progress)
-    ds = load_draft_side(draft_path, side.info, taps, device, draft_dtype(dtype, device, target_path is not None),
-                         embed, head)
+    if (opts.target is None) == (opts.hidden_states is None):
+        raise DoctorError("give the target side: --target (a transformers model) or --hidden-states (a dump of the "
+                          "server's teacher-forced requests), one of them")
+    if opts.target is not None and opts.target_checkpoint is not None:
+        raise DoctorError("--target-checkpoint is for --hidden-states (without a model to take the embedding from); "
+                          "--target has its own")
+    opened = open_target(opts.target, CheckpointSide(opts.target_checkpoint), device=device, seed=opts.seed,
+                         progress=progress, dump=opts.hidden_states)
+    side = opened.side
+    ds = load_draft_side(opts.draft, side.info, opts.taps, device,
+                         draft_dtype(opts.dtype, device, opts.target is not None), opened.embed, opened.lm_head)
     spec, declared, notes = ds.taps, ds.declared, list(ds.notes)
     res = resolve_speculative(flags or parse_server_args(""), side.info.architecture)
     if unserved_reason(res) is None:
         check_speculative(res.steps, res.topk, res.draft_tokens, ds.draft.arch.draft_vocab_size, "--server-args")
     n_chain = res.steps if (res.steps is not None and not res.error) else 3
+    steps = opts.steps
     if steps is not None and steps < n_chain:
         raise DoctorError(f"--steps {steps}: fewer than the {n_chain} draft steps of the chain "
                           + (f"the server flags give (--speculative-num-steps {n_chain})" if flags is not None and
@@ -252,34 +187,36 @@ def run_accept(target_path: Optional[str], draft_path: str, prompts_path: str, s
                           f">= {n_chain}, or server flags with fewer --speculative-num-steps")
     S = max(1, n_chain, steps or 0)
     vocab = side.info.vocab_size or ds.draft.arch.vocab_size
-    prompts = read_prompts(prompts_path, side.tokenizer, vocab_size=vocab)
+    prompts = read_prompts(opts.prompts, side.tokenizer, vocab_size=vocab)
+    new_tokens = opts.new_tokens
     if new_tokens is None:
-        new_tokens = side.available_new_tokens(prompts, S) if hidden_states is not None else 64
+        new_tokens = side.available_new_tokens(prompts, S) if opts.hidden_states is not None else 64
         if new_tokens < 2:
-            raise DoctorError(f"--hidden-states {hidden_states}: its requests hold too few tokens after the prompts "
-                              f"for {S} draft steps (need the new tokens + {S + 1})")
+            raise DoctorError(f"--hidden-states {opts.hidden_states}: its requests hold too few tokens after the "
+                              f"prompts for {S} draft steps (need the new tokens + {S + 1})")
     # a transformers target's positions bound the continuation; a dump holds what it holds
     target_model = getattr(getattr(side, "target", None), "model", None)
     if target_model is not None:
         check_positions(target_model, prompts, new_tokens, S, "--new-tokens")
-    runs = evaluate(side, ds.draft, prompts, spec, S, new_tokens, res, batch_size, progress)
+    runs = evaluate(side, ds.draft, prompts, spec, S, new_tokens, res, opts.batch_size, progress)
     notes += side.notes
     allc = torch.cat([r.correct for r in runs], 0)
     m = metrics(allc)
     topk = res.topk if res.topk is not None else 1
-    rep = AcceptReport(side.source, draft_path, spec, declared, flags.raw if flags else "",
+    rep = AcceptReport(side.source, opts.draft, spec, declared, flags.raw if flags else "",
                        res.steps if res.steps is not None else n_chain, topk,
                        res.draft_tokens if res.draft_tokens is not None else n_chain + 1, res.error, m,
                        len(prompts), sum(int(r.seq.numel()) for r in runs), new_tokens,
                        served_walks(runs, new_tokens), unserved_reason(res), notes)
-    if out_json:
-        write_json(out_json, rep.to_json())
-    if out_tensors:
-        save_safetensors(out_tensors, {"correct": allc.to(torch.uint8),
-                                       "accepted": chain_accepted(allc, rep.steps)},
+    if opts.tensors:
+        save_safetensors(opts.tensors, {"correct": allc.to(torch.uint8),
+                                        "accepted": chain_accepted(allc, rep.steps)},
                          {"format": "eagle3-capture-accept/1", "steps": S, "taps": [repr(t) for t in spec.taps]})
     return rep
 
 
-__all__ = ["tap_indices", "parse_taps", "chain_correct", "Metrics", "metrics", "AcceptReport", "open_target",
-           "render", "render_served", "run_accept"]
+def exit_code(rep: AcceptReport) -> int:
+    return EXIT_OK
+
+
+__all__ = ["Options", "run", "AcceptReport", "render", "render_served", "exit_code"]

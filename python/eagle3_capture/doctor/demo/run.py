@@ -22,12 +22,15 @@ from typing import Dict, List, Optional
 
 import torch
 
-from ...spec import EMBEDDING, TapSpec
-from ..commands.accept import Metrics, chain_correct, metrics
-from ..replay.evaluate import evaluate, served_walks
+from ...spec import TapSpec
 from ..common import pick_device, torch_threads, write_json
-from ..sglang_model.flag_rules import parse_server_args, resolve_speculative
+from ..progress import bar as progress_bar
+from ..replay.evaluate import evaluate, served_walks
+from ..replay.metrics import Metrics, chain_correct, metrics
+from ..sglang_model.flag_rules import resolve_speculative
+from ..sglang_model.server_args import parse_server_args
 from ..sglang_model.serving import total
+from .report import report_text
 
 
 @dataclass
@@ -73,11 +76,11 @@ def run_demo(out_dir: str = "eagle3-demo", fast: bool = False, device: str = "au
 
 def _run(out_dir: str, fast: bool, dev: str, seed: int, plot: bool, progress: bool,
          draft_seed: Optional[int] = None) -> DemoResult:
-    from ..deployment import check as checks
-    from ..fingerprint import reference as fpmod
+    from ..deployment.check import run_check
     from ..draft.checkpoint import save_draft
     from ..draft.model import DraftArch
-    from ..fingerprint.reference import save_captured
+    from ..fingerprint.files import save_captured
+    from ..fingerprint.reference import fingerprint
     from ..fingerprint.reference_dump import reference_tensors, write_reference
     from ..target.model import Target, build_demo_target, demo_target_config_dict, greedy_continue, residual_stream
     from ..target.model_side import TransformersTarget
@@ -132,16 +135,15 @@ def _run(out_dir: str, fast: bool, dev: str, seed: int, plot: bool, progress: bo
     draft = init_draft_from_target(arch, target, draft_init_seed).to(dev)
     tc = TrainConfig(iters=run["train_iters"], batch=run["train_batch"], steps=run["train_steps"], lr=run["lr"],
                      seed=draft_init_seed + 1)
-    bar = None
-    if progress:
-        from tqdm import tqdm
+    bar = progress_bar(tc.iters, "training the draft", "it", progress)
 
-        bar = tqdm(total=tc.iters, desc="training the draft", unit="it", leave=False)
+    def trained_one(i: int, loss: float) -> None:
+        bar.set_postfix(loss=f"{loss:.2f}")  # before the update: a non-terminal bar says the last one as it ends
+        bar.update(1)
+
     taps_train = stack[:n_train][:, :, idx_ok].reshape(n_train, P + N, 3 * H)
-    log = train_draft(draft, taps_train, seq[:n_train], greedy[:n_train], tc,
-                      progress=(lambda i, loss: (bar.update(1), bar.set_postfix(loss=f"{loss:.2f}"))) if bar else None)
-    if bar is not None:
-        bar.close()
+    log = train_draft(draft, taps_train, seq[:n_train], greedy[:n_train], tc, progress=trained_one)
+    bar.close()
     del taps_train
     lap("train")
 
@@ -183,9 +185,9 @@ def _run(out_dir: str, fast: bool, dev: str, seed: int, plot: bool, progress: bo
 
     # -- check and fingerprint ----------------------------------------------------------------------------------------
     flags_text = settings["server_args"]
-    rep = checks.run_check(os.path.join(tdir, "config.json"), os.path.join(ddir, "config.json"), flags_text,
-                           ref_path, cap_mis)
-    fp_ok = fpmod.fingerprint(ref_path, cap_ok, declared=trained, declared_source="the draft config")
+    rep = run_check(os.path.join(tdir, "config.json"), os.path.join(ddir, "config.json"), flags_text, ref_path,
+                    cap_mis)
+    fp_ok = fingerprint(ref_path, cap_ok, declared=trained, declared_source="the draft config")
     lap("check")
 
     # -- predicted accept lengths: tau, and the served figure (SGLang's loop replayed, as doctor accept does) ---------
@@ -237,8 +239,8 @@ def _run(out_dir: str, fast: bool, dev: str, seed: int, plot: bool, progress: bo
                        f"served accept length {served['miswired'][1].served_accept_length:.2f}, "
                        f"tau {taus['miswired'][1]:.2f} at SGLang's {sglang_defaults}"})
         lap("plot")
-    text = _report(settings, trained, miswired, m_ok, m_mis, taus, served, resolved, default, rep, fp_ok, log,
-                   timings, out_dir, fast, dev, failures, notes)
+    text = report_text(settings, trained, miswired, m_ok, m_mis, taus, served, resolved, default, rep, fp_ok, log,
+                       timings, out_dir, fast, dev, failures, notes)
     write_json(os.path.join(out_dir, "report.json"), {
         "fast": fast, "device": dev, "seed": seed, "settings": settings,
         "trained_taps": [repr(t) for t in trained.taps], "miswired_taps": [repr(t) for t in miswired.taps],
@@ -260,11 +262,6 @@ def _have_matplotlib() -> bool:
     return importlib.util.find_spec("matplotlib") is not None
 
 
-_FLAG_CODES = {"draft-tokens-capped", "draft-tokens-raised", "single-step-chain", "speculative-flags-crash",
-               "draft-tree-too-small", "no-draft-steps", "wrong-algorithm", "no-speculative-algorithm",
-               "tbo-drops-taps", "pp-drops-taps", "dp-attention", "dp-attention-final-boundary"}
-
-
 def _save_target(model, path: str) -> None:
     """save_pretrained without transformers' progress bar."""
     from transformers.utils import logging as hf_logging
@@ -276,75 +273,6 @@ def _save_target(model, path: str) -> None:
     finally:
         if was:
             hf_logging.enable_progress_bar()
-
-
-def _report(S, trained, miswired, m_ok, m_mis, taus, served, res, default, rep, fp_ok, log, timings, out_dir, fast,
-            dev, failures, notes=()) -> str:
-    from ..fingerprint.reference import render as render_fp
-
-    run = S["run"]
-    L = trained.num_layers
-    steps = m_ok.steps
-    lines = [
-        "eagle3-capture doctor demo" + (" (fast)" if fast else ""),
-        f"target: tiny DeepseekV3 (transformers), L={L}, H={trained.hidden_size}, seeded; device {dev}",
-        f"draft:  EAGLE-3 (fc + 1 decoder layer + lm head), trained {log['iters']} steps in {log['seconds']:.0f}s on "
-        f"{run['train_prompts']} greedy continuations, taps {list(trained.taps)} = draft ids {trained.to_draft_ids()}",
-        f"miswired server: layers_to_capture {[0 if t == EMBEDDING else t.k + 1 for t in miswired.taps]} = "
-        f"{list(miswired.taps)} (no embedding, every slot one tap later, as in the real case)",
-        "",
-        f"offline accuracy on {run['eval_prompts']} held-out prompts ({m_ok.anchors} positions), top-1 vs the "
-        "target's greedy token:",
-        "  step   correct (teacher-forced / conditional)   miswired (teacher-forced / conditional)",
-    ]
-    for j in range(steps):
-        lines.append(f"  {j + 1:>4}   {m_ok.teacher_forced[j]:>7.3f} / {m_ok.conditional[j]:.3f}"
-                     f"                      {m_mis.teacher_forced[j]:>7.3f} / {m_mis.conditional[j]:.3f}")
-    def sv(name, i):
-        s = served[name][i]
-        return f"{s.served_accept_length:.2f} ({s.completion_tokens}/{s.verify_ct})"
-
-    lines += [
-        f"accept length, {run['new_tokens']} new tokens per prompt: served = tokens / verifies along SGLang's loop "
-        "(what its meta_info reports); tau = mean over every position of 1 + accepted (no server reports it):",
-        f"  SGLang defaults (num-steps {default.steps}, topk {default.topk}, draft tokens {default.draft_tokens}): "
-        f"correct served {sv('correct', 1)} tau {taus['correct'][1]:.2f}; miswired served {sv('miswired', 1)} tau "
-        f"{taus['miswired'][1]:.2f}",
-        f"  demo flags {S['server_args']!r} -> SGLang serves num-steps {res.steps}, draft tokens {res.draft_tokens}: "
-        f"correct served {sv('correct', 0)} tau {taus['correct'][0]:.2f}; miswired served {sv('miswired', 0)} tau "
-        f"{taus['miswired'][0]:.2f}",
-    ]
-    if rep.fingerprint is not None:
-        lines += ["", "doctor fingerprint of the miswired capture (a bfloat16 server's, vs the float32 reference):"]
-        lines += ["  " + ln for ln in render_fp(rep.fingerprint).splitlines()]
-    lines += ["", "doctor check on the miswired deployment (target + draft configs, the flags above, reference + "
-                  "capture):"]
-    groups = (("the capture as measured (fingerprint against the reference)", lambda f: f.code.startswith("fingerprint")),
-              ("the server flags", lambda f: f.code in _FLAG_CODES),
-              ("the configs on stock SGLang 0.5.23 (without the plugin)", lambda f: True))
-    seen = set()
-    for title, pick in groups:
-        chosen = [f for f in rep.findings if f.severity != "info" and id(f) not in seen and pick(f)]
-        if not chosen:
-            continue
-        seen.update(id(f) for f in chosen)
-        lines.append(f"  {title}:")
-        last_fix = None
-        for f in chosen:
-            lines.append(f"    [{f.severity}] {f.code}: {f.message}")
-            if f.fix and f.fix != last_fix:
-                lines.append(f"        fix: {f.fix}")
-            last_fix = f.fix
-    ok_slots = sum(1 for m in fp_ok.matches if m.declared is not None and m.best == m.declared)
-    lines += ["", f"fingerprint of the correct capture (what the plugin captures): {ok_slots}/{len(fp_ok.matches)} "
-                  f"slots are the declared taps"]
-    lines += ["", f"files in {out_dir}: target/, draft/, prompts.json, reference.safetensors, captured_*.safetensors, "
-                  "report.json, report.txt" + (", accuracy.png" if "plot" in timings else ""),
-              "timings (s): " + ", ".join(f"{k} {v}" for k, v in timings.items())]
-    lines += [f"note: {n}" for n in notes]
-    lines.append("result: " + ("OK -- the correct capture is well above the miswired one, and check/fingerprint "
-                               "name the fault" if not failures else "FAILED: " + "; ".join(failures)))
-    return "\n".join(lines)
 
 
 __all__ = ["DemoResult", "run_demo"]

@@ -16,7 +16,8 @@ from ...sglang_rules import NativeCapture, compare_native_capture, sglang_0523_n
 from ...findings import Finding
 from ...spec import DRAFT_IDS, HF_HIDDEN_STATES, LAYER_INPUTS, TapError, TapSpec, convention_limits
 from ..common import DoctorError, read_json
-from ..sglang_model.flag_rules import ServerFlags, SpecResolution, parallel_findings, parse_server_args, speculative_findings
+from ..sglang_model.flag_rules import SpecResolution, parallel_findings, speculative_findings
+from ..sglang_model.server_args import ServerFlags, parse_server_args
 
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 
@@ -292,8 +293,6 @@ def run_check(target_config: str, draft_config: str, server_args: Optional[str] 
 
 
 def render(rep: CheckReport) -> str:
-    from ..fingerprint.reference import render as render_fp
-
     t, d = rep.target, rep.draft
     lines = [f"target: {t.source_path}: {t.model_type or '?'} L={t.num_layers} H={t.hidden_size}"
              + (f" (language model in '{t.text_config_key}')" if t.text_config_key else ""),
@@ -323,6 +322,8 @@ def render(rep: CheckReport) -> str:
             lines.append(f"speculative flags as SGLang 0.5.23 resolves them: num-steps {s.steps}, eagle-topk {s.topk},"
                          f" num-draft-tokens {s.draft_tokens}")
     if rep.fingerprint is not None:
+        from ..fingerprint.reference import render as render_fp  # here: without a fingerprint, check loads no torch
+
         lines.append("")
         lines.append(render_fp(rep.fingerprint))
     lines.append("")

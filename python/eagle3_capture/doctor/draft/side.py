@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -47,6 +47,21 @@ def draft_dtype(name: Optional[str], device: str, with_target: bool) -> torch.dt
     if name not in table:
         raise DoctorError(f"--dtype {name!r}: expected auto, float32 or bfloat16")
     return table[name]
+
+
+def draft_vocab_sizes(draft_path: str) -> Tuple[Optional[int], Optional[int]]:
+    """The draft config's (``vocab_size``: the target's vocabulary, ``draft_vocab_size``: the draft's own head,
+    ``vocab_size`` where it has none), each None when absent; read before the draft is loaded (``online`` without
+    ``--target`` bounds the flags by them before asking the server anything)."""
+    from ..common import read_json
+
+    cfg = read_json(os.path.join(draft_path, "config.json"), "draft config")
+
+    def get(key):
+        v = cfg.get(key) if isinstance(cfg, dict) else None
+        return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+    return get("vocab_size"), get("draft_vocab_size") or get("vocab_size")
 
 
 @dataclass
@@ -92,4 +107,4 @@ def load_draft_side(draft_path: str, info: TargetInfo, taps: Optional[str], devi
     return DraftSide(draft, spec, declared, notes)
 
 
-__all__ = ["parse_taps", "draft_dtype", "DraftSide", "load_draft_side"]
+__all__ = ["parse_taps", "draft_dtype", "draft_vocab_sizes", "DraftSide", "load_draft_side"]

@@ -22,10 +22,10 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from ...spec import EMBEDDING, LayerOutput
-from ..common import DoctorError, load_safetensors, meta_json, require_file, save_safetensors, shown
 from ...dump_format.contract import int_values
 from ...dump_format.reader import read_record
+from ...spec import EMBEDDING, LayerOutput
+from ..common import DoctorError, load_safetensors, meta_json, require_file, save_safetensors, shown
 
 REFERENCE_FORMAT = "eagle3-capture-reference/1"
 CAPTURE_FORMAT = "eagle3-capture-captured/1"

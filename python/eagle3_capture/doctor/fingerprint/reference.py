@@ -28,10 +28,7 @@ from ...findings import Finding, compare_taps
 from ...spec import EMBEDDING, LayerOutput, TapError, TapSpec
 from ..common import DoctorError, fmt_table
 from .cosine_table import SlotRows, align_rows, row_findings, slot_rows, stream_cosines
-from .files import (
-    CAPTURE_FORMAT, POST_NORM, REFERENCE_FORMAT, Captured, Reference, load_captured, load_reference, save_captured,
-    short_label,
-)
+from .files import POST_NORM, Captured, Reference, load_captured, load_reference, short_label
 
 DEFAULT_MIN_COS = 0.95     # below this, a slot matches nothing in the reference
 DEFAULT_AMBIGUOUS = 0.005  # best - second best below this: the match is not trustworthy
@@ -290,5 +287,4 @@ def _fmt_cos(v: float) -> str:
     return "-" if math.isnan(v) else f"{v:.3f}"
 
 
-__all__ = ["REFERENCE_FORMAT", "CAPTURE_FORMAT", "Reference", "Captured", "load_reference", "load_captured",
-           "save_captured", "fingerprint", "FingerprintResult", "render", "POST_NORM"]
+__all__ = ["DEFAULT_MIN_COS", "DEFAULT_AMBIGUOUS", "SlotMatch", "FingerprintResult", "fingerprint", "render"]

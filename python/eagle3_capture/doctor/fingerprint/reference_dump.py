@@ -20,20 +20,20 @@ import torch
 
 from ..bounds import check_positions
 from ..common import save_safetensors
-from .reference import REFERENCE_FORMAT
+from ..progress import bar as progress_bar
 from ..target.model import Target, greedy_continue, residual_stream
+from .files import REFERENCE_FORMAT
 
 
 @torch.no_grad()
 def reference_tensors(target: Target, prompts: Sequence[Sequence[int]], new_tokens: int = 0,
-                      dtype: torch.dtype = torch.float32, progress=None) -> dict:
+                      dtype: torch.dtype = torch.float32, progress: bool = False) -> dict:
     """The tensors of a reference file for these prompts (each optionally extended by the target's greedy
     continuation of ``new_tokens`` tokens)."""
     device = next(target.model.parameters()).device
     hs_all, pre_all, ids_all, pos_all, offsets = [], [], [], [], [0]
-    items = list(prompts)
-    it = progress(items) if progress is not None else items
-    for p in it:
+    bar = progress_bar(len(prompts), "reference", "prompt", progress)
+    for p in prompts:
         ids = torch.tensor([list(p)], dtype=torch.int64, device=device)
         if new_tokens > 0:
             ids = greedy_continue(target.model, ids, new_tokens)
@@ -46,6 +46,8 @@ def reference_tensors(target: Target, prompts: Sequence[Sequence[int]], new_toke
         ids_all.append(ids[0].cpu())
         pos_all.append(torch.arange(ids.shape[1]))
         offsets.append(offsets[-1] + ids.shape[1])
+        bar.update(1)
+    bar.close()
     return {
         "hidden_states": torch.cat(hs_all, 1), "final_prenorm": torch.cat(pre_all, 0),
         "input_ids": torch.cat(ids_all), "positions": torch.cat(pos_all),
@@ -61,7 +63,7 @@ def write_reference(path: str, tensors: dict, *, num_layers: int, hidden_size: i
 
 
 def dump_reference(target: Target, prompts: List[List[int]], out: str, new_tokens: int = 0,
-                   dtype: torch.dtype = torch.float32, progress=None) -> dict:
+                   dtype: torch.dtype = torch.float32, progress: bool = False) -> dict:
     check_positions(target.model, prompts, new_tokens, 0, "--new-tokens")
     t = reference_tensors(target, prompts, new_tokens, dtype, progress)
     write_reference(out, t, num_layers=target.num_layers, hidden_size=target.hidden_size, source=target.source)

@@ -15,8 +15,9 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from ..common import DoctorError
 from ...dump_format.reader import DumpReader, RequestParts, doctor_requests
+from ..common import DoctorError
+from ..progress import bar as progress_bar
 from .stream_match import StreamMatcher, SlotMatch, layer_name, render_matches
 
 
@@ -105,15 +106,10 @@ def fingerprint_requests(requests: Sequence[RequestParts], L: Optional[int], exp
     """The served slots of these requests against their stream, one request in memory at a time."""
     fp = StreamFingerprint(L, None, None)
     matcher = None
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(requests), desc="fingerprint", unit="request", leave=False)
+    bar = progress_bar(len(requests), "fingerprint", "request", progress)
     for parts in requests:
         req = parts.load()
-        if bar is not None:
-            bar.update(1)
+        bar.update(1)
         if req.aux is None or req.layers_to_capture is None:
             continue
         fp.served = req.layers_to_capture
@@ -137,8 +133,7 @@ def fingerprint_requests(requests: Sequence[RequestParts], L: Optional[int], exp
                 _merge(fp, embedding_check(ck, info, req.input_ids, req.aux[:, k * H:(k + 1) * H],
                                            f"served slot {k} (declared Embedding)"))
         del req
-    if bar is not None:
-        bar.close()
+    bar.close()
     if matcher is not None:
         fp.matches = matcher.matches(min_cos=min_cos, expected=expected)
     return fp

@@ -16,12 +16,13 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from ..common import DoctorError
-from ..deployment.pipelines import HF_READING, SGLANG_READING, Readings, readings_of
 from ...dump_format.contract import DOCTOR_RID_PREFIX
 from ...dump_format.reader import DumpReader, RequestParts, doctor_requests, v1_sequences
-from .stream_match import SlotMatch, StreamMatcher, layer_name, render_matches
+from ..common import DoctorError
+from ..deployment.pipelines import HF_READING, SGLANG_READING, Readings, readings_of
+from ..sglang_model.http import post_json
 from ..target.training_data import TrainingSample, load_sample, training_files
+from .stream_match import SlotMatch, StreamMatcher, layer_name, render_matches
 
 
 @dataclass
@@ -93,8 +94,9 @@ class TrainingFingerprint:
                 "notes": self.notes}
 
 
-def send_samples(url: str, samples: Sequence[TrainingSample], post, timeout: float) -> List[str]:
-    """Each sample's ids as one of the doctor's teacher-forced requests (the plugin dumps their stream)."""
+def send_samples(url: str, samples: Sequence[TrainingSample], timeout: float, post=post_json) -> List[str]:
+    """Each sample's ids as one of the doctor's teacher-forced requests (the plugin dumps their stream); ``post``:
+    the HTTP client (a test hands in a stand-in for the server)."""
     run = uuid.uuid4().hex[:12]
     rids = []
     for i, s in enumerate(samples):

@@ -15,16 +15,14 @@ server's own labels.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 import torch
 
 from ... import configs
-from ...spec import TapSpec
-from ..common import DoctorError
 from ...dump_format.reader import DumpReader, RequestParts, doctor_requests, v1_sequences
-from .side import TargetBatch, TargetInfo, TargetSide, info_from_config, layer_inputs, length_groups, \
-    progress_bar
+from ..common import DoctorError
+from .side import TargetBatch, TargetInfo, TargetSide, info_from_config
 
 V1_TRUST = ("version-1 dump (no residual stream): the taps were read from the served slots, where the server's own "
             "layers_to_capture says they are the declared layer inputs; a capture wired wrong inside the server would "
@@ -87,38 +85,29 @@ class StreamTarget(TargetSide):
     def info(self) -> TargetInfo:
         return self._info
 
-    def batches(self, prompts: Sequence[List[int]], continuation: int, taps: TapSpec, batch_size: int,
-                progress: bool = False, desc: str = "target") -> Iterator[TargetBatch]:
-        wanted = layer_inputs(taps)
-        bar = progress_bar(len(prompts), desc, progress)
-        try:
-            for members in length_groups(prompts, batch_size):
-                P = len(prompts[members[0]])
-                T = P + continuation
-                seqs, greedy, rows = [], [], []
-                for i in members:
-                    sp = self.streamed[i]
-                    if sp.seq.numel() < T or bool((sp.greedy[P - 1:T] < 0).any()):
-                        raise DoctorError(f"prompt {i}: the dumped request holds {sp.seq.numel()} tokens with the "
-                                          f"target's greedy token known up to position "
-                                          f"{int((sp.greedy >= 0).nonzero().max()) if (sp.greedy >= 0).any() else -1};"
-                                          f" the replay needs {T} ({P} prompt + {continuation}: the new tokens and the "
-                                          "draft steps past them)")
-                    seqs.append(sp.seq[:T])
-                    greedy.append(sp.greedy[:T])
-                    rows.append(taps_of(sp.parts, wanted, T, self.notes))
-                    if rows[-1].shape[0] < T:
-                        raise DoctorError(f"prompt {i}: the dump holds {rows[-1].shape[0]} rows of its teacher-forced "
-                                          f"request, the replay needs {T}")
-                seq, g = torch.stack(seqs), torch.stack(greedy)
-                # a server's own tokens: its greedy token after t-1 (seq holds what the doctor sent)
-                expected = torch.cat([seq[:, :1], g[:, :-1]], 1) if self.greedy_is_own else None
-                yield TargetBatch(list(members), P, seq, g, torch.stack(rows), expected)
-                if bar is not None:
-                    bar.update(len(members))
-        finally:
-            if bar is not None:
-                bar.close()
+    def batch(self, prompts: Sequence[List[int]], members: List[int], continuation: int,
+              wanted: List[int]) -> TargetBatch:
+        P = len(prompts[members[0]])
+        T = P + continuation
+        seqs, greedy, rows = [], [], []
+        for i in members:
+            sp = self.streamed[i]
+            if sp.seq.numel() < T or bool((sp.greedy[P - 1:T] < 0).any()):
+                raise DoctorError(f"prompt {i}: the dumped request holds {sp.seq.numel()} tokens with the target's "
+                                  f"greedy token known up to position "
+                                  f"{int((sp.greedy >= 0).nonzero().max()) if (sp.greedy >= 0).any() else -1}; the "
+                                  f"replay needs {T} ({P} prompt + {continuation}: the new tokens and the draft steps "
+                                  "past them)")
+            seqs.append(sp.seq[:T])
+            greedy.append(sp.greedy[:T])
+            rows.append(taps_of(sp.parts, wanted, T, self.notes))
+            if rows[-1].shape[0] < T:
+                raise DoctorError(f"prompt {i}: the dump holds {rows[-1].shape[0]} rows of its teacher-forced "
+                                  f"request, the replay needs {T}")
+        seq, g = torch.stack(seqs), torch.stack(greedy)
+        # a server's own tokens: its greedy token after t-1 (seq holds what the doctor sent)
+        expected = torch.cat([seq[:, :1], g[:, :-1]], 1) if self.greedy_is_own else None
+        return TargetBatch(list(members), P, seq, g, torch.stack(rows), expected)
 
 
 def info_from_dump(parts: Sequence[RequestParts], where: str, checkpoint_config: Optional[dict] = None,

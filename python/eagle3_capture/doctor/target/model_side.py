@@ -4,16 +4,14 @@ residual stream at the asked taps (``target_model.residual_stream``: the final b
 norm)."""
 from __future__ import annotations
 
-from typing import Iterator, List, Sequence
+from typing import List, Sequence
 
 import torch
 
 from ... import configs
-from ...spec import TapSpec
 from ..common import DoctorError
 from .model import Target, greedy_continue, residual_stream
-from .side import TargetBatch, TargetInfo, TargetSide, info_from_config, layer_inputs, length_groups, \
-    progress_bar
+from .side import TargetBatch, TargetInfo, TargetSide, info_from_config
 
 
 class TransformersTarget(TargetSide):
@@ -42,22 +40,13 @@ class TransformersTarget(TargetSide):
     def device(self):
         return next(self.target.model.parameters()).device
 
-    def batches(self, prompts: Sequence[List[int]], continuation: int, taps: TapSpec, batch_size: int,
-                progress: bool = False, desc: str = "target") -> Iterator[TargetBatch]:
-        idx = layer_inputs(taps)
-        bar = progress_bar(len(prompts), desc, progress)
-        try:
-            for members in length_groups(prompts, batch_size):
-                ids = torch.tensor([prompts[i] for i in members], dtype=torch.int64, device=self.device)
-                seq = greedy_continue(self.target.model, ids, continuation)
-                stack, _, greedy = residual_stream(self.target.model, seq)
-                B, T = seq.shape
-                yield TargetBatch(members, ids.shape[1], seq, greedy, stack[:, :, idx].reshape(B, T, -1))
-                if bar is not None:
-                    bar.update(len(members))
-        finally:
-            if bar is not None:
-                bar.close()
+    def batch(self, prompts: Sequence[List[int]], members: List[int], continuation: int,
+              wanted: List[int]) -> TargetBatch:
+        ids = torch.tensor([prompts[i] for i in members], dtype=torch.int64, device=self.device)
+        seq = greedy_continue(self.target.model, ids, continuation)
+        stack, _, greedy = residual_stream(self.target.model, seq)
+        B, T = seq.shape
+        return TargetBatch(members, ids.shape[1], seq, greedy, stack[:, :, wanted].reshape(B, T, -1))
 
 
 __all__ = ["TransformersTarget"]

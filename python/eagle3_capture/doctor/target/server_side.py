@@ -1,7 +1,7 @@
 """The target side from a live server (``doctor online --server URL --dump DIR`` without ``--target``): the server
 itself runs the target, so the doctor needs no copy of it.
 
-After the prompts are served (``online.fetch``), per prompt:
+After the prompts are served (``sglang_model.http.generate``), per prompt:
 
 1. an extension: ``prompt + served continuation`` with ``max_new_tokens`` = num-steps + 1, greedy -- the tokens past
    the served ones that SGLang's last verifies look at (it counts what they accept, then cuts the output);
@@ -25,13 +25,15 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from ..common import DoctorError
 from ...dump_format.contract import DOCTOR_RID_PREFIX, DumpError
 from ...dump_format.reader import DumpReader, RequestParts, doctor_requests, v1_sequences
+from ..common import DoctorError
+from ..progress import bar as progress_bar
+from ..sglang_model.http import post_json
 from .dump_side import StreamedPrompt, StreamTarget, info_from_dump
 
 
-def _greedy_from_logprobs(obj, what: str, T: int) -> torch.Tensor:
+def greedy_from_logprobs(obj, what: str, T: int) -> torch.Tensor:
     """[T]: the top-1 token after each of the T input positions, from a /generate answer with input_top_logprobs."""
     if isinstance(obj, list) and len(obj) == 1:
         obj = obj[0]
@@ -68,9 +70,11 @@ class ServerTarget(StreamTarget):
 
     @classmethod
     def teacher_force(cls, url: str, dump_dir: str, prompts: Sequence[List[int]], outputs: Sequence[List[int]],
-                      steps: int, post: Callable[[str, dict, float], object], timeout: float, concurrency: int,
-                      progress: bool, checkpoint_config: Optional[dict] = None, vocab_size: Optional[int] = None,
-                      tokenizer=None) -> "ServerTarget":
+                      steps: int, post: Callable[[str, dict, float], object] = post_json, timeout: float = 600.0,
+                      concurrency: int = 8, progress: bool = False, checkpoint_config: Optional[dict] = None,
+                      vocab_size: Optional[int] = None, tokenizer=None) -> "ServerTarget":
+        """The teacher-forced pass of ``prompts`` + the server's ``outputs`` through ``post`` (the HTTP client; a
+        test hands in a stand-in for the server), then its rows read from ``dump_dir``."""
         base = url.rstrip("/") + "/generate"
         run = uuid.uuid4().hex[:12]
         n = len(prompts)
@@ -99,27 +103,20 @@ class ServerTarget(StreamTarget):
             body = {"input_ids": ids, "rid": f"{DOCTOR_RID_PREFIX}{run}-{i}",
                     "sampling_params": {"temperature": 0, "max_new_tokens": 1, "ignore_eos": True},
                     "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 1}
-            return _greedy_from_logprobs(send(body, "prefill"), f"--server {base}, teacher-forced prompt {i}",
+            return greedy_from_logprobs(send(body, "prefill"), f"--server {base}, teacher-forced prompt {i}",
                                          len(ids))
 
-        bar = None
-        if progress:
-            from tqdm import tqdm
-
-            bar = tqdm(total=2 * n, desc="teacher-forced pass", unit="request", leave=False)
+        bar = progress_bar(2 * n, "teacher-forced pass", "request", progress)
         with ThreadPoolExecutor(max_workers=max(1, min(concurrency, n))) as pool:
             seqs = []
             for s in pool.map(extend, range(n)):
                 seqs.append(s)
-                if bar is not None:
-                    bar.update(1)
+                bar.update(1)
             greedy = []
             for g in pool.map(force, range(n), seqs):
                 greedy.append(g)
-                if bar is not None:
-                    bar.update(1)
-        if bar is not None:
-            bar.close()
+                bar.update(1)
+        bar.close()
         rids = [f"{DOCTOR_RID_PREFIX}{run}-{i}" for i in range(n)]
         found = wait_for_requests(dump_dir, rids, [torch.tensor(s) for s in seqs], timeout)
         where = f"--dump {dump_dir}"

@@ -30,6 +30,7 @@ import torch
 
 from ... import configs
 from ...spec import EMBEDDING, TapSpec
+from ..progress import bar as progress_bar
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,8 @@ def length_groups(prompts: Sequence[Sequence[int]], batch_size: int) -> List[Lis
 
 class TargetSide:
     """Base of the sources above. ``batches`` yields every prompt once, in batches of equal length, each with
-    ``continuation`` tokens after the prompt (new tokens + the draft steps the last verifies look past them)."""
+    ``continuation`` tokens after the prompt (new tokens + the draft steps the last verifies look past them); a
+    source says how it makes one batch (:meth:`batch`)."""
 
     source: str = ""
     tokenizer = None
@@ -92,18 +94,22 @@ class TargetSide:
     def info(self) -> TargetInfo:  # pragma: no cover - every source defines it
         raise NotImplementedError
 
-    def batches(self, prompts: Sequence[List[int]], continuation: int, taps: TapSpec, batch_size: int,
-                progress: bool = False, desc: str = "target") -> Iterator[TargetBatch]:  # pragma: no cover
+    def batch(self, prompts: Sequence[List[int]], members: List[int], continuation: int,
+              wanted: List[int]) -> TargetBatch:  # pragma: no cover - every source defines it
+        """The prompts ``members`` (of one length) with ``continuation`` tokens each and the stream at the layer
+        inputs ``wanted``."""
         raise NotImplementedError
 
+    def batches(self, prompts: Sequence[List[int]], continuation: int, taps: TapSpec, batch_size: int,
+                progress: bool = False, desc: str = "target") -> Iterator[TargetBatch]:
+        wanted = layer_inputs(taps)
+        bar = progress_bar(len(prompts), desc, "prompt", progress)
+        try:
+            for members in length_groups(prompts, batch_size):
+                yield self.batch(prompts, members, continuation, wanted)
+                bar.update(len(members))
+        finally:
+            bar.close()
 
-def progress_bar(total: int, desc: str, enabled: bool):
-    if not enabled:
-        return None
-    from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, unit="prompt", leave=False)
-
-
-__all__ = ["TargetInfo", "info_from_config", "TargetBatch", "TargetSide", "layer_inputs", "length_groups",
-           "progress_bar"]
+__all__ = ["TargetInfo", "info_from_config", "TargetBatch", "TargetSide", "layer_inputs", "length_groups"]
