@@ -1,5 +1,7 @@
-"""The import graph of python/eagle3_capture has no cycle, lazy imports (inside functions) included: every module's
-imports, read with `ast`, point down a tree of concerns (entry points -> features -> shared leaves)."""
+"""The import graph of python/eagle3_capture, read with `ast` (lazy imports inside functions included): it has no
+cycle (every module's imports point down a tree of concerns: entry points -> features -> shared leaves), no doctor
+command imports another (what two commands share lives in the doctor's parts), and no module reaches for a private
+(`_name`) of another module, by `from m import _name` or `m._name`."""
 from __future__ import annotations
 
 import ast
@@ -89,11 +91,92 @@ def find_cycle(graph: Dict[str, Set[str]]) -> Optional[List[str]]:
     return None
 
 
+def _bound_modules(tree, name: str, is_package: bool, known: Set[str]) -> Dict[str, str]:
+    """Local name -> package module, for the names a module's imports bind to whole modules."""
+    out: Dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.asname and a.name in known:
+                    out[a.asname] = a.name
+        elif isinstance(node, ast.ImportFrom):
+            mod = _resolve(name, is_package, node.level, node.module) if node.level else (node.module or "")
+            for a in node.names:
+                if f"{mod}.{a.name}" in known:
+                    out[a.asname or a.name] = f"{mod}.{a.name}"
+    return out
+
+
+def private_reaches(name: str, path: Path, known: Set[str]) -> List[str]:
+    """Each place where module `name` uses a private name of another package module: ``from m import _x`` (unless
+    ``m._x`` is itself a module, e.g. the compiled ``_C``) or ``m._x`` on a name bound to module m."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    is_package = path.name == "__init__.py"
+    out = []
+
+    def private(n: str) -> bool:
+        return n.startswith("_") and not n.startswith("__")
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            mod = _resolve(name, is_package, node.level, node.module) if node.level else (node.module or "")
+            if mod not in known or mod == name:
+                continue
+            for a in node.names:
+                extension = list(path.parent.glob(f"{a.name}.*.so")) if node.level and not node.module else []
+                if private(a.name) and f"{mod}.{a.name}" not in known and not extension:
+                    out.append(f"{name}:{node.lineno}: from {mod} import {a.name}")
+    bound = _bound_modules(tree, name, is_package, known)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and private(node.attr):
+            mod = bound.get(node.value.id)
+            if mod is not None and mod != name:
+                out.append(f"{name}:{node.lineno}: {node.value.id}.{node.attr} ({mod})")
+    return out
+
+
+COMMANDS = f"{PACKAGE}.doctor.commands"
+
+
 def test_package_import_graph_has_no_cycle():
     graph = import_graph()
     assert len(graph) > 30, f"expected the whole package, got {sorted(graph)}"
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle in python/eagle3_capture: " + " -> ".join(cycle)
+
+
+def test_no_doctor_command_imports_another():
+    graph = import_graph()
+    commands = {m for m in graph if m.startswith(COMMANDS + ".")}
+    assert len(commands) >= 6, f"expected the doctor's subcommands under {COMMANDS}, got {sorted(commands)}"
+    crossing = sorted(f"{m} -> {t}" for m in commands for t in graph[m] if t in commands)
+    assert not crossing, "a doctor command imports another (move what they share into a part): " + "; ".join(crossing)
+
+
+def test_no_module_uses_a_private_name_of_another():
+    mods = package_modules()
+    known = set(mods)
+    found = [r for name, path in mods.items() for r in private_reaches(name, path, known)]
+    assert not found, "private names used across modules: " + "; ".join(found)
+
+
+def test_the_private_name_rule_sees_both_spellings(tmp_path):
+    pkg = tmp_path / PACKAGE
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("def _hidden():\n    pass\n\ndef shown():\n    pass\n")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "_inner.py").write_text("")
+    (pkg / "sub" / "b.py").write_text("from ..a import _hidden, shown\nfrom . import _inner\n")
+    (pkg / "sub" / "c.py").write_text("def f():\n    from .. import a as alias\n    return alias._hidden\n")
+    (pkg / "sub" / "d.py").write_text("from .. import a\n\ndef g():\n    return a.shown\n")
+    mods = package_modules(pkg)
+    known = set(mods)
+    assert private_reaches(f"{PACKAGE}.sub.b", mods[f"{PACKAGE}.sub.b"], known) == \
+        [f"{PACKAGE}.sub.b:1: from {PACKAGE}.a import _hidden"]
+    assert private_reaches(f"{PACKAGE}.sub.c", mods[f"{PACKAGE}.sub.c"], known) == \
+        [f"{PACKAGE}.sub.c:3: alias._hidden ({PACKAGE}.a)"]
+    assert private_reaches(f"{PACKAGE}.sub.d", mods[f"{PACKAGE}.sub.d"], known) == []
 
 
 def test_graph_reader_sees_lazy_and_relative_imports(tmp_path):

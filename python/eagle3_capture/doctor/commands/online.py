@@ -132,8 +132,6 @@ def served_flags(server_args: Optional[str], arch: Optional[str], from_server, r
 
 
 def render(rep: OnlineReport) -> str:
-    from ..commands.accept import SERVED_MEANS
-
     S, k, D = rep.flags
     on_tot, pr_tot = total(rep.online), total(rep.predicted)
     lines = [f"server {rep.server}", f"target {rep.target}", f"draft  {rep.draft} (taps {rep.taps})",
