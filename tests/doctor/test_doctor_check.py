@@ -141,3 +141,19 @@ def test_no_traceback_in_a_fresh_process(tmp_path):
     assert_clean_error(code, out, err, "no such file")
     code, out, err = cli_subprocess("doctor", "check", "--target-config", KIMI)  # argparse: missing option
     assert code == 2 and "Traceback" not in err and "--draft-config" in err
+
+
+def test_check_loads_no_torch(tmp_path):
+    """`doctor check` without --reference reads configs and flags only: it never imports torch (the doctor's
+    package docstring promises it), in a fresh interpreter; its exit code is the usual one."""
+    import subprocess
+    import sys
+
+    d = str(write_json(tmp_path / "draft.json", draft_config([-1, 2, 30])))
+    script = ("import sys\nfrom eagle3_capture.cli import main\n"
+              f"code = main(['doctor', 'check', '--target-config', {KIMI!r}, '--draft-config', {d!r}, "
+              "'--server-args', '--speculative-algorithm EAGLE3 --tp 8'])\n"
+              "print('torch' in sys.modules, code)\n")
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip().splitlines()[-1] == "False 1", p.stdout[-500:]

@@ -15,7 +15,6 @@ import types
 from types import ModuleType
 from typing import Optional
 
-from ..dump_format.contract import DumpError
 from . import arg_types as at
 from .bounds import MAX_TIMEOUT_S
 from .common import EXIT_BAD_INPUT, DoctorError, write_json
@@ -281,11 +280,23 @@ def add_doctor_parser(sub) -> None:
         one_line_errors(p)
 
 
+def bad_input(e: BaseException) -> bool:
+    """Whether ``e`` says the input is bad: a DoctorError, an OSError (an output that cannot be written, a file
+    vanishing under us), or a DumpError. That one is looked up only once the dump format is imported (it imports
+    torch, which ``doctor check`` runs without); until then none can have been raised."""
+    if isinstance(e, (DoctorError, OSError)):
+        return True
+    contract = sys.modules.get(__package__.rpartition(".")[0] + ".dump_format.contract")
+    return contract is not None and isinstance(e, contract.DumpError)
+
+
 def run(args) -> int:
-    """Run a parsed doctor command: a bad input (DoctorError, DumpError) -> one line on stderr, exit 2."""
+    """Run a parsed doctor command: a bad input (:func:`bad_input`) -> one line on stderr, exit 2."""
     try:
         return run_command(args)
-    except (DoctorError, DumpError, OSError) as e:  # OSError: an output that cannot be written, a file vanishing
+    except Exception as e:
+        if not bad_input(e):
+            raise
         # one line, whatever the message holds (a value quoted from a file may have had line breaks)
         message = " ".join(str(e).split())
         print(f"eagle3-capture doctor {args.doctor_command}: error: {message}", file=sys.stderr)
@@ -295,4 +306,4 @@ def run(args) -> int:
         return 130
 
 
-__all__ = ["add_doctor_parser", "one_line_errors", "command_module", "run_command", "run"]
+__all__ = ["add_doctor_parser", "one_line_errors", "command_module", "run_command", "bad_input", "run"]

@@ -41,8 +41,8 @@ class DemoResult:
     miswired: Metrics
     trained_taps: TapSpec
     miswired_taps: List[object]
-    check: object            # checks.CheckReport on the miswired capture
-    fingerprint_ok: object   # fingerprint.FingerprintResult of the correct capture
+    check: object            # deployment.check.CheckReport on the miswired capture
+    fingerprint_ok: object   # fingerprint.reference.FingerprintResult of the correct capture
     out_dir: str
     timings: Dict[str, float]
     settings: dict

@@ -1,5 +1,5 @@
 """Training the demo's EAGLE-3 draft on the target's own greedy continuations (plain torch, a few hundred Adam
-steps on CPU), with the multi-step unroll EAGLE-3 trains with ("training-time test", see draft_model.py)."""
+steps on CPU), with the multi-step unroll EAGLE-3 trains with ("training-time test", see draft/model.py)."""
 from __future__ import annotations
 
 import time

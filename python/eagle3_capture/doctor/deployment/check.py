@@ -4,7 +4,7 @@ what a server really captured.
 
 Each :class:`~eagle3_capture.findings.Finding` carries its fix; the exit code is non-zero when any finding is an
 error. The pieces come from the rest of the package: config reading (``configs``), tap conventions and SGLang's
-capture model (``spec``), the flag rules (``doctor.server_args``) and the fingerprint (``doctor.fingerprint``).
+capture model (``spec``), the flag rules (``doctor.sglang_model``) and the fingerprint (``doctor.fingerprint``).
 """
 from __future__ import annotations
 

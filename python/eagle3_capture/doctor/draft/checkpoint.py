@@ -1,5 +1,5 @@
 """A draft checkpoint directory (config.json + *.safetensors, the SpecForge / SGLang ``llama_eagle3`` layout) to
-and from :class:`~eagle3_capture.doctor.draft_model.Eagle3Draft`: the demo writes one, ``doctor accept`` and
+and from :class:`~eagle3_capture.doctor.draft.model.Eagle3Draft`: the demo writes one, ``doctor accept`` and
 ``doctor online`` read any. The fc (and its per-tap norms, fp8 dequantized) is read by
 :func:`eagle3_capture.weights.load_draft_fc`, as the SGLang plugin reads it; every problem is a DoctorError naming
 the file."""

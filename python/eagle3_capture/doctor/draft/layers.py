@@ -1,4 +1,4 @@
-"""What both draft attentions share (draft_model.py's Llama attention, draft_mla.py's MLA): RMSNorm, the attention
+"""What both draft attentions share (model.py's Llama attention, mla.py's MLA): RMSNorm, the attention
 of R draft rows per anchor over the draft's KV cache (the prefix of step-1 keys and each row's own keys), and how a
 config's rope_scaling names its kind."""
 from __future__ import annotations

@@ -11,7 +11,7 @@ is one vector shared by every head), the value is ``v_head_dim`` wide. RoPE is D
 come from transformers' DeepseekV3 code (the same maths SGLang's ``DeepseekScalingRotaryEmbedding`` runs).
 
 The module answers the draft model's two calls (``qkv`` and ``attend_rows``), so the multi-step unroll and the tree
-replay of draft_model.py run unchanged on it. Unabsorbed maths (the keys and values materialised per head): what
+replay of model.py run unchanged on it. Unabsorbed maths (the keys and values materialised per head): what
 SGLang's absorbed kernels compute, in another order.
 """
 from __future__ import annotations

@@ -5,7 +5,7 @@ reads ``cat(input_layernorm(embed), hidden_norm(hidden))`` (2H wide), the final 
 draft vocabulary (``d2t``: draft id -> target id offset).
 
 Used to train the demo's draft and to run any draft of this layout offline (``doctor accept``); its checkpoint
-is written and read by draft_checkpoint.py. With ``q_lora_rank`` set the layer's attention is MLA (draft_mla.py,
+is written and read by checkpoint.py. With ``q_lora_rank`` set the layer's attention is MLA (mla.py,
 SGLang's ``Eagle3DeepseekV2ForCausalLM``); everything else here is the same for both.
 
 The multi-step unroll (:meth:`Eagle3Draft.unroll`) is how such drafts run at decode time and how EAGLE-3 trains
@@ -57,7 +57,7 @@ class DraftArch:
     fc_bias: bool = False
     max_position_embeddings: int = 4096
     layer_ids: List[int] = field(default_factory=list)
-    # multi-latent attention (SGLang's Eagle3DeepseekV2ForCausalLM, draft_mla.py) when q_lora_rank is set
+    # multi-latent attention (SGLang's Eagle3DeepseekV2ForCausalLM, mla.py) when q_lora_rank is set
     q_lora_rank: int = 0
     kv_lora_rank: int = 0
     qk_nope_head_dim: int = 0
@@ -134,7 +134,7 @@ class _Attention(nn.Module):
         return _rope(q, pos[:, None, :], a.rope_theta), _rope(k, pos[:, None, :], a.rope_theta), v
 
     def attend_rows(self, q, prefix_k, prefix_v, own_k: List[torch.Tensor], own_v: List[torch.Tensor]):
-        """draft_layers.attend_rows, then the output projection: [B,T,R,H]."""
+        """layers.attend_rows, then the output projection: [B,T,R,H]."""
         return self.o_proj(attend_rows(q, prefix_k, prefix_v, own_k, own_v, 1.0 / math.sqrt(q.shape[-1])))
 
 

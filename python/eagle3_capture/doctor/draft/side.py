@@ -66,7 +66,7 @@ def draft_vocab_sizes(draft_path: str) -> Tuple[Optional[int], Optional[int]]:
 
 @dataclass
 class DraftSide:
-    draft: object                   # draft_model.Eagle3Draft
+    draft: object                   # model.Eagle3Draft
     taps: TapSpec                   # what the replay feeds it
     declared: Optional[TapSpec]     # what its config declares (None when unusable and --taps given)
     notes: List[str] = field(default_factory=list)

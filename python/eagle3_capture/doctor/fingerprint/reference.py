@@ -4,7 +4,7 @@ The reference (``doctor dump-reference``) holds, for some tokens, every residual
 training side computed it: the HF ``hidden_states`` stack (index h: 0 = embedding output, h = k+1 = output of
 layer k; the last entry h = L is post-final-norm in most models) plus the final boundary LayerOutput(L-1) taken
 before the final norm. The captured file holds what a server packed for the same tokens: ``aux`` [T, K*H]
-(file formats: :mod:`.fingerprint_files`; the cosine sums: :mod:`.cosine_table`).
+(file formats: :mod:`.files`; the cosine sums: :mod:`.cosine_table`).
 
 For every slot and every reference column the table gives the mean over tokens of the cosine similarity; the
 column a slot matches names the tap the server really captured, whatever its config says. A one-layer shift

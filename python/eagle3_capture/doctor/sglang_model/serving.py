@@ -10,7 +10,7 @@ draft tokens) and ``spec_accept_length = completion_tokens / spec_verify_ct``.
 
 Two figures therefore describe one draft, and they differ:
 
-* **tau** (``accept.metrics``): the mean of 1 + accepted over *every* position of the continuation;
+* **tau** (``replay.metrics``): the mean of 1 + accepted over *every* position of the continuation;
 * **served accept length** (:func:`walk`): tokens / verifies along the server's walk, which visits a position
   only when the previous verify ended there, so hard stretches (short accepts) are visited more often, and it
   counts the prefill token as free and the cut tail as lost. This is the figure to compare with a server's.

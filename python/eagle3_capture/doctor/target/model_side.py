@@ -1,6 +1,6 @@
 """The target side from a transformers model (``--target PATH|demo``): its greedy continuation with its KV cache,
 then one forward over the whole sequence for the greedy token at every position (argmax of the logits) and the
-residual stream at the asked taps (``target_model.residual_stream``: the final boundary taken before the final
+residual stream at the asked taps (``model.residual_stream``: the final boundary taken before the final
 norm)."""
 from __future__ import annotations
 

@@ -8,18 +8,19 @@ them:
 =====================  ===================================================  =========================================
 source                 sequence and greedy tokens                           residual stream at the taps
 =====================  ===================================================  =========================================
-a transformers model   its own greedy continuation; argmax of its logits    its hidden states (target_transformers)
+a transformers model   its own greedy continuation; argmax of its logits    its hidden states (model_side)
 (``--target``)         over the whole sequence in one forward
 a live server          the server's response (+ a short extension), then    the plugin's stream dump of that
-(``--server URL``)     one teacher-forced prefill: SGLang's input logprobs  teacher-forced prefill (target_server)
-a recorded dump        the dumped teacher-forced request's token ids; the   the same records (target_dump)
+(``--server URL``)     one teacher-forced prefill: SGLang's input logprobs  teacher-forced prefill (server_side)
+a recorded dump        the dumped teacher-forced request's token ids; the   the same records (dump_side)
 (``--hidden-states``)  greedy token at t is the sequence's token t+1
 SpecForge training     the sample's input_ids                               its aux_hidden_state slots, whatever
 data                                                                        layers they were (training_data; for
                                                                             the fingerprint only)
 =====================  ===================================================  =========================================
 
-``accept``, ``online`` and ``demo`` read a :class:`TargetSide`; the replay (``replay.py``) needs nothing else.
+``accept``, ``online`` and ``demo`` read a :class:`TargetSide` (``accept`` and ``online`` open it with
+:mod:`.open`); the replay (``replay.evaluate``) needs nothing else.
 """
 from __future__ import annotations
 
@@ -67,7 +68,7 @@ class TargetBatch:
 def layer_inputs(spec: TapSpec) -> List[int]:
     """Each tap's layer-input index (0 the embedding, k+1 LayerOutput(k), L the final boundary before the final
     norm): the numbering of SGLang's ``layers_to_capture``, of the dump's stream and of the stack that
-    ``target_model.residual_stream`` returns."""
+    ``model.residual_stream`` returns."""
     return [0 if t == EMBEDDING else t.k + 1 for t in spec.taps]
 
 

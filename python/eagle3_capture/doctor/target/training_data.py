@@ -5,7 +5,7 @@
 its final norm) and ``aux_hidden_state`` [1, T, K*H] (the K taps the draft is trained on, concatenated, bf16).
 Nothing in a sample says which layers the K slots were: the SpecForge HF backend hooks the *output* of layer d for
 each id d, its SGLang backend (and SGLang serving) reads the same ids as layer *inputs* unless ids[0] == 1. Which
-one a sample holds is what the fingerprint measures (:mod:`.fingerprint_stream`).
+one a sample holds is what the fingerprint measures (``fingerprint.training``).
 """
 from __future__ import annotations
 
