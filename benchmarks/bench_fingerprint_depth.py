@@ -1,5 +1,5 @@
 """How far apart neighbouring layers are at depth, against how far apart two captures of one tap are: the numbers
-behind the fingerprint's "ambiguous" (doctor/stream_match.py).
+behind the fingerprint's "ambiguous" (doctor/fingerprint/stream_match.py).
 
 For seeded transformers models of at least 32 layers (a DeepseekV3 with the demo's init gains, and a Llama with
 transformers' own init), on the CPU, three captures of every layer input of the same tokens:

@@ -412,7 +412,7 @@ def served_prompt(demo_pair):
 
 
 def sglang_could_report(meta: dict, out_len: int, prompt_len: int, flags=ONLINE_FLAGS) -> bool:
-    """The oracle, written apart from doctor/responses.py: simulate SGLang 0.5.23's counters for every verify
+    """The oracle, written apart from doctor/sglang_model/responses.py: simulate SGLang 0.5.23's counters for every verify
     order the counts allow and see whether one gives these figures (and a response the replay can use: ignore_eos
     run to max_new_tokens, no retraction)."""
     S, k, D = flags

@@ -125,7 +125,7 @@ def _one_line_bad_input(code, text, err, *needles):
 
 
 def test_impossible_counts_are_bad_input_naming_the_record(recorded, tmp_path):
-    """Counts no server reports (doctor/responses.py says why each relation holds) end in exit 2 naming the line and
+    """Counts no server reports (doctor/sglang_model/responses.py says why each relation holds) end in exit 2 naming the line and
     the field: never 'matches', never the capture-mismatch verdict."""
     lines = recorded[2]
 

@@ -1,4 +1,4 @@
-"""A server's responses as `doctor online` reads them (doctor/responses.py): every walk SGLang's loop can take gives
+"""A server's responses as `doctor online` reads them (doctor/sglang_model/responses.py): every walk SGLang's loop can take gives
 counts that pass, and counts that no walk gives -- zero verifies, more verifies than tokens, a histogram beyond
 num-steps or that disagrees with completion_tokens, completion_tokens 0, two records for one prompt -- are bad input
 naming the record and the field. The newer meta_info names (spec_num_correct_drafts / spec_num_proposed_drafts)

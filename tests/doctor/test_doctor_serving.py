@@ -1,4 +1,4 @@
-"""SGLang's speculative loop replayed (doctor/serving.py): the walk and its meta_info figures on hand-made
+"""SGLang's speculative loop replayed (doctor/sglang_model/serving.py): the walk and its meta_info figures on hand-made
 per-anchor results, and the tree drafting against a direct, unvectorised rendering of SGLang's algorithm. The
 figures are checked against SGLang's real serving loop by the engine tests (tests/engine)."""
 import os
