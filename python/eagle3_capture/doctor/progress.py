@@ -38,12 +38,21 @@ class PhaseLine(NoBar):
         if self.n >= self.total and not self.said:
             self.said = True
             extra = "".join(f", {k} {v}" for k, v in self.postfix.items())
-            self.file.write(f"{self.desc}: {self.n}/{self.total} {self.unit} in "
-                            f"{time.perf_counter() - self.start:.1f} s{extra}\n")
+            unit = self.unit + ("s" if self.total != 1 and len(self.unit) > 2 else "")  # "prompts", but "it"
+            self.file.write(f"{self.desc}: {self.n}/{self.total} {unit} in {time.perf_counter() - self.start:.1f} s"
+                            f"{extra}\n")
             self.file.flush()
 
     def set_postfix(self, **values) -> None:
         self.postfix = values
+
+
+def on_terminal(file: Optional[TextIO] = None) -> bool:
+    """Whether ``file`` (default stderr) is a terminal: where a bar redrawn in place belongs (a library's own bars,
+    e.g. transformers' weight loading, are turned off elsewhere)."""
+    out = sys.stderr if file is None else file
+    isatty = getattr(out, "isatty", None)
+    return bool(isatty is not None and isatty())
 
 
 def bar(total: int, desc: str, unit: str, enabled: bool = True, file: Optional[TextIO] = None):
@@ -52,12 +61,11 @@ def bar(total: int, desc: str, unit: str, enabled: bool = True, file: Optional[T
     if not enabled:
         return NoBar()
     out = sys.stderr if file is None else file
-    isatty = getattr(out, "isatty", None)
-    if isatty is not None and isatty():
+    if on_terminal(out):
         from tqdm import tqdm
 
         return tqdm(total=total, desc=desc, unit=unit, leave=False, file=out)
     return PhaseLine(total, desc, unit, out)
 
 
-__all__ = ["bar", "NoBar", "PhaseLine"]
+__all__ = ["on_terminal", "bar", "NoBar", "PhaseLine"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence
 
+from ..progress import on_terminal
 from .checkpoint import CheckpointSide
 from .side import TargetSide
 
@@ -52,7 +53,8 @@ def open_target(target: Optional[str], checkpoint: CheckpointSide, *, device: st
     if target is not None:
         from .model_side import TransformersTarget
 
-        side = TransformersTarget.load(target, device=device, seed=seed, quiet=not progress)
+        # transformers' own weight-loading bar only where a bar belongs: on a terminal
+        side = TransformersTarget.load(target, device=device, seed=seed, quiet=not (progress and on_terminal()))
         m = side.target.model
         return OpenedTarget(side, m.get_input_embeddings().weight.detach(), m.get_output_embeddings().weight.detach())
     vocab = checkpoint.vocab_size or vocab_size
