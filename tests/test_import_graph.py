@@ -160,16 +160,22 @@ def test_no_module_uses_a_private_name_of_another():
     assert not found, "private names used across modules: " + "; ".join(found)
 
 
+def write_package(root: Path, files: Dict[str, str]) -> Path:
+    """A package named like the real one under `root`, its files given as {relative path: source}."""
+    pkg = root / PACKAGE
+    for rel, text in files.items():
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_text(text)
+    return pkg
+
+
 def test_the_private_name_rule_sees_both_spellings(tmp_path):
-    pkg = tmp_path / PACKAGE
-    (pkg / "sub").mkdir(parents=True)
-    (pkg / "__init__.py").write_text("")
-    (pkg / "a.py").write_text("def _hidden():\n    pass\n\ndef shown():\n    pass\n")
-    (pkg / "sub" / "__init__.py").write_text("")
-    (pkg / "sub" / "_inner.py").write_text("")
-    (pkg / "sub" / "b.py").write_text("from ..a import _hidden, shown\nfrom . import _inner\n")
-    (pkg / "sub" / "c.py").write_text("def f():\n    from .. import a as alias\n    return alias._hidden\n")
-    (pkg / "sub" / "d.py").write_text("from .. import a\n\ndef g():\n    return a.shown\n")
+    pkg = write_package(tmp_path, {
+        "__init__.py": "", "a.py": "def _hidden():\n    pass\n\ndef shown():\n    pass\n",
+        "sub/__init__.py": "", "sub/_inner.py": "",
+        "sub/b.py": "from ..a import _hidden, shown\nfrom . import _inner\n",
+        "sub/c.py": "def f():\n    from .. import a as alias\n    return alias._hidden\n",
+        "sub/d.py": "from .. import a\n\ndef g():\n    return a.shown\n"})
     mods = package_modules(pkg)
     known = set(mods)
     assert private_reaches(f"{PACKAGE}.sub.b", mods[f"{PACKAGE}.sub.b"], known) == \
@@ -182,13 +188,10 @@ def test_the_private_name_rule_sees_both_spellings(tmp_path):
 def test_graph_reader_sees_lazy_and_relative_imports(tmp_path):
     """The reader must see what the rule is about: a lazy import inside a function closing a cycle, relative
     imports at every depth, and `from pkg import submodule`."""
-    pkg = tmp_path / PACKAGE
-    (pkg / "sub").mkdir(parents=True)
-    (pkg / "__init__.py").write_text("from .a import f\n")
-    (pkg / "a.py").write_text("from .sub import b\n\ndef f():\n    return b\n")
-    (pkg / "sub" / "__init__.py").write_text("")
-    (pkg / "sub" / "b.py").write_text("def g():\n    from ..a import f\n    return f\n")
-    (pkg / "c.py").write_text("import eagle3_capture.sub.b\nfrom eagle3_capture import a\n")
+    pkg = write_package(tmp_path, {
+        "__init__.py": "from .a import f\n", "a.py": "from .sub import b\n\ndef f():\n    return b\n",
+        "sub/__init__.py": "", "sub/b.py": "def g():\n    from ..a import f\n    return f\n",
+        "c.py": "import eagle3_capture.sub.b\nfrom eagle3_capture import a\n"})
     graph = import_graph(pkg)
     assert graph[f"{PACKAGE}.a"] == {f"{PACKAGE}.sub.b"}
     assert graph[f"{PACKAGE}.sub.b"] == {f"{PACKAGE}.a"}

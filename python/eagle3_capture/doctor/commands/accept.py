@@ -29,23 +29,23 @@ from ..sglang_model.serving import Served, total
 
 @dataclass(frozen=True)
 class Options:
-    draft: str
-    prompts: str
-    target: Optional[str] = None
-    hidden_states: Optional[str] = None
-    target_checkpoint: Optional[str] = None
-    server_args: Optional[str] = None
-    taps: Optional[str] = None
-    new_tokens: Optional[int] = None
-    steps: Optional[int] = None
+    draft: str                                # the EAGLE-3 draft directory
+    prompts: str                              # the prompts file
+    target: Optional[str] = None              # a transformers target directory, or "demo" ...
+    hidden_states: Optional[str] = None       # ... or a dump of the doctor's teacher-forced requests
+    target_checkpoint: Optional[str] = None   # with --hidden-states: where embed_tokens / lm_head are read alone
+    server_args: Optional[str] = None         # SGLang's launch flags (default: its own for this target)
+    taps: Optional[str] = None                # CONV:IDS fed instead of the declared taps
+    new_tokens: Optional[int] = None          # continuation tokens per prompt (default 64, or the dump's)
+    steps: Optional[int] = None               # draft steps measured (default: the chain's)
     batch_size: int = 8
     device: str = "auto"
     threads: Optional[int] = None
-    dtype: str = "auto"
+    dtype: str = "auto"                       # the draft's
     json: Optional[str] = None
-    tensors: Optional[str] = None
+    tensors: Optional[str] = None             # per-position results
     no_progress: bool = False
-    seed: int = 0
+    seed: int = 0                             # the demo target's
 
 
 @dataclass

@@ -49,19 +49,22 @@ class ServerFlags:
     """The SGLang 0.5.23 flags the doctor reads (None: not given). ``ignored``: other flags seen."""
 
     raw: str = ""
+    # the speculative chain (flag_rules.resolve_speculative)
     speculative_algorithm: Optional[str] = None
     speculative_num_steps: Optional[int] = None
     speculative_eagle_topk: Optional[int] = None
     speculative_num_draft_tokens: Optional[int] = None
-    speculative_adaptive: bool = False
+    speculative_adaptive: bool = False       # steps change while serving: no figure to predict
     speculative_draft_model_path: Optional[str] = None
+    # the attention backends (a tree with a page size above 1 needs one of PAGE_TREE_BACKENDS)
     page_size: Optional[int] = None
     attention_backend: Optional[str] = None
     prefill_attention_backend: Optional[str] = None
     decode_attention_backend: Optional[str] = None
+    # parallelism and overlap (under which taps go missing or sit on another rank's rows: parallel_findings)
     enable_two_batch_overlap: bool = False
-    enable_dp_attention: bool = False
-    attn_dp_size: Optional[int] = None
+    enable_dp_attention: bool = False        # with --dp-size > 1: attention DP (the older spelling)
+    attn_dp_size: Optional[int] = None       # attention DP (the newer spelling)
     dp_size: Optional[int] = None
     tp_size: Optional[int] = None
     pp_size: Optional[int] = None
