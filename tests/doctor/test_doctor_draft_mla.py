@@ -243,7 +243,7 @@ def test_the_replay_runs_the_mla_draft_in_chain_and_tree(S, k, D):
     are narrower than its keys."""
     from eagle3_capture.doctor.replay.evaluate import chain_correct_taps
     from eagle3_capture.doctor.sglang_model.serving import tree_accepted_taps
-    from test_doctor_serving import _sglang_tree_one_anchor
+    from test_doctor_serving import sglang_tree_one_anchor
 
     arch = mla_arch(fc_norm=True)
     draft = seeded(arch, seed=5, dtype=torch.float32)
@@ -259,6 +259,6 @@ def test_the_replay_runs_the_mla_draft_in_chain_and_tree(S, k, D):
     assert correct[..., 0].all()
     tree = tree_accepted_taps(draft, taps, seq, greedy, S, k, D, first_anchor=2, use_op=False)
     with torch.no_grad():
-        direct = [_sglang_tree_one_anchor(draft, taps[:, : T - S], seq, greedy, t, S, k, D)[0]
+        direct = [sglang_tree_one_anchor(draft, taps[:, : T - S], seq, greedy, t, S, k, D)[0]
                   for t in range(2, T - S)]
     assert tree[0].tolist() == direct and min(direct) >= 1

@@ -52,7 +52,7 @@ def test_totals_and_step_acceptance():
 # the tree, against a direct rendering of SGLang 0.5.23's EAGLE worker for one anchor
 # ----------------------------------------------------------------------------------------------------------------
 
-def _sglang_tree_one_anchor(draft, taps, seq, greedy, t, S, k, D):
+def sglang_tree_one_anchor(draft, taps, seq, greedy, t, S, k, D):
     """One anchor t, written out as SGLang's draft / organize_draft_results / build_tree / verify do it, with
     the draft KV laid out per row slot (select_top_k_tokens, assign_draft_cache_locs)."""
     from eagle3_capture.doctor.draft.model import DraftKV
@@ -111,7 +111,7 @@ def test_tree_matches_a_direct_rendering(S, k, D):
         fast = tree_accepted(draft, stack, seq, greedy, idx, S, k, D, first_anchor=19)
         Tp = seq.shape[1] - S
         taps = stack[:, :Tp, idx].reshape(1, Tp, -1)
-        direct = [_sglang_tree_one_anchor(draft, taps, seq, greedy, t, S, k, D) for t in range(19, Tp)]
+        direct = [sglang_tree_one_anchor(draft, taps, seq, greedy, t, S, k, D) for t in range(19, Tp)]
         tree = tree_candidates(draft, taps, seq, S, k, D)
     assert fast[0].tolist() == [d[0] for d in direct]
     assert max(d[0] for d in direct) > 0  # a trained draft accepts something
