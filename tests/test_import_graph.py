@@ -107,15 +107,36 @@ def _bound_modules(tree, name: str, is_package: bool, known: Set[str]) -> Dict[s
     return out
 
 
-def private_reaches(name: str, path: Path, known: Set[str]) -> List[str]:
+def _top_level_names(path: Path) -> Set[str]:
+    """The names a module's own top level binds (defs, classes, assignments, imports)."""
+    names: Set[str] = set()
+    for node in ast.parse(path.read_text(), filename=str(path)).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for t in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+                names.update(n.id for n in ast.walk(t) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return names
+
+
+def private_reaches(name: str, path: Path, known: Set[str], root: Path = ROOT) -> List[str]:
     """Each place where module `name` uses a private name of another package module: ``from m import _x`` (unless
-    ``m._x`` is itself a module, e.g. the compiled ``_C``) or ``m._x`` on a name bound to module m."""
+    ``_x`` is a submodule of package ``m``, e.g. the compiled ``_C``, which its ``__init__`` does not bind) or
+    ``m._x`` on a name bound to module m."""
     tree = ast.parse(path.read_text(), filename=str(path))
     is_package = path.name == "__init__.py"
+    mods = package_modules(root)
     out = []
 
     def private(n: str) -> bool:
         return n.startswith("_") and not n.startswith("__")
+
+    def submodule(package: str, n: str) -> bool:
+        init = mods.get(package)
+        return f"{package}.{n}" in known or (init is not None and init.name == "__init__.py"
+                                              and n not in _top_level_names(init))
 
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
@@ -123,8 +144,7 @@ def private_reaches(name: str, path: Path, known: Set[str]) -> List[str]:
             if mod not in known or mod == name:
                 continue
             for a in node.names:
-                extension = list(path.parent.glob(f"{a.name}.*.so")) if node.level and not node.module else []
-                if private(a.name) and f"{mod}.{a.name}" not in known and not extension:
+                if private(a.name) and not submodule(mod, a.name):
                     out.append(f"{name}:{node.lineno}: from {mod} import {a.name}")
     bound = _bound_modules(tree, name, is_package, known)
     for node in ast.walk(tree):
@@ -153,6 +173,23 @@ def test_no_doctor_command_imports_another():
     assert not crossing, "a doctor command imports another (move what they share into a part): " + "; ".join(crossing)
 
 
+def test_the_doctors_parts_form_no_cycle():
+    """Read a package (or a top-level module) of the doctor as one node: the parts import one another down a tree
+    too, not only their modules."""
+    doctor = f"{PACKAGE}.doctor."
+
+    def part(m: str) -> Optional[str]:
+        return m[len(doctor):].split(".")[0] if m.startswith(doctor) else None
+
+    parts: Dict[str, Set[str]] = {}
+    for m, targets in import_graph().items():
+        if part(m) is not None:
+            parts.setdefault(part(m), set()).update(part(t) for t in targets if part(t) not in (None, part(m)))
+    assert {"commands", "target", "draft", "replay", "fingerprint", "sglang_model"} <= set(parts), sorted(parts)
+    cycle = find_cycle(parts)
+    assert cycle is None, "the doctor's parts import each other in a cycle: " + " -> ".join(cycle)
+
+
 def test_no_module_uses_a_private_name_of_another():
     mods = package_modules()
     known = set(mods)
@@ -171,18 +208,23 @@ def write_package(root: Path, files: Dict[str, str]) -> Path:
 
 def test_the_private_name_rule_sees_both_spellings(tmp_path):
     pkg = write_package(tmp_path, {
-        "__init__.py": "", "a.py": "def _hidden():\n    pass\n\ndef shown():\n    pass\n",
+        "__init__.py": "_shown = 1\n", "a.py": "def _hidden():\n    pass\n\ndef shown():\n    pass\n",
         "sub/__init__.py": "", "sub/_inner.py": "",
         "sub/b.py": "from ..a import _hidden, shown\nfrom . import _inner\n",
         "sub/c.py": "def f():\n    from .. import a as alias\n    return alias._hidden\n",
-        "sub/d.py": "from .. import a\n\ndef g():\n    return a.shown\n"})
+        "sub/d.py": "from .. import a\n\ndef g():\n    return a.shown\n",
+        "e.py": "from . import _C\n", "f.py": "from . import _shown\n"})
     mods = package_modules(pkg)
     known = set(mods)
-    assert private_reaches(f"{PACKAGE}.sub.b", mods[f"{PACKAGE}.sub.b"], known) == \
-        [f"{PACKAGE}.sub.b:1: from {PACKAGE}.a import _hidden"]
-    assert private_reaches(f"{PACKAGE}.sub.c", mods[f"{PACKAGE}.sub.c"], known) == \
-        [f"{PACKAGE}.sub.c:3: alias._hidden ({PACKAGE}.a)"]
-    assert private_reaches(f"{PACKAGE}.sub.d", mods[f"{PACKAGE}.sub.d"], known) == []
+
+    def reaches(m):
+        return private_reaches(f"{PACKAGE}.{m}", mods[f"{PACKAGE}.{m}"], known, pkg)
+
+    assert reaches("sub.b") == [f"{PACKAGE}.sub.b:1: from {PACKAGE}.a import _hidden"]
+    assert reaches("sub.c") == [f"{PACKAGE}.sub.c:3: alias._hidden ({PACKAGE}.a)"]
+    assert reaches("sub.d") == []
+    # a compiled submodule (no .py here) that the package's __init__ does not bind is a module, not a name of it
+    assert reaches("e") == [] and reaches("f") == [f"{PACKAGE}.f:1: from {PACKAGE} import _shown"]
 
 
 def test_graph_reader_sees_lazy_and_relative_imports(tmp_path):

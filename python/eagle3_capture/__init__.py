@@ -5,6 +5,7 @@ Every module, one concern each (CONTRIBUTING.md draws the layout):
   configs           target and draft config.json read as SGLang reads them
   findings          declared vs captured taps, slot by slot (engine-free)
   sglang_rules      what stock SGLang 0.5.23 does with draft ids (pure Python, no SGLang import)
+  pipelines         how the training pipelines (SpecForge's backends, ModelOpt) read a draft config's ids
   dump_format/      the server dump: its contract and its one reader (the plugin writes, the doctor reads)
   ops               torch.ops.eagle3_capture.* wrappers, each with its fake (meta) implementation
   reference         plain-torch reference of every op (the test oracle, float64-capable)

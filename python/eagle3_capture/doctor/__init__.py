@@ -21,7 +21,7 @@ The parts, one package each (its ``__init__`` says what it owns):
   demo/          the built-in pair's story
 
 Arrows point down: cli -> commands -> the parts -> common / bounds / progress (and the package's engine-free
-modules: spec, configs, findings, sglang_rules, dump_format). No command imports another, and no module imports a
-private name of another (tests/test_import_graph.py). Nothing imports torch at module import time on the way to
+modules: spec, configs, findings, sglang_rules, pipelines, dump_format); the parts import one another without a
+cycle, no command imports another, and no module imports a private name of another (tests/test_import_graph.py). Nothing imports torch at module import time on the way to
 ``doctor check``, so it runs without torch being loaded.
 """

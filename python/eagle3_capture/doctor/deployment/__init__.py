@@ -2,6 +2,6 @@
 
 * ``check``: the taps the draft was trained on against what stock SGLang 0.5.23 and this project's plugin capture,
   the configs' inconsistencies and the server-flag traps, each with a fix (``doctor check``'s report; the demo runs
-  it too);
-* ``pipelines``: how the training pipelines (SpecForge's HF and SGLang backends, ModelOpt) read a draft config's ids.
+  it too). What each training pipeline makes of a config's ids is the engine-free ``eagle3_capture.pipelines``
+  (the training-data fingerprint uses it too); SGLang's flag rules are ``sglang_model``'s.
 """

@@ -146,12 +146,12 @@ FINGERPRINT_TRAINING = ("eagle3-capture doctor fingerprint --training-data <Spec
 
 def pipeline_findings(draft: configs.DraftConfig, target: configs.TargetConfig, raw_draft: dict) -> List[Finding]:
     """A warning when the config states no convention and the common training pipelines would read its ids as
-    different taps (pipelines.py): which one trained the draft decides what the server must capture."""
+    different taps (eagle3_capture/pipelines.py): which one trained the draft decides what the server must capture."""
     ec = raw_draft.get("eagle_config") if isinstance(raw_draft.get("eagle_config"), dict) else {}
     fam = target.sglang_0523_family
     if draft.layer_ids is None or "eagle_aux_hidden_state_convention" in ec or fam is None:
         return []
-    from .pipelines import HF_READING, SGLANG_READING, Readings, readings_of
+    from ...pipelines import HF_READING, SGLANG_READING, Readings, readings_of
 
     r = readings_of(draft.layer_ids, target.num_layers, target.hidden_size, fam)
     if r.hf is None or r.sglang is None or not r.differ:

@@ -18,8 +18,8 @@ import torch
 
 from ...dump_format.contract import DOCTOR_RID_PREFIX
 from ...dump_format.reader import DumpReader, RequestParts, doctor_requests, v1_sequences
+from ...pipelines import HF_READING, SGLANG_READING, Readings, readings_of
 from ..common import DoctorError
-from ..deployment.pipelines import HF_READING, SGLANG_READING, Readings, readings_of
 from ..sglang_model.http import post_json
 from ..target.training_data import TrainingSample, load_sample, training_files
 from .stream_match import SlotMatch, StreamMatcher, layer_name, render_matches

@@ -1,4 +1,5 @@
-"""How the training pipelines read a draft config's ids (pure Python, no torch: ``doctor check`` uses it).
+"""How the training pipelines read a draft config's ids (pure Python, no torch: ``doctor check`` warns with it, and
+the doctor's training-data fingerprint says which reading the data holds).
 
 The key ``eagle_config.eagle_aux_hidden_state_layer_ids`` means different taps to different pipelines:
 
@@ -17,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
-from ...sglang_rules import SGLANG_0523_DEEPSEEK_V2, sglang_0523_native_capture
-from ...spec import EMBEDDING, LayerOutput, TapError, TapSpec
+from .sglang_rules import SGLANG_0523_DEEPSEEK_V2, sglang_0523_native_capture
+from .spec import EMBEDDING, LayerOutput, TapError, TapSpec
 
 HF_READING = "SpecForge HF backend / ModelOpt (output of layer d)"
 SGLANG_READING = "SpecForge SGLang backend / SGLang 0.5.23 serving (set_eagle3_layers_to_capture)"
