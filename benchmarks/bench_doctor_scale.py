@@ -192,7 +192,7 @@ def write_responses(path: str, prompts_path: str, accept_json: str, dump: str, n
     """What the server would have answered: each prompt's continuation (the dumped tokens) and the served
     figures the replay predicts."""
     sys.path.insert(0, os.path.join(REPO, "python"))
-    from eagle3_capture.doctor.dump_records import DumpReader, doctor_requests
+    from eagle3_capture.dump_format.reader import DumpReader, doctor_requests
 
     prompts = json.load(open(prompts_path))
     served = json.load(open(accept_json))["served"]["per_prompt"]

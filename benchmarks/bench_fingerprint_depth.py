@@ -1,5 +1,5 @@
 """How far apart neighbouring layers are at depth, against how far apart two captures of one tap are: the numbers
-behind the fingerprint's "ambiguous" (doctor/stream_match.py).
+behind the fingerprint's "ambiguous" (doctor/fingerprint/stream_match.py).
 
 For seeded transformers models of at least 32 layers (a DeepseekV3 with the demo's init gains, and a Llama with
 transformers' own init), on the CPU, three captures of every layer input of the same tokens:
@@ -43,7 +43,7 @@ def llama(layers: int, hidden: int, seed: int):
 
 
 def deepseek(layers: int, hidden: int, seed: int):
-    from eagle3_capture.doctor.target_model import build_demo_target
+    from eagle3_capture.doctor.target.model import build_demo_target
 
     model = build_demo_target(seed, overrides={"num_hidden_layers": layers, "hidden_size": hidden,
                                                "intermediate_size": 2 * hidden, "moe_intermediate_size": hidden // 2,
@@ -61,7 +61,7 @@ def stream(m, ids: torch.Tensor, chunk: int = 0, autocast: bool = False) -> torc
 
 def _stream(m, ids: torch.Tensor, chunk: int = 0) -> torch.Tensor:
     """[T, L+1, H] float32: every layer input (0 = embedding, L = final boundary before the norm)."""
-    from eagle3_capture.doctor.target_model import residual_stream
+    from eagle3_capture.doctor.target.model import residual_stream
 
     if not chunk:
         return residual_stream(m, ids[None])[0][0].float()
@@ -89,7 +89,7 @@ def cosines(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def measure(name, build, layers, hidden, prompts, length, seed):
-    from eagle3_capture.doctor.stream_match import StreamMatcher
+    from eagle3_capture.doctor.fingerprint.stream_match import StreamMatcher
 
     import copy
 

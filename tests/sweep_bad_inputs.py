@@ -444,8 +444,8 @@ def message_cases(demo, tmp):
     import torch
 
     from doctor_helpers import CONFIGS, DSV3_61
-    from eagle3_capture.doctor.fingerprint import save_captured
-    from eagle3_capture.doctor.reference_dump import write_reference
+    from eagle3_capture.doctor.fingerprint.files import save_captured
+    from eagle3_capture.doctor.fingerprint.reference_dump import write_reference
 
     c = []
     draft_cfg = os.path.join(CONFIGS, "draft_eagle_config_ids.json")

@@ -1,6 +1,6 @@
-"""eagle3_capture/dump_format.py: the version-2 dump record's validator (the plugin writes such records, the doctor
-reads them; the plugin's own records are checked against it in tests/sglang/test_sglang_served_dump.py and
-tests/engine). Engine-free: no SGLang here."""
+"""eagle3_capture/dump_format: the dump record's one validator and reader (the plugin writes such records; the doctor,
+the tests and the GPU report read them through it; the plugin's own records are checked against it in
+tests/sglang/test_sglang_served_dump.py and tests/engine). Engine-free: no SGLang here."""
 import copy
 
 import pytest
@@ -102,3 +102,67 @@ def test_fuzz_any_field_any_value_never_crashes_the_validator(key, value):
 
 def test_not_a_dict():
     assert df.record_problems([1, 2]) == ["a record is a dict, got list"]
+
+
+def small_v2():
+    """A complete version-2 record, L=3, H=2, K=3, with a stream at layer inputs 0 and 1."""
+    return {**good(T=4, K=3, H=2, L=3), "requests": [{"rid": "r", "row_start": 0, "row_end": 4, "prefix_len": 0}],
+            "aux": torch.zeros(4, 6), "layers_to_capture": [0, 1, 2], "stream": torch.zeros(2, 4, 2),
+            "stream_layer_inputs": [0, 1], "draft_ids": None, "declared": None, "declared_convention": None}
+
+
+READER_BREAKS = [({"positions": torch.arange(3)}, "positions"), ({"aux": torch.zeros(3, 6)}, "aux"),
+                 ({"aux": torch.zeros(4, 5)}, "layers_to_capture"), ({"stream": torch.zeros(3, 4, 2)}, "stream"),
+                 ({"stream_layer_inputs": [0, 9]}, "stream_layer_inputs"),
+                 ({"requests": [{"rid": "r", "row_start": 0, "row_end": 5, "prefix_len": 0}]}, "requests"),
+                 ({"requests": [{"rid": 3, "row_start": 0, "row_end": 4, "prefix_len": 0}]}, "rid"),
+                 ({"input_ids": torch.zeros(4)}, "input_ids"), ({"hidden_size": 0}, "hidden_size"),
+                 ({"format": "eagle3-capture-dump/3"}, "format 'eagle3-capture-dump/3'; this reader reads")]
+
+
+@pytest.mark.parametrize("change,needle", READER_BREAKS, ids=[n for _, n in READER_BREAKS])
+def test_the_reader_checks_each_record_with_the_contract(change, needle):
+    """The reader's record (what the doctor reads) passes only what the contract passes, naming the field."""
+    rec = df.read_record(small_v2(), "x")
+    assert (rec.version, rec.rows, rec.layers_to_capture, rec.stream_layer_inputs, rec.graph) == (2, 4, [0, 1, 2],
+                                                                                                   [0, 1], False)
+    assert [(r.rid, r.row_start, r.row_end, r.prefix_len) for r in rec.requests] == [("r", 0, 4, 0)]
+    with pytest.raises(df.DumpRecordError, match=r"^dump x: .*" + needle.replace("[", r"\[").replace("]", r"\]")):
+        df.read_record({**small_v2(), **change}, "x")
+
+
+V1 = {"aux": torch.zeros(4, 6), "input_ids": [5, 6, 7, 8], "positions": torch.arange(4, dtype=torch.int32),
+      "forward_mode": "EXTEND", "layers_to_capture": torch.tensor([0, 1, 2]), "num_layers": torch.tensor(3),
+      "hidden_size": 2, "draft_ids": (-1, 0, 1)}
+V1_BREAKS = [({"positions": None}, "no 'positions'"), ({"input_ids": torch.zeros(4)}, "input_ids must be"),
+             ({"input_ids": torch.zeros(2, 2, dtype=torch.int64)}, "input_ids must be"),
+             ({"positions": [0, 1, 2]}, "positions has 3 entries"), ({"aux": torch.zeros(3, 6)}, "aux has 3 rows"),
+             ({"aux": torch.zeros(4, 6, dtype=torch.int64)}, "aux must be a floating"),
+             ({"num_layers": 0}, "num_layers must be"), ({"hidden_size": 4}, "aux is 6 wide"),
+             ({"layers_to_capture": [0.5]}, "layers_to_capture must be"), ({"forward_mode": 3}, "forward_mode"),
+             ({"declared": "Embedding"}, "declared must be")]
+
+
+@pytest.mark.parametrize("change,needle", V1_BREAKS, ids=[n for _, n in V1_BREAKS])
+def test_version_1_records_are_read_and_checked(change, needle):
+    """The plugin's older records (no format key): ids as lists or integer tensors of any width, counts as tensors."""
+    rec = df.read_record(dict(V1), "old.pt")
+    assert (rec.version, rec.requests, rec.input_ids.dtype, rec.positions.tolist(), rec.num_layers,
+            rec.layers_to_capture, rec.draft_ids) == (1, None, torch.int64, [0, 1, 2, 3], 3, [0, 1, 2], [-1, 0, 1])
+    assert df.v1_record_problems(dict(V1)) == []
+    with pytest.raises(df.DumpRecordError, match="dump old.pt: not a version-1 dump record: .*" + needle):
+        df.read_record({**V1, **change}, "old.pt")
+
+
+def test_reading_files(tmp_path):
+    p = tmp_path / df.file_name(1, 0, 0)
+    torch.save(small_v2(), p)
+    (tmp_path / "eagle3_capture_pid1_tp0_000001.pt.tmp").write_bytes(b"in flight")
+    reader = df.DumpReader(str(tmp_path))
+    assert [r.path for r in reader.refresh()] == [str(p)]
+    bad = tmp_path / df.file_name(1, 0, 2)
+    bad.write_bytes(b"not a torch file")
+    with pytest.raises(df.DumpError, match="not a readable dump record"):
+        reader.refresh()
+    with pytest.raises(df.DumpError, match="no such file or directory"):
+        df.dump_files(str(tmp_path / "nowhere"))

@@ -1,5 +1,7 @@
-"""The import graph of python/eagle3_capture has no cycle, lazy imports (inside functions) included: every module's
-imports, read with `ast`, point down a tree of concerns (entry points -> features -> shared leaves)."""
+"""The import graph of python/eagle3_capture, read with `ast` (lazy imports inside functions included): it has no
+cycle (every module's imports point down a tree of concerns: entry points -> features -> shared leaves), no doctor
+command imports another (what two commands share lives in the doctor's parts), and no module reaches for a private
+(`_name`) of another module, by `from m import _name` or `m._name`."""
 from __future__ import annotations
 
 import ast
@@ -89,6 +91,73 @@ def find_cycle(graph: Dict[str, Set[str]]) -> Optional[List[str]]:
     return None
 
 
+def _bound_modules(tree, name: str, is_package: bool, known: Set[str]) -> Dict[str, str]:
+    """Local name -> package module, for the names a module's imports bind to whole modules."""
+    out: Dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.asname and a.name in known:
+                    out[a.asname] = a.name
+        elif isinstance(node, ast.ImportFrom):
+            mod = _resolve(name, is_package, node.level, node.module) if node.level else (node.module or "")
+            for a in node.names:
+                if f"{mod}.{a.name}" in known:
+                    out[a.asname or a.name] = f"{mod}.{a.name}"
+    return out
+
+
+def _top_level_names(path: Path) -> Set[str]:
+    """The names a module's own top level binds (defs, classes, assignments, imports)."""
+    names: Set[str] = set()
+    for node in ast.parse(path.read_text(), filename=str(path)).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for t in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+                names.update(n.id for n in ast.walk(t) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return names
+
+
+def private_reaches(name: str, path: Path, known: Set[str], root: Path = ROOT) -> List[str]:
+    """Each place where module `name` uses a private name of another package module: ``from m import _x`` (unless
+    ``_x`` is a submodule of package ``m``, e.g. the compiled ``_C``, which its ``__init__`` does not bind) or
+    ``m._x`` on a name bound to module m."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    is_package = path.name == "__init__.py"
+    mods = package_modules(root)
+    out = []
+
+    def private(n: str) -> bool:
+        return n.startswith("_") and not n.startswith("__")
+
+    def submodule(package: str, n: str) -> bool:
+        init = mods.get(package)
+        return f"{package}.{n}" in known or (init is not None and init.name == "__init__.py"
+                                              and n not in _top_level_names(init))
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            mod = _resolve(name, is_package, node.level, node.module) if node.level else (node.module or "")
+            if mod not in known or mod == name:
+                continue
+            for a in node.names:
+                if private(a.name) and not submodule(mod, a.name):
+                    out.append(f"{name}:{node.lineno}: from {mod} import {a.name}")
+    bound = _bound_modules(tree, name, is_package, known)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and private(node.attr):
+            mod = bound.get(node.value.id)
+            if mod is not None and mod != name:
+                out.append(f"{name}:{node.lineno}: {node.value.id}.{node.attr} ({mod})")
+    return out
+
+
+COMMANDS = f"{PACKAGE}.doctor.commands"
+
+
 def test_package_import_graph_has_no_cycle():
     graph = import_graph()
     assert len(graph) > 30, f"expected the whole package, got {sorted(graph)}"
@@ -96,16 +165,75 @@ def test_package_import_graph_has_no_cycle():
     assert cycle is None, "import cycle in python/eagle3_capture: " + " -> ".join(cycle)
 
 
+def test_no_doctor_command_imports_another():
+    graph = import_graph()
+    commands = {m for m in graph if m.startswith(COMMANDS + ".")}
+    assert len(commands) >= 6, f"expected the doctor's subcommands under {COMMANDS}, got {sorted(commands)}"
+    crossing = sorted(f"{m} -> {t}" for m in commands for t in graph[m] if t in commands)
+    assert not crossing, "a doctor command imports another (move what they share into a part): " + "; ".join(crossing)
+
+
+def test_the_doctors_parts_form_no_cycle():
+    """Read a package (or a top-level module) of the doctor as one node: the parts import one another down a tree
+    too, not only their modules."""
+    doctor = f"{PACKAGE}.doctor."
+
+    def part(m: str) -> Optional[str]:
+        return m[len(doctor):].split(".")[0] if m.startswith(doctor) else None
+
+    parts: Dict[str, Set[str]] = {}
+    for m, targets in import_graph().items():
+        if part(m) is not None:
+            parts.setdefault(part(m), set()).update(part(t) for t in targets if part(t) not in (None, part(m)))
+    assert {"commands", "target", "draft", "replay", "fingerprint", "sglang_model"} <= set(parts), sorted(parts)
+    cycle = find_cycle(parts)
+    assert cycle is None, "the doctor's parts import each other in a cycle: " + " -> ".join(cycle)
+
+
+def test_no_module_uses_a_private_name_of_another():
+    mods = package_modules()
+    known = set(mods)
+    found = [r for name, path in mods.items() for r in private_reaches(name, path, known)]
+    assert not found, "private names used across modules: " + "; ".join(found)
+
+
+def write_package(root: Path, files: Dict[str, str]) -> Path:
+    """A package named like the real one under `root`, its files given as {relative path: source}."""
+    pkg = root / PACKAGE
+    for rel, text in files.items():
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_text(text)
+    return pkg
+
+
+def test_the_private_name_rule_sees_both_spellings(tmp_path):
+    pkg = write_package(tmp_path, {
+        "__init__.py": "_shown = 1\n", "a.py": "def _hidden():\n    pass\n\ndef shown():\n    pass\n",
+        "sub/__init__.py": "", "sub/_inner.py": "",
+        "sub/b.py": "from ..a import _hidden, shown\nfrom . import _inner\n",
+        "sub/c.py": "def f():\n    from .. import a as alias\n    return alias._hidden\n",
+        "sub/d.py": "from .. import a\n\ndef g():\n    return a.shown\n",
+        "e.py": "from . import _C\n", "f.py": "from . import _shown\n"})
+    mods = package_modules(pkg)
+    known = set(mods)
+
+    def reaches(m):
+        return private_reaches(f"{PACKAGE}.{m}", mods[f"{PACKAGE}.{m}"], known, pkg)
+
+    assert reaches("sub.b") == [f"{PACKAGE}.sub.b:1: from {PACKAGE}.a import _hidden"]
+    assert reaches("sub.c") == [f"{PACKAGE}.sub.c:3: alias._hidden ({PACKAGE}.a)"]
+    assert reaches("sub.d") == []
+    # a compiled submodule (no .py here) that the package's __init__ does not bind is a module, not a name of it
+    assert reaches("e") == [] and reaches("f") == [f"{PACKAGE}.f:1: from {PACKAGE} import _shown"]
+
+
 def test_graph_reader_sees_lazy_and_relative_imports(tmp_path):
     """The reader must see what the rule is about: a lazy import inside a function closing a cycle, relative
     imports at every depth, and `from pkg import submodule`."""
-    pkg = tmp_path / PACKAGE
-    (pkg / "sub").mkdir(parents=True)
-    (pkg / "__init__.py").write_text("from .a import f\n")
-    (pkg / "a.py").write_text("from .sub import b\n\ndef f():\n    return b\n")
-    (pkg / "sub" / "__init__.py").write_text("")
-    (pkg / "sub" / "b.py").write_text("def g():\n    from ..a import f\n    return f\n")
-    (pkg / "c.py").write_text("import eagle3_capture.sub.b\nfrom eagle3_capture import a\n")
+    pkg = write_package(tmp_path, {
+        "__init__.py": "from .a import f\n", "a.py": "from .sub import b\n\ndef f():\n    return b\n",
+        "sub/__init__.py": "", "sub/b.py": "def g():\n    from ..a import f\n    return f\n",
+        "c.py": "import eagle3_capture.sub.b\nfrom eagle3_capture import a\n"})
     graph = import_graph(pkg)
     assert graph[f"{PACKAGE}.a"] == {f"{PACKAGE}.sub.b"}
     assert graph[f"{PACKAGE}.sub.b"] == {f"{PACKAGE}.a"}

@@ -5,6 +5,10 @@ with a different integer convention, and a tap that is off by one layer still pr
 shape: the draft runs, and acceptance collapses silently. This module gives the taps one canonical name and
 makes every conversion explicit, validated, and loud on error.
 
+One file over 400 lines: it is one class (TapSpec) with a from_/to_ pair per convention and the checks those
+conversions share (range, order, duplicates, width, the final boundary); split, each convention's checks would live
+apart from the others they must agree with, and the round-trip tests cover the file as one unit.
+
 Canonical taps (decoder layers numbered 0..L-1):
 
 * ``Embedding``       -- the embedding output, i.e. the input of layer 0.

@@ -396,12 +396,13 @@ class PackedGatherer:
             offset = sum(rows[: self.rank])
         else:
             offset = 0
+        from . import ops  # the p2p backend only: the collective ones need no extension
+
         src, dst, seg_len = self._segments()
         local = local if local.stride(-1) == 1 else local.contiguous()
-        torch.ops.eagle3_capture.gather_p2p_(self._out, local, self._out_ptrs, self._flag_ptrs, self._flags,
-                                             self._error, self.rank, offset, src, dst, seg_len, self.blocks,
-                                             self.timeout_s if timeout_s is None else timeout_s,
-                                             gather_backend.SIGNAL_CODES[self.signal], trap)
+        ops.gather_p2p_(self._out, local, self._out_ptrs, self._flag_ptrs, self._flags, self._error, self.rank, offset,
+                        src, dst, seg_len, self.blocks, self.timeout_s if timeout_s is None else timeout_s,
+                        gather_backend.SIGNAL_CODES[self.signal], trap)
         return view
 
     def _gather_collective(self, local, out, rows) -> torch.Tensor:

@@ -80,7 +80,7 @@ _DEMO = {}
 def demo_fast():
     """The fast demo (doctor demo --fast --no-plot? no: with the plot), once per process: (DemoResult, out dir)."""
     if "res" not in _DEMO:
-        from eagle3_capture.doctor.demo import run_demo
+        from eagle3_capture.doctor.demo.run import run_demo
 
         out = tempfile.mkdtemp(prefix="e3demo_")
         atexit.register(shutil.rmtree, out, True)  # the test process's own copy: gone when it exits
@@ -95,10 +95,10 @@ def replay_demo(demo_out: str, prompts, new_tokens: int, flags=(3, 1, 4)):
     SGLang's walk), what a correct server answers."""
     import torch
 
-    from eagle3_capture.doctor.draft_side import load_draft_side
-    from eagle3_capture.doctor.replay import evaluate, served_walks
-    from eagle3_capture.doctor.server_args import SpecResolution
-    from eagle3_capture.doctor.target_transformers import TransformersTarget
+    from eagle3_capture.doctor.draft.side import load_draft_side
+    from eagle3_capture.doctor.replay.evaluate import evaluate, served_walks
+    from eagle3_capture.doctor.sglang_model.flag_rules import SpecResolution
+    from eagle3_capture.doctor.target.model_side import TransformersTarget
 
     side = TransformersTarget.load(os.path.join(demo_out, "target"), device="cpu", seed=0, quiet=True)
     m = side.target.model

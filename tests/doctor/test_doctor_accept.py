@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from doctor_helpers import assert_clean_error, cli, demo_fast, write_json
-from eagle3_capture.doctor.accept import metrics
-from eagle3_capture.doctor.serving import chain_accepted
+from eagle3_capture.doctor.replay.metrics import metrics
+from eagle3_capture.doctor.sglang_model.serving import chain_accepted
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -45,7 +45,7 @@ def small_prompts(demo, tmp_path_factory):
 def test_draft_fc_through_the_op_equals_plain_torch(demo):
     """The draft's fc in doctor accept runs through ops.draft_fc; it must equal the plain-torch fc it was trained
     with."""
-    from eagle3_capture.doctor.draft_checkpoint import load_draft
+    from eagle3_capture.doctor.draft.checkpoint import load_draft
 
     res, out = demo
     d = load_draft(os.path.join(out, "draft"))
@@ -106,7 +106,7 @@ def test_dump_reference_pre_and_post_norm(demo, small_prompts, tmp_path):
     applied to final_prenorm gives HF's last entry, and hidden_states[0] is the embedding lookup."""
     from safetensors.torch import load_file
 
-    from eagle3_capture.doctor.target_model import build_demo_target
+    from eagle3_capture.doctor.target.model import build_demo_target
 
     res, out = demo
     code, text, err = cli("doctor", "dump-reference", "--model", os.path.join(out, "target"), "--prompts",
@@ -214,7 +214,7 @@ def test_load_draft_reads_what_the_index_names_and_refuses_raw_fp8(demo, tmp_pat
     from safetensors.torch import load_file, save_file
 
     from eagle3_capture.doctor.common import DoctorError
-    from eagle3_capture.doctor.draft_checkpoint import load_draft
+    from eagle3_capture.doctor.draft.checkpoint import load_draft
 
     res, out = demo
     src = os.path.join(out, "draft")

@@ -97,7 +97,7 @@ def test_accept_flags_no_draft_can_run_are_one_line(pair, flags, needle):
 
 
 def test_online_flags_no_draft_can_run_are_one_line(pair, tmp_path):
-    from eagle3_capture.doctor.serving import walk
+    from eagle3_capture.doctor.sglang_model.serving import walk
 
     prompts = json.load(open(pair["prompts"]))
     s = walk([1] * 8, 8)

@@ -8,7 +8,7 @@ import pytest
 from eagle3_capture.spec import LayerOutput
 from doctor_helpers import DSV3_61, KIMI, assert_clean_error, cli, cli_subprocess, draft_config, write_json
 from eagle3_capture import sglang_releases
-from eagle3_capture.doctor.checks import run_check
+from eagle3_capture.doctor.deployment.check import run_check
 
 
 @pytest.fixture(autouse=True)
@@ -307,3 +307,19 @@ def test_no_traceback_in_a_fresh_process(tmp_path):
     code, out, err = cli_subprocess("doctor", "check", "--target-config", KIMI, "--draft-config",
                                     os.path.join(CFG, "draft_eagle_config_ids.json"), "--sglang-version", "0.5")
     assert_clean_error(code, out, err, "--sglang-version")
+
+
+def test_check_loads_no_torch(tmp_path):
+    """`doctor check` without --reference reads configs and flags only: it never imports torch (the doctor's
+    package docstring promises it), in a fresh interpreter; its exit code is the usual one."""
+    import subprocess
+    import sys
+
+    d = str(write_json(tmp_path / "draft.json", draft_config([-1, 2, 30])))
+    script = ("import sys\nfrom eagle3_capture.cli import main\n"
+              f"code = main(['doctor', 'check', '--target-config', {KIMI!r}, '--draft-config', {d!r}, "
+              "'--server-args', '--speculative-algorithm EAGLE3 --tp 8'])\n"
+              "print('torch' in sys.modules, code)\n")
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip().splitlines()[-1] == "False 1", p.stdout[-500:]

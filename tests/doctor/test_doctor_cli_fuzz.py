@@ -116,7 +116,8 @@ def doctor_argv(draw, scratch):
 
 @contextlib.contextmanager
 def recorded_commands():
-    """The doctor's commands replaced, for the block only, by a recorder that prints which one it was given."""
+    """The doctor's commands replaced, for the block only, by a recorder that prints which one it was given (every
+    subcommand goes through cli.run_command once its flags are parsed)."""
     from eagle3_capture.doctor import cli as dcli
 
     def recorder(args):
@@ -124,9 +125,7 @@ def recorded_commands():
         return 0
 
     with pytest.MonkeyPatch.context() as mp:
-        for name in ("_cmd_check", "_cmd_fingerprint", "_cmd_dump_reference", "_cmd_accept", "_cmd_online",
-                     "_cmd_demo"):
-            mp.setattr(dcli, name, recorder)
+        mp.setattr(dcli, "run_command", recorder)
         yield
 
 
@@ -251,7 +250,7 @@ META_VALUE = st.one_of(st.text(max_size=10), JSON_VALUE.map(json.dumps), st.samp
 
 
 def _reference(path, data, mutate: bool):
-    from eagle3_capture.doctor.fingerprint import REFERENCE_FORMAT
+    from eagle3_capture.doctor.fingerprint.files import REFERENCE_FORMAT
 
     stack = _good_stack()
     t = {"hidden_states": torch.cat([stack[:L], (stack[L] * 1.7)[None]]), "final_prenorm": stack[L].clone(),
@@ -413,7 +412,7 @@ def served_prompt(demo_pair):
 
 
 def sglang_could_report(meta: dict, out_len: int, prompt_len: int, flags=ONLINE_FLAGS) -> bool:
-    """The oracle, written apart from doctor/responses.py: simulate SGLang 0.5.23's counters for every verify
+    """The oracle, written apart from doctor/sglang_model/responses.py: simulate SGLang 0.5.23's counters for every verify
     order the counts allow and see whether one gives these figures (and a response the replay can use: ignore_eos
     run to max_new_tokens, no retraction)."""
     S, k, D = flags

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from eagle3_capture.doctor.common import DoctorError
-from eagle3_capture.doctor.draft_checkpoint import load_draft, save_draft
-from eagle3_capture.doctor.draft_mla import MLA_DRAFT_ARCH, softmax_scale
-from eagle3_capture.doctor.draft_model import DraftArch, Eagle3Draft
+from eagle3_capture.doctor.draft.checkpoint import load_draft, save_draft
+from eagle3_capture.doctor.draft.mla import MLA_DRAFT_ARCH, softmax_scale
+from eagle3_capture.doctor.draft.model import DraftArch, Eagle3Draft
 
 # the rope_scaling of Kimi-K2's config.json (moonshotai/Kimi-K2-Instruct-0905; rope_theta 50000), on a small draft
 KIMI_YARN = {"type": "yarn", "factor": 64.0, "original_max_position_embeddings": 4096, "beta_fast": 1.0,
@@ -241,9 +241,9 @@ def test_the_replay_runs_the_mla_draft_in_chain_and_tree(S, k, D):
     """The chain replay (unroll) and SGLang's tree (rows_step, k rows per anchor with their own draft KV; against
     test_doctor_serving's direct rendering of SGLang's EAGLE worker for one anchor) on the MLA draft, whose values
     are narrower than its keys."""
-    from eagle3_capture.doctor.replay import chain_correct_taps
-    from eagle3_capture.doctor.serving import tree_accepted_taps
-    from test_doctor_serving import _sglang_tree_one_anchor
+    from eagle3_capture.doctor.replay.evaluate import chain_correct_taps
+    from eagle3_capture.doctor.sglang_model.serving import tree_accepted_taps
+    from test_doctor_serving import sglang_tree_one_anchor
 
     arch = mla_arch(fc_norm=True)
     draft = seeded(arch, seed=5, dtype=torch.float32)
@@ -259,6 +259,6 @@ def test_the_replay_runs_the_mla_draft_in_chain_and_tree(S, k, D):
     assert correct[..., 0].all()
     tree = tree_accepted_taps(draft, taps, seq, greedy, S, k, D, first_anchor=2, use_op=False)
     with torch.no_grad():
-        direct = [_sglang_tree_one_anchor(draft, taps[:, : T - S], seq, greedy, t, S, k, D)[0]
+        direct = [sglang_tree_one_anchor(draft, taps[:, : T - S], seq, greedy, t, S, k, D)[0]
                   for t in range(2, T - S)]
     assert tree[0].tolist() == direct and min(direct) >= 1

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from doctor_helpers import assert_clean_error, cli
-from eagle3_capture.doctor.fingerprint import fingerprint, load_captured, save_captured
-from eagle3_capture.doctor.reference_dump import write_reference
+from eagle3_capture.doctor.fingerprint.files import load_captured, save_captured
+from eagle3_capture.doctor.fingerprint.reference import fingerprint
+from eagle3_capture.doctor.fingerprint.reference_dump import write_reference
 from eagle3_capture.spec import EMBEDDING, LayerOutput, TapSpec
 
 L, H, T = 6, 32, 40

@@ -12,8 +12,9 @@ import torch
 from safetensors.torch import save_file
 
 from doctor_helpers import REPO, assert_clean_error, cli
-from eagle3_capture.doctor.fingerprint import fingerprint, save_captured
-from eagle3_capture.doctor.reference_dump import write_reference
+from eagle3_capture.doctor.fingerprint.files import save_captured
+from eagle3_capture.doctor.fingerprint.reference import fingerprint
+from eagle3_capture.doctor.fingerprint.reference_dump import write_reference
 
 L, H, T = 5, 16, 30
 DRAFT_IDS = [-1, 1, 4]
@@ -180,7 +181,7 @@ def test_a_reference_nan_at_every_captured_token_blames_the_reference(tmp_path):
 # ----------------------------------------------------------------------------------------------------------------
 
 def _ref_variant(ref, name, tensors=None, meta=None, drop=()):
-    from eagle3_capture.doctor.fingerprint import REFERENCE_FORMAT
+    from eagle3_capture.doctor.fingerprint.files import REFERENCE_FORMAT
 
     stack = ref["stack"]
     post = _post(stack)
@@ -294,8 +295,8 @@ def _fingerprint_peak_mb(reference: str, captured: str) -> float:
     code = f"""
 import re
 import torch, safetensors.torch
-from eagle3_capture.doctor.fingerprint import fingerprint
-from eagle3_capture.doctor.fingerprint import load_captured
+from eagle3_capture.doctor.fingerprint.reference import fingerprint
+from eagle3_capture.doctor.fingerprint.files import load_captured
 load_captured({captured!r})
 
 def status(key):

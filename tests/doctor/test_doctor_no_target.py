@@ -184,27 +184,6 @@ def test_bad_dumps_are_one_line_each(tf, tmp_path):
     assert_clean_error(*_online(tf, "--dump", good, "--target", "demo"), "one or the other")
 
 
-def test_dump_fields_are_checked(tmp_path):
-    from eagle3_capture.doctor.common import DoctorError
-    from eagle3_capture.doctor.dump_records import record_from_dict
-
-    base = {"format": "eagle3-capture-dump/2", "forward_mode": "EXTEND", "input_ids": torch.arange(4),
-            "positions": torch.arange(4), "requests": [{"rid": "r", "row_start": 0, "row_end": 4, "prefix_len": 0}],
-            "aux": torch.zeros(4, 6), "layers_to_capture": [0, 1, 2], "stream": torch.zeros(2, 4, 2),
-            "stream_layer_inputs": [0, 1], "num_layers": 3, "hidden_size": 2}
-    assert record_from_dict(base, "x").rows == 4
-    bad = [({"positions": torch.arange(3)}, "positions"), ({"aux": torch.zeros(3, 6)}, "aux"),
-           ({"aux": torch.zeros(4, 5)}, "layers_to_capture"), ({"stream": torch.zeros(3, 4, 2)}, "stream"),
-           ({"stream_layer_inputs": [0, 9]}, "stream_layer_inputs"),
-           ({"requests": [{"rid": "r", "row_start": 0, "row_end": 5}]}, "requests[0]"),
-           ({"requests": [{"rid": 3, "row_start": 0, "row_end": 4}]}, "rid"), ({"input_ids": torch.zeros(4)},
-                                                                              "input_ids"),
-           ({"hidden_size": 0}, "hidden_size")]
-    for change, needle in bad:
-        with pytest.raises(DoctorError, match=needle.replace("[", r"\[").replace("]", r"\]")):
-            record_from_dict({**base, **change}, "x")
-
-
 def test_teacher_forced_pass_through_a_server(tf, tmp_path):
     """ServerTarget.teacher_force against a stand-in for the server's HTTP answers (`post`): the extension, then
     the teacher-forced prefill with its rid and input logprobs; the dump records of those rids appear a moment later
@@ -213,7 +192,7 @@ def test_teacher_forced_pass_through_a_server(tf, tmp_path):
     import time
 
     from dump_helpers import record_path, write_v2_record
-    from eagle3_capture.doctor.target_server import ServerTarget
+    from eagle3_capture.doctor.target.server_side import ServerTarget
 
     t = tf["t"]
     prompts = t.prompts
@@ -253,8 +232,8 @@ def test_teacher_forced_pass_through_a_server(tf, tmp_path):
     side = ServerTarget.teacher_force("http://stand-in", d, prompts, outputs, 3, post, timeout=30, concurrency=2,
                                       progress=False)
     assert len(sent) == len(prompts) and len(set(sent)) == len(prompts)
-    from eagle3_capture.doctor.replay import evaluate, served_walks
-    from eagle3_capture.doctor.server_args import SpecResolution
+    from eagle3_capture.doctor.replay.evaluate import evaluate, served_walks
+    from eagle3_capture.doctor.sglang_model.flag_rules import SpecResolution
 
     runs = evaluate(side, t.draft_side.draft, prompts, t.draft_side.taps, 3, N, SpecResolution(3, 1, 4), 8, False)
     assert [(s.verify_ct, s.histogram) for s in served_walks(runs, N)] == [(s.verify_ct, s.histogram)
@@ -265,17 +244,17 @@ def test_teacher_forced_pass_through_a_server(tf, tmp_path):
 
 def test_teacher_forced_answers_that_are_not_usable(tmp_path):
     from eagle3_capture.doctor.common import DoctorError
-    from eagle3_capture.doctor.target_server import _greedy_from_logprobs
+    from eagle3_capture.doctor.target.server_side import greedy_from_logprobs
 
     ok = {"output_ids": [5], "meta_info": {"input_top_logprobs": [None, [[-1.0, 3, None]], [[-2.0, 4, None]]]}}
-    assert _greedy_from_logprobs(ok, "x", 3).tolist() == [3, 4, 5]
+    assert greedy_from_logprobs(ok, "x", 3).tolist() == [3, 4, 5]
     for bad, needle in (({"output_ids": [5], "meta_info": {}}, "input_top_logprobs"),
                         ({"output_ids": [5], "meta_info": {"input_top_logprobs": [None, [[-1.0]], None]}},
                          r"input_top_logprobs\[1\]"),
                         ({"meta_info": ok["meta_info"]}, "no output_ids"), ("nope", "no meta_info")):
         with pytest.raises(DoctorError, match=needle):
-            _greedy_from_logprobs(bad, "x", 3)
-    from eagle3_capture.doctor.target_server import wait_for_requests
+            greedy_from_logprobs(bad, "x", 3)
+    from eagle3_capture.doctor.target.server_side import wait_for_requests
 
     with pytest.raises(DoctorError, match="are not in it"):
         wait_for_requests(str(tmp_path), ["eagle3-doctor-x-0"], [torch.arange(4)], 0.5)

@@ -17,10 +17,10 @@ N = 10
 def recorded(tmp_path_factory):
     """What a server serving the demo pair correctly returns, built from the offline replay: (dir, prompts path,
     responses)."""
-    from eagle3_capture.doctor.draft_side import load_draft_side
-    from eagle3_capture.doctor.replay import evaluate, served_walks
-    from eagle3_capture.doctor.server_args import SpecResolution
-    from eagle3_capture.doctor.target_transformers import TransformersTarget
+    from eagle3_capture.doctor.draft.side import load_draft_side
+    from eagle3_capture.doctor.replay.evaluate import evaluate, served_walks
+    from eagle3_capture.doctor.sglang_model.flag_rules import SpecResolution
+    from eagle3_capture.doctor.target.model_side import TransformersTarget
 
     res, out = demo_fast()
     root = tmp_path_factory.mktemp("online")
@@ -64,7 +64,7 @@ def test_matching_responses(recorded, tmp_path):
 
 
 def test_fewer_accepted_drafts_online_is_a_mismatch_at_that_step(recorded, tmp_path):
-    from eagle3_capture.doctor.serving import walk
+    from eagle3_capture.doctor.sglang_model.serving import walk
 
     lines = json.loads(json.dumps(recorded[2]))
     # one prompt served by a draft that never gets a token right (as a miswired capture would): SGLang's own walk
@@ -125,7 +125,7 @@ def _one_line_bad_input(code, text, err, *needles):
 
 
 def test_impossible_counts_are_bad_input_naming_the_record(recorded, tmp_path):
-    """Counts no server reports (doctor/responses.py says why each relation holds) end in exit 2 naming the line and
+    """Counts no server reports (doctor/sglang_model/responses.py says why each relation holds) end in exit 2 naming the line and
     the field: never 'matches', never the capture-mismatch verdict."""
     lines = recorded[2]
 

@@ -1,4 +1,4 @@
-"""A server's responses as `doctor online` reads them (doctor/responses.py): every walk SGLang's loop can take gives
+"""A server's responses as `doctor online` reads them (doctor/sglang_model/responses.py): every walk SGLang's loop can take gives
 counts that pass, and counts that no walk gives -- zero verifies, more verifies than tokens, a histogram beyond
 num-steps or that disagrees with completion_tokens, completion_tokens 0, two records for one prompt -- are bad input
 naming the record and the field. The newer meta_info names (spec_num_correct_drafts / spec_num_proposed_drafts)
@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from conftest import fuzz_examples
 from eagle3_capture.doctor.common import DoctorError
-from eagle3_capture.doctor.responses import check_counts, parse_response, read_recorded
-from eagle3_capture.doctor.serving import walk
+from eagle3_capture.doctor.sglang_model.responses import check_counts, parse_response, read_recorded
+from eagle3_capture.doctor.sglang_model.serving import walk
 
 CHAIN = (3, 1, 4)
 GOOD = [3, 1, 0, 2, 3, 3, 0, 1, 2, 3]  # accepted draft tokens at anchors 0..9

@@ -7,9 +7,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from eagle3_capture.doctor.common import DoctorError
-from eagle3_capture.doctor.server_args import (
-    parse_server_args, resolve_speculative, speculative_findings, parallel_findings,
-)
+from eagle3_capture.doctor.sglang_model.flag_rules import parallel_findings, resolve_speculative, speculative_findings
+from eagle3_capture.doctor.sglang_model.server_args import parse_server_args
 from eagle3_capture.spec import TapSpec
 
 

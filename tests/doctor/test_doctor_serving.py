@@ -1,4 +1,4 @@
-"""SGLang's speculative loop replayed (doctor/serving.py): the walk and its meta_info figures on hand-made
+"""SGLang's speculative loop replayed (doctor/sglang_model/serving.py): the walk and its meta_info figures on hand-made
 per-anchor results, and the tree drafting against a direct, unvectorised rendering of SGLang's algorithm. The
 figures are checked against SGLang's real serving loop by the engine tests (tests/engine)."""
 import os
@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from doctor_helpers import demo_fast
-from eagle3_capture.doctor.serving import Served, step_acceptance, total, tree_accepted, tree_candidates, walk
+from eagle3_capture.doctor.sglang_model.serving import Served, step_acceptance, total, tree_accepted, tree_candidates, walk
 
 
 def test_walk_by_hand():
@@ -52,10 +52,10 @@ def test_totals_and_step_acceptance():
 # the tree, against a direct rendering of SGLang 0.5.23's EAGLE worker for one anchor
 # ----------------------------------------------------------------------------------------------------------------
 
-def _sglang_tree_one_anchor(draft, taps, seq, greedy, t, S, k, D):
+def sglang_tree_one_anchor(draft, taps, seq, greedy, t, S, k, D):
     """One anchor t, written out as SGLang's draft / organize_draft_results / build_tree / verify do it, with
     the draft KV laid out per row slot (select_top_k_tokens, assign_draft_cache_locs)."""
-    from eagle3_capture.doctor.draft_model import DraftKV
+    from eagle3_capture.doctor.draft.model import DraftKV
 
     T = taps.shape[1]
     pos = torch.arange(T)[None]
@@ -96,8 +96,8 @@ def _sglang_tree_one_anchor(draft, taps, seq, greedy, t, S, k, D):
 
 @pytest.mark.parametrize("S,k,D", [(3, 2, 6), (2, 3, 7), (4, 2, 8), (1, 4, 3)])
 def test_tree_matches_a_direct_rendering(S, k, D):
-    from eagle3_capture.doctor.draft_checkpoint import load_draft
-    from eagle3_capture.doctor.target_model import build_demo_target, greedy_continue, residual_stream
+    from eagle3_capture.doctor.draft.checkpoint import load_draft
+    from eagle3_capture.doctor.target.model import build_demo_target, greedy_continue, residual_stream
 
     res, out = demo_fast()
     draft = load_draft(os.path.join(out, "draft"))
@@ -111,7 +111,7 @@ def test_tree_matches_a_direct_rendering(S, k, D):
         fast = tree_accepted(draft, stack, seq, greedy, idx, S, k, D, first_anchor=19)
         Tp = seq.shape[1] - S
         taps = stack[:, :Tp, idx].reshape(1, Tp, -1)
-        direct = [_sglang_tree_one_anchor(draft, taps, seq, greedy, t, S, k, D) for t in range(19, Tp)]
+        direct = [sglang_tree_one_anchor(draft, taps, seq, greedy, t, S, k, D) for t in range(19, Tp)]
         tree = tree_candidates(draft, taps, seq, S, k, D)
     assert fast[0].tolist() == [d[0] for d in direct]
     assert max(d[0] for d in direct) > 0  # a trained draft accepts something

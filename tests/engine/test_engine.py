@@ -504,8 +504,8 @@ def test_bad_inputs_against_the_servers_dump(pair, launched, tmp_path):
 
     import torch
 
-    from eagle3_capture.doctor.dump_records import load_record
-    from eagle3_capture.doctor.training_data import save_sample
+    from eagle3_capture.dump_format.reader import load_record
+    from eagle3_capture.doctor.target.training_data import save_sample
 
     dump = launched["dump"]
     base = ("--draft", pair.draft, "--server-args", flags_text(CHAIN), "--no-progress", "--device", "cpu")
@@ -555,7 +555,7 @@ def test_every_served_response_passes_the_doctors_count_checks(request, which, f
     """doctor/responses.py derives the relations between completion_tokens, the verifies, the histogram and the
     newer counters from SGLang 0.5.23's source: every response its serving loop returns satisfies them, for a chain
     and a tree, served right or miswired; 0.5.23 writes the old names and the newer ones side by side."""
-    from eagle3_capture.doctor.responses import check_counts, read_recorded
+    from eagle3_capture.doctor.sglang_model.responses import check_counts, read_recorded
 
     srv = request.getfixturevalue(which)
     srv = srv["served"] if isinstance(srv, dict) else srv[0] if isinstance(srv, tuple) else srv

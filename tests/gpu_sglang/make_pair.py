@@ -56,7 +56,7 @@ def write_stock_draft(draft_dir: str, out_dir: str) -> list:
 
 
 def _demo(out_dir: str, device: str, threads: int):
-    from eagle3_capture.doctor.demo import run_demo
+    from eagle3_capture.doctor.demo.run import run_demo
 
     return run_demo(out_dir=out_dir, fast=True, device=device, threads=threads if device == "cpu" else None, seed=0,
                     plot=False, progress=False)
@@ -115,7 +115,7 @@ def main(argv=None) -> int:
     info["stock_ids"] = write_stock_draft(draft, draft_stock)
 
     # the target's own greedy continuation (transformers), on the device the demo used
-    from eagle3_capture.doctor.target_model import greedy_continue, load_target
+    from eagle3_capture.doctor.target.model import greedy_continue, load_target
 
     t1 = time.time()
     dev = info["device"]

@@ -91,15 +91,16 @@ def log_checks(log: str) -> dict:
 
 
 def dump_index(dump_dir: str, prompts: List[List[int]], windows: Optional[dict] = None) -> dict:
-    """What the plugin's capture dump (format v2, python/eagle3_capture/dump_format.py) holds: per file the forward
-    mode, whether it was replayed from a CUDA graph, rows, request ids, whether the rows hold a served prompt (its
-    tokens in order at some offset), and the round it was written in. A warm-up or capture pass of SGLang's has no
-    request ids: a dump of served traffic holds none."""
+    """What the plugin's capture dump holds, each file read and checked by the dump format's one reader
+    (eagle3_capture.dump_format): per file the format version, the forward mode, whether it was replayed from a CUDA
+    graph, rows, request ids, whether the rows hold a served prompt (its tokens in order at some offset), and the
+    round it was written in; a file that does not load or breaks the format is an error. A warm-up or capture pass of
+    SGLang's has no request ids: a dump of served traffic holds none."""
     files = sorted(glob.glob(os.path.join(dump_dir, "*.pt")))
     out = {"dir": dump_dir, "files": len(files), "records": []}
     if not files:
         return out
-    import torch
+    from eagle3_capture.dump_format import DumpError, load_record
 
     def holds_prompt(ids: List[int]) -> int:
         n = 0
@@ -112,17 +113,15 @@ def dump_index(dump_dir: str, prompts: List[List[int]], windows: Optional[dict] 
     for path in files:
         rec = {"file": os.path.basename(path)}
         try:
-            d = torch.load(path, map_location="cpu", weights_only=False)
-            ids = d["input_ids"].tolist() if d.get("input_ids") is not None else []
-            reqs = d.get("requests") or []
-            aux = d.get("aux")
-            rec.update(format=d.get("format"), forward_mode=d.get("forward_mode"), graph=d.get("graph"),
-                       rows=len(ids), aux_shape=list(aux.shape) if aux is not None else None,
-                       layers_to_capture=d.get("layers_to_capture"), draft_ids=d.get("draft_ids"),
-                       requests=len(reqs), rids_missing=sum(1 for r in reqs if r.get("rid") is None),
-                       served_prompts=holds_prompt(ids))
-        except Exception as e:
-            rec["error"] = f"{type(e).__name__}: {e}"
+            r = load_record(path)
+            ids = r.input_ids.tolist()
+            reqs = r.requests or []
+            rec.update(version=r.version, forward_mode=r.forward_mode, graph=r.graph, rows=r.rows,
+                       aux_shape=list(r.aux.shape) if r.aux is not None else None,
+                       layers_to_capture=r.layers_to_capture, draft_ids=r.draft_ids, requests=len(reqs),
+                       rids_missing=sum(1 for q in reqs if q.rid is None), served_prompts=holds_prompt(ids))
+        except DumpError as e:
+            rec["error"] = str(e)
         mt = os.path.getmtime(path)
         if windows:
             rec["written_in"] = next((name for name, (s, e) in windows.items() if s <= mt <= e), "outside the rounds")
@@ -132,7 +131,7 @@ def dump_index(dump_dir: str, prompts: List[List[int]], windows: Optional[dict] 
     out["with_served_prompts"] = sum(1 for r in recs if r["served_prompts"])
     out["modes"] = sorted({r["forward_mode"] for r in recs if r.get("forward_mode")})
     out["replayed_from_graph"] = sum(1 for r in recs if r.get("graph"))
-    out["not_v2"] = sum(1 for r in recs if r.get("format") != "eagle3-capture-dump/2")
+    out["not_v2"] = sum(1 for r in recs if r.get("version") != 2)
     # SGLang's warm-up / capture batches carry no request ids (a served ForwardBatch has every request's rid); an
     # extend need not hold a whole prompt (prefix cache, chunked prefill), so that is counted, not required
     out["not_served"] = sum(1 for r in recs if not r["requests"] or r["rids_missing"])
@@ -147,7 +146,7 @@ def dump_problems(name: str, d: dict) -> List[str]:
         return [f"{name}: the capture dump is empty"]
     bad = []
     if d.get("errors"):
-        bad.append(f"{name}: {d['errors']} dump files do not load")
+        bad.append(f"{name}: {d['errors']} dump files do not load or break the dump format")
     if d.get("not_v2"):
         bad.append(f"{name}: {d['not_v2']} dump files are not format v2")
     if d.get("not_served"):

@@ -66,13 +66,16 @@ def test_log_checks_reads_the_plugin_and_graph_lines():
 
 
 def _v2(ids, mode, graph=False, rids=("r0",)):
-    """A dump record as the plugin writes it (format v2), its rows split evenly between `rids`."""
+    """A dump record as the plugin writes it (format v2, every key), its rows split evenly between `rids`."""
     n, k = len(ids), len(rids)
     reqs = [{"rid": r, "row_start": i * n // k, "row_end": (i + 1) * n // k, "prefix_len": None}
             for i, r in enumerate(rids)]
-    return {"format": "eagle3-capture-dump/2", "input_ids": torch.tensor(ids), "aux": torch.randn(n, 6),
-            "forward_mode": mode, "graph": graph, "requests": reqs, "layers_to_capture": [0, 1, 4],
-            "draft_ids": [-1, 0, 3]}
+    return {"format": "eagle3-capture-dump/2", "seq": 0, "forward_mode": mode, "graph": graph,
+            "input_ids": torch.tensor(ids), "positions": torch.arange(n), "requests": reqs, "aux": torch.randn(n, 6),
+            "layers_to_capture": [0, 1, 4], "draft_ids": [-1, 0, 3], "declared": None, "declared_convention": None,
+            "describe": None, "stream": None, "stream_layer_inputs": None, "num_layers": 8, "hidden_size": 2,
+            "model_class": "DeepseekV3ForCausalLM", "dtype": "torch.float32", "tp_rank": 0, "tp_size": 1,
+            "attn_tp_rank": 0, "attn_tp_size": 1, "dp_rank": None, "writer": "test"}
 
 
 def test_dump_index_tells_served_prompts_from_warmups(tmp_path):
@@ -82,25 +85,31 @@ def test_dump_index_tells_served_prompts_from_warmups(tmp_path):
             (_v2([20, 21, 22, 23, 7, 8, 9, 10], "EXTEND", rids=("c", "d")), 300.0),
             (_v2([1, 1, 1, 1], "EXTEND", rids=(None,)), 310.0),  # warm-up-like: no rid
             (_v2([9, 10], "EXTEND", rids=("e",)), 315.0),  # a prefix-cached extend: served, no whole prompt
-            ({"input_ids": torch.tensor([7, 8, 9, 10]), "aux": torch.randn(4, 6), "forward_mode": "EXTEND"}, 320.0)]
+            ({"input_ids": torch.tensor([7, 8, 9, 10]), "positions": torch.arange(4), "aux": torch.randn(4, 6),
+              "forward_mode": "EXTEND"}, 320.0)]
     for i, (rec, mtime) in enumerate(recs):
         p = tmp_path / f"eagle3_capture_pid1_tp0_{i:06d}.pt"
         torch.save(rec, p)
         os.utime(p, (mtime, mtime))
     (tmp_path / "eagle3_capture_pid1_tp0_000009.pt").write_bytes(b"not a torch file")
+    off = _v2([1, 2], "EXTEND")
+    off.pop("writer")  # a version-2 record off the contract: the dump format's reader refuses it
+    torch.save(off, tmp_path / "eagle3_capture_pid1_tp0_000010.pt")
+    os.utime(tmp_path / "eagle3_capture_pid1_tp0_000010.pt", (400.0, 400.0))
     idx = report.dump_index(str(tmp_path), prompts, {"engine start": (0, 150), "round2": (250, 350)})
-    assert idx["files"] == 7 and idx["with_served_prompts"] == 3
+    assert idx["files"] == 8 and idx["with_served_prompts"] == 3
     assert idx["modes"] == ["EXTEND", "TARGET_VERIFY"]
-    assert (idx["replayed_from_graph"], idx["not_v2"], idx["errors"]) == (1, 1, 1)
+    assert (idx["replayed_from_graph"], idx["not_v2"], idx["errors"]) == (1, 1, 2)
     assert idx["not_served"] == 2, "the rid-less extend and the v1 record (no requests)"
     served = [r.get("served_prompts") for r in idx["records"]]
     assert served[:6] == [1, 0, 2, 0, 0, 1] and "error" in idx["records"][6]
+    assert "missing keys ['writer']" in idx["records"][7]["error"]
     assert [r["written_in"] for r in idx["records"][:3]] == ["engine start", "outside the rounds", "round2"]
     assert idx["written_in_round2"] == 4
     assert report.dump_index(str(tmp_path / "none"), prompts)["files"] == 0
     bad = "\n".join(report.dump_problems("plugin_graphs", idx))
-    assert "1 dump files do not load" in bad and "1 dump files are not format v2" in bad
-    assert "2 of 7 dumped forwards are not served traffic" in bad
+    assert "2 dump files do not load or break the dump format" in bad and "1 dump files are not format v2" in bad
+    assert "2 of 8 dumped forwards are not served traffic" in bad
     assert report.dump_problems("x", {"files": 0}) == ["x: the capture dump is empty"]
 
 

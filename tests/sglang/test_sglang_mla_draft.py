@@ -23,7 +23,7 @@ def test_sglang_loads_the_doctors_mla_checkpoint(harness, require_sglang, tmp_pa
     from sglang.srt.models.kimi_k25_eagle3 import Eagle3DeepseekV2ForCausalLM
     from transformers import DeepseekV3Config
 
-    from eagle3_capture.doctor.draft_checkpoint import save_draft
+    from eagle3_capture.doctor.draft.checkpoint import save_draft
     from test_doctor_draft_mla import KIMI_YARN, mla_arch, seeded
 
     arch = mla_arch(KIMI_YARN if yarn else None, fc_norm=True)
@@ -63,7 +63,7 @@ def test_the_doctors_mla_rope_scores_equal_sglangs(harness, require_sglang, monk
     import sglang.srt.layers.rotary_embedding.rope_variant as rope_variant
     from sglang.srt.layers.rotary_embedding.factory import get_rope_wrapper
 
-    from eagle3_capture.doctor.draft_mla import MLAAttention
+    from eagle3_capture.doctor.draft.mla import MLAAttention
     from test_doctor_draft_mla import KIMI_YARN, mla_arch
 
     monkeypatch.setattr(rope_variant, "get_device", lambda device_id=None: "cpu")

@@ -1,41 +1,27 @@
 """``eagle3-capture doctor``: find why a served EAGLE-3 draft accepts less than it should.
 
-Modules, one concern each:
-  common             user-facing errors (DoctorError -> exit 2), input files, prompts, JSONL records, threads
-  arg_types          the CLI's argument types: every flag's type and range checked, one-line errors
-  server_args        SGLang 0.5.23's speculative / parallel flag rules (modelled, checked against SGLang in tests)
-  pipelines          how the training pipelines (SpecForge HF / SGLang backends, ModelOpt) read a config's ids
-  checks             `doctor check`: trained taps vs stock SGLang's and the plugin's capture, config and flag traps
-  fingerprint        `doctor fingerprint --reference`: which reference hidden state each captured slot is
-  fingerprint_files  reading a reference and a capture (dump directory, file or safetensors) for fingerprint
-  cosine_table       the cosines behind fingerprint, streamed one reference column at a time
-  stream_match       which layer a slot holds, told by a residual stream (exact / clear / ambiguous at the noise)
-  fingerprint_stream the served slots against the server's own stream; the embedding checked bit for bit
-  fingerprint_training  SpecForge training data against the server, slot by slot and layer by layer
-  fingerprint_run    `doctor fingerprint` without a reference (and the subcommand's flag checks)
-  training_data      SpecForge's offline training samples (.ckpt)
-  reference_dump     `doctor dump-reference`: the training side's hidden states from a transformers model
-  target_side        the one interface of the target side: per prompt tokens, greedy tokens, taps
-  target_model       the demo's tiny DeepseekV3, loading targets, greedy continuations, residual-stream taps
-  target_transformers  the target side from a transformers model
-  dump_records       reading the plugin's dump: records checked field by field, requests stitched by position
-  target_stream      the target side from the server's dumped residual stream (and a recorded dump alone)
-  target_server      the target side from a live server: its teacher-forced pass and its dump
-  checkpoint_tensors single tensors (embed_tokens, lm_head) read alone from a target checkpoint's shard
-  draft_model        an EAGLE-3 draft (SpecForge / SGLang llama_eagle3 layout) in plain torch: chain and tree rows
-  draft_checkpoint   a draft checkpoint's save and load (config.json + safetensors)
-  draft_side         the draft loaded for a target: declared taps, --taps, its dtype
-  train              training the demo's draft
-  serving            SGLang 0.5.23's speculative loop replayed (chain and tree walks, verify counts, histograms)
-  replay             the draft replayed over a target side: per anchor correctness and what a verify accepts
-  accept             `doctor accept`: offline accuracy per draft step, the served accept length and tau
-  online             `doctor online`'s server side: responses, verdicts, the report
-  online_run         `doctor online`, the run: responses, target side, draft, replay, comparison
-  responses          a server's responses parsed, their counts checked against SGLang's, and online's verdict
-  demo               `doctor demo`: all of the above on the built-in pair
-  plots              the demo's PNG
-  cli                the argparse subcommands
+The command line and what every part shares:
+  cli          the argparse subcommands, each wired the same way (flags -> Options -> run -> report -> render)
+  arg_types    every flag's type and range, checked before any work (one-line errors, exit 2)
+  common       DoctorError (bad input -> exit 2), exit codes, input files, prompts, JSON / safetensors, threads
+  bounds       how big the work may get (positions, draft steps, trees, timeouts), refused beyond
+  progress     progress on stderr: a bar on a terminal, one line per phase elsewhere
 
-Nothing here imports torch at module import time except the modules that run models, so `doctor check` works
-without torch being loaded (and fast).
+The parts, one package each (its ``__init__`` says what it owns):
+  commands/      one module per subcommand: check, fingerprint, dump_reference, accept, online, demo
+  target/        the target side behind one interface: a transformers model, a live server, a recorded dump,
+                 training data; the one ``open`` of it
+  draft/         the EAGLE-3 draft in plain torch (Llama and MLA layouts), its checkpoint, loaded for a target
+  replay/        the draft replayed over a target side; accuracy per step and tau
+  fingerprint/   which hidden state each captured slot holds (against a reference, the server's stream, training
+                 data)
+  sglang_model/  what the doctor knows of SGLang 0.5.23: its flags and their rules, its speculative loop, its
+                 responses, the HTTP client
+  deployment/    a deployment's configs and flags read without running a model (check's findings)
+  demo/          the built-in pair's story
+
+Arrows point down: cli -> commands -> the parts -> common / bounds / progress (and the package's engine-free
+modules: spec, configs, findings, sglang_rules, pipelines, dump_format); the parts import one another without a
+cycle, no command imports another, and no module imports a private name of another (tests/test_import_graph.py). Nothing imports torch at module import time on the way to
+``doctor check``, so it runs without torch being loaded.
 """

@@ -142,12 +142,26 @@ def threads(text: str) -> int:
 
 
 def server(text: str) -> str:
-    """``doctor online --server``: a well-formed http(s) URL or an existing recorded-responses file."""
+    """``doctor online --server``: a well-formed http(s) URL (its base, no trailing slash) or an existing
+    recorded-responses file. The only check of it: the command takes the value as checked."""
+    from .sglang_model.server_url import server_source
+
+    return _as_type_error(server_source, text)
+
+
+def url(text: str) -> str:
+    """``doctor fingerprint --server``: a well-formed http(s) URL of a running server (its base)."""
+    from .sglang_model.server_url import server_url
+
+    return _as_type_error(server_url, text)
+
+
+def _as_type_error(check: Callable[[str], str], text: str) -> str:
+    """``check(text)``, its DoctorError as argparse's error (which names the flag itself)."""
     from .common import DoctorError
-    from .server_url import server_source
 
     try:
-        return server_source(text)
+        return check(text)
     except DoctorError as e:
         raise argparse.ArgumentTypeError(str(e).replace(f"--server {text!r}: ", "")) from None
 
@@ -186,5 +200,5 @@ POSITIVE = int_at_least(1)
 NON_NEGATIVE = int_at_least(0)
 THREADS = threads
 
-__all__ = ["int_at_least", "seed", "finite_float", "output_file", "output_dir", "threads", "server", "sglang_version",
-           "vllm_version", "engine", "ENGINES", "POSITIVE", "NON_NEGATIVE", "THREADS", "SEED_MAX"]
+__all__ = ["int_at_least", "seed", "finite_float", "output_file", "output_dir", "threads", "server", "url",
+           "sglang_version", "vllm_version", "engine", "ENGINES", "POSITIVE", "NON_NEGATIVE", "THREADS", "SEED_MAX"]

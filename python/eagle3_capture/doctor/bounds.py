@@ -26,17 +26,22 @@ MAX_TIMEOUT_S = 86400.0  # a day per response
 
 
 def max_positions(model) -> Optional[int]:
-    """The target's ``max_position_embeddings`` (its text config's, for a multimodal wrapper), None when unknown."""
-    cfg = getattr(model, "config", None)
-    cfg = getattr(cfg, "text_config", None) or cfg
-    v = getattr(cfg, "max_position_embeddings", None)
+    """The target's ``max_position_embeddings`` (its text config's, for a multimodal wrapper), None when unknown.
+    ``model``: a transformers model, or a checkpoint's config.json as a dict."""
+    if isinstance(model, dict):
+        cfg = model.get("text_config") if isinstance(model.get("text_config"), dict) else model
+        v = cfg.get("max_position_embeddings")
+    else:
+        cfg = getattr(model, "config", None)
+        cfg = getattr(cfg, "text_config", None) or cfg
+        v = getattr(cfg, "max_position_embeddings", None)
     return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
 
 
 def check_positions(model, prompts: Sequence[Sequence[int]], new_tokens: int, steps: int, what: str) -> None:
     """The longest prompt + ``new_tokens`` + ``steps`` (the draft steps scored past the continuation's end) must fit
-    the target's positions. ``model``: the target (its config's max_position_embeddings), or the limit itself as an
-    int (a target side without a transformers model: a server's context length), or None (unknown). ``what`` names
+    the target's positions. ``model``: the target, or its checkpoint's config.json as a dict (either's
+    max_position_embeddings), or the limit itself as an int, or None (unknown). ``what`` names
     the flag or file the new-token count came from."""
     limit = model if isinstance(model, int) and not isinstance(model, bool) else max_positions(model)
     source = "the target's max_position_embeddings"

@@ -1,99 +1,58 @@
-"""The ``eagle3-capture doctor`` subcommands: argument parsing and the commands that print reports.
+"""The ``eagle3-capture doctor`` command line: its argparse subcommands, and one wiring for all of them
+(:func:`run_command`): the flags, each checked by its type (``arg_types``) before any work, become the command's
+typed ``Options``; ``run`` returns a report; ``--json`` gets ``report.to_json()``; stdout gets ``render(report)``; the
+exit code is ``exit_code(report)`` (the commands: ``commands/``).
 
-Every command returns an exit code: 0 fine, 1 an error finding (check) or a failed result, 2 bad input (a
-:class:`~eagle3_capture.doctor.common.DoctorError`, printed without a traceback, like argparse's own usage errors).
+Exit codes: 0 fine, 1 an error finding (check) or a failed result, 2 bad input (a
+:class:`~eagle3_capture.doctor.common.DoctorError` or a :class:`~eagle3_capture.dump_format.DumpError`, printed on one
+line without a traceback, like argparse's own usage errors).
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 import types
+from types import ModuleType
 from typing import Optional
 
 from . import arg_types as at
-from .common import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_OK, DoctorError, write_json
+from .bounds import MAX_TIMEOUT_S
+from .common import EXIT_BAD_INPUT, DoctorError, write_json
 
 SERVER_ARGS_HELP = ("SGLang launch flags, quoted as one string (e.g. \"--speculative-algorithm EAGLE3 "
                     "--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4\"); a whole "
                     "launch_server command line works too; flags the doctor does not model are ignored")
 
 
-def _cmd_check(args) -> int:
-    from . import checks
-
-    rep = checks.run_check(args.target_config, args.draft_config, args.server_args, args.reference, args.captured,
-                           with_plugin=args.with_plugin, sglang_version=args.sglang_version, engine=args.engine,
-                           vllm_version=args.vllm_version)
-    if args.json:
-        write_json(args.json, rep.to_json())
-    print(checks.render(rep))
-    return EXIT_FINDINGS if rep.errors else EXIT_OK
-
-
-def _cmd_fingerprint(args) -> int:
-    from .fingerprint_run import command
-
-    return command(args)
-
-
-def _cmd_dump_reference(args) -> int:
-    from .common import pick_device, read_prompts, torch_threads
-    from .reference_dump import dump_reference
-    from .target_model import load_target
-
-    import torch
-
-    device = pick_device(args.device)
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
-    with torch_threads(args.threads):
-        target = load_target(args.model, device=device, seed=args.seed, quiet=True)  # an error stays one line
-        prompts = read_prompts(args.prompts, target.tokenizer, vocab_size=target.vocab_size)
-        from tqdm import tqdm
-
-        t = dump_reference(target, prompts, args.out, new_tokens=args.new_tokens, dtype=dtype,
-                           progress=lambda xs: tqdm(xs, desc="reference", unit="prompt", leave=False))
-    print(f"wrote {args.out}: {len(prompts)} prompt(s), {t['input_ids'].numel()} tokens, hidden_states "
-          f"{tuple(t['hidden_states'].shape)} (HF stack, last entry post-norm) + final_prenorm "
-          f"(LayerOutput({target.num_layers - 1}) before the final norm)")
-    return EXIT_OK
+def command_module(name: str) -> ModuleType:
+    """The subcommand's module, imported only when it runs (``check`` then loads no torch)."""
+    if name == "check":
+        from .commands import check as mod
+    elif name == "fingerprint":
+        from .commands import fingerprint as mod
+    elif name == "dump-reference":
+        from .commands import dump_reference as mod
+    elif name == "accept":
+        from .commands import accept as mod
+    elif name == "online":
+        from .commands import online as mod
+    elif name == "demo":
+        from .commands import demo as mod
+    else:  # pragma: no cover - argparse allows only the names above
+        raise ValueError(f"unknown doctor subcommand {name!r}")
+    return mod
 
 
-def _cmd_accept(args) -> int:
-    from .accept import render, run_accept
-    from .common import pick_device, torch_threads
-
-    device = pick_device(args.device)
-    with torch_threads(args.threads):
-        rep = run_accept(args.target, args.draft, args.prompts, server_args=args.server_args, taps=args.taps,
-                         new_tokens=args.new_tokens, steps=args.steps, batch_size=args.batch_size, device=device,
-                         out_json=args.json, out_tensors=args.tensors, progress=not args.no_progress,
-                         seed=args.seed, hidden_states=args.hidden_states, target_checkpoint=args.target_checkpoint,
-                         dtype=args.dtype)
-    print(render(rep))
-    return EXIT_OK
-
-
-def _cmd_online(args) -> int:
-    from .common import pick_device, torch_threads
-    from .online_run import render, run_online
-
-    device = pick_device(args.device)
-    with torch_threads(args.threads):
-        rep = run_online(args.server, args.prompts, args.target, args.draft, server_args=args.server_args,
-                         new_tokens=args.new_tokens, taps=args.taps, batch_size=args.batch_size, device=device,
-                         timeout=args.timeout, concurrency=args.concurrency, tolerance=args.tolerance,
-                         out_json=args.json, progress=not args.no_progress, seed=args.seed, dump=args.dump,
-                         target_checkpoint=args.target_checkpoint, dtype=args.dtype)
-    print(render(rep))
-    return EXIT_OK if rep.ok else EXIT_FINDINGS
-
-
-def _cmd_demo(args) -> int:
-    from .demo import run_demo
-
-    res = run_demo(out_dir=args.out, fast=args.fast, device=args.device, threads=args.threads, seed=args.seed,
-                   plot=not args.no_plot, progress=not args.no_progress)
-    print(res.report_text)
-    return EXIT_OK if res.ok else EXIT_FINDINGS
+def run_command(args) -> int:
+    """Every subcommand the same way: its flags -> the command's typed Options -> run -> the report to --json (when
+    the command has one) -> render on stdout -> its exit code."""
+    mod = command_module(args.doctor_command)
+    opts = mod.Options(**{f.name: getattr(args, f.name) for f in dataclasses.fields(mod.Options)})
+    rep = mod.run(opts)
+    if getattr(opts, "json", None):
+        write_json(opts.json, rep.to_json())
+    print(mod.render(rep))
+    return mod.exit_code(rep)
 
 
 def _one_line_error(self, message: str):
@@ -116,7 +75,7 @@ def _add_json(s, help: str) -> None:
     s.add_argument("--json", metavar="OUT.json", type=at.output_file, help=help)
 
 
-def _add_no_progress(s, help: str = "no tqdm bars") -> None:
+def _add_no_progress(s, help: str = "no progress (a bar on a terminal, else one line on stderr per phase)") -> None:
     s.add_argument("--no-progress", action="store_true", help=help)
 
 
@@ -177,7 +136,6 @@ def add_doctor_parser(sub) -> None:
                    help="with --engine vllm: the vLLM release (0.33.0, 0.34.0); default: the installed vLLM, else "
                         "the newest modelled")
     _add_json(s, "also write the report as JSON")
-    s.set_defaults(func=_cmd_check)
 
     s = ds.add_parser("fingerprint", help="which layer each captured slot holds (a reference, the server's own stream, "
                                           "or training data)",
@@ -199,14 +157,15 @@ def add_doctor_parser(sub) -> None:
     s.add_argument("--training-data", metavar="DIR",
                    help="SpecForge offline training data (rows_*/data_*.ckpt: input_ids, loss_mask, hidden_state, "
                         "aux_hidden_state) to compare with what the server captures on the same token ids")
-    s.add_argument("--server", metavar="URL", help="with --training-data: send the samples' token ids to this server "
+    s.add_argument("--server", metavar="URL", type=at.url,
+                   help="with --training-data: send the samples' token ids to this server "
                                                    "first (as the doctor's requests, whose stream the plugin dumps to "
                                                    "--captured)")
     _add_target_checkpoint(s)
     s.add_argument("--samples", type=at.POSITIVE, default=None, help="training samples to use (default 8)")
     s.add_argument("--max-tokens", type=at.POSITIVE, default=None,
                    help="tokens of each sample to use (default 512: a full-stream dump is L+1 rows of H per token)")
-    s.add_argument("--timeout", type=at.finite_float(0.0, low_open=True), default=120.0,
+    s.add_argument("--timeout", type=at.finite_float(0.0, MAX_TIMEOUT_S, low_open=True), default=120.0,
                    help="seconds to wait for the server's answers and dump (default 120)")
     s.add_argument("--draft-config", metavar="PATH", help="declared taps from this draft config")
     s.add_argument("--target-config", metavar="PATH", help="target config (with --draft-config)")
@@ -214,7 +173,6 @@ def add_doctor_parser(sub) -> None:
     s.add_argument("--min-cos", type=at.finite_float(-1.0, 1.0), default=0.95,
                    help="below this a slot matches nothing (default 0.95)")
     _add_json(s, "also write the table as JSON")
-    s.set_defaults(func=_cmd_fingerprint)
 
     s = ds.add_parser("dump-reference", help="the training side's hidden states for some prompts (transformers)",
                       description="Runs a transformers model on the prompts and writes every hidden state (the HF "
@@ -230,7 +188,6 @@ def add_doctor_parser(sub) -> None:
                    help="storage dtype of the hidden states (computed in the model's dtype)")
     _add_device_threads(s)
     _add_seed(s, "seed of the demo model (with --model demo)")
-    s.set_defaults(func=_cmd_dump_reference)
 
     s = ds.add_parser("accept", help="offline draft accuracy per step and the accept length SGLang will serve",
                       description="Runs the target's greedy continuation of each prompt and the draft's chain at "
@@ -267,9 +224,8 @@ def add_doctor_parser(sub) -> None:
     _add_json(s, "write the report as JSON")
     s.add_argument("--tensors", metavar="OUT.safetensors", type=at.output_file,
                    help="write per-position results (correct [N, steps])")
-    _add_no_progress(s, "no tqdm bar")
+    _add_no_progress(s)
     _add_seed(s, "seed of the demo target (with --target demo)")
-    s.set_defaults(func=_cmd_accept)
 
     s = ds.add_parser("online", help="a running server's accept length and per-step acceptance vs the offline replay",
                       description="Sends the prompts as token ids to a running SGLang server's /generate (greedy, "
@@ -306,8 +262,8 @@ def add_doctor_parser(sub) -> None:
     s.add_argument("--tolerance", type=at.finite_float(0.0, 1.0, high_open=True), default=0.02,
                    help="largest per-step acceptance difference (and relative accept-length difference) still called "
                         "a match (default 0.02)")
-    s.add_argument("--timeout", type=at.finite_float(0.0, 86400.0, low_open=True), default=600.0,
-                   help="seconds to wait for each response (default 600, at most 86400)")
+    s.add_argument("--timeout", type=at.finite_float(0.0, MAX_TIMEOUT_S, low_open=True), default=600.0,
+                   help=f"seconds to wait for each response (default 600, at most {MAX_TIMEOUT_S:g})")
     s.add_argument("--concurrency", type=at.POSITIVE, default=8, help="requests in flight at once (default 8)")
     s.add_argument("--batch-size", type=at.POSITIVE, default=8, help="prompts per offline batch")
     _add_device_threads(s)
@@ -315,7 +271,6 @@ def add_doctor_parser(sub) -> None:
     _add_json(s, "write the report as JSON")
     _add_no_progress(s)
     _add_seed(s, "seed of the demo target (with --target demo)")
-    s.set_defaults(func=_cmd_online)
 
     s = ds.add_parser("demo", help="the whole story on a tiny built-in DeepseekV3 target and a draft it trains",
                       description="Builds a tiny DeepseekV3 target (seeded, from a config in the package), trains a "
@@ -332,16 +287,27 @@ def add_doctor_parser(sub) -> None:
     _add_seed(s)
     s.add_argument("--no-plot", action="store_true", help="skip the PNG")
     _add_no_progress(s)
-    s.set_defaults(func=_cmd_demo)
     for p in ds.choices.values():
         one_line_errors(p)
 
 
+def bad_input(e: BaseException) -> bool:
+    """Whether ``e`` says the input is bad: a DoctorError, an OSError (an output that cannot be written, a file
+    vanishing under us), or a DumpError. That one is looked up only once the dump format is imported (it imports
+    torch, which ``doctor check`` runs without); until then none can have been raised."""
+    if isinstance(e, (DoctorError, OSError)):
+        return True
+    contract = sys.modules.get(__package__.rpartition(".")[0] + ".dump_format.contract")
+    return contract is not None and isinstance(e, contract.DumpError)
+
+
 def run(args) -> int:
-    """Run a parsed doctor command: DoctorError -> message on stderr, exit 2."""
+    """Run a parsed doctor command: a bad input (:func:`bad_input`) -> one line on stderr, exit 2."""
     try:
-        return args.func(args)
-    except (DoctorError, OSError) as e:  # OSError: an output that cannot be written, a file vanishing under us
+        return run_command(args)
+    except Exception as e:
+        if not bad_input(e):
+            raise
         # one line, whatever the message holds (a value quoted from a file may have had line breaks)
         message = " ".join(str(e).split())
         print(f"eagle3-capture doctor {args.doctor_command}: error: {message}", file=sys.stderr)
@@ -351,4 +317,4 @@ def run(args) -> int:
         return 130
 
 
-__all__ = ["add_doctor_parser", "one_line_errors", "run"]
+__all__ = ["add_doctor_parser", "one_line_errors", "command_module", "run_command", "bad_input", "run"]

@@ -1,0 +1,15 @@
+"""The doctor's subcommands, one module each: ``check``, ``fingerprint``, ``dump_reference``, ``accept``, ``online``,
+``demo``.
+
+Each module has the same four names, and ``doctor/cli.py`` wires every subcommand through them alike:
+
+* ``Options``: the subcommand's flags as a typed, frozen dataclass (field names are the argparse destinations; each
+  flag's type and range are checked by ``arg_types`` before any of this runs);
+* ``run(options)``: does the work and returns the report (no printing);
+* ``render(report)``: the report as the text the command prints;
+* ``exit_code(report)``: 0 fine, 1 an error finding or a mismatch (``common.EXIT_*``).
+
+A report with ``to_json()`` is written to ``--json`` by the CLI. No command imports another: what two of them share
+lives in the parts (``target``, ``draft``, ``replay``, ``fingerprint``, ``deployment``, ``sglang_model``, ``demo``).
+Nothing is imported here, so that ``doctor check`` loads no torch.
+"""

@@ -1,0 +1,184 @@
+"""``doctor fingerprint``: which layer each captured slot holds, against one of three references.
+
+* ``--reference REF`` (from ``dump-reference``): a transformers model's hidden states, by cosine
+  (:mod:`..fingerprint.reference`);
+* ``--captured DUMP`` alone: the served slots of the doctor's requests against the server's own residual stream in
+  the dump (a full-stream dump names any layer); with ``--target-checkpoint`` the embedding output is checked bit for
+  bit against ``embed_tokens`` rows read alone from its shard (:mod:`..fingerprint.stream`);
+* ``--training-data DIR --captured DUMP [--server URL]``: SpecForge training samples against the server on the same
+  token ids (``--server`` sends them as the doctor's requests first): slot by slot, and which layer each training
+  slot was (:mod:`..fingerprint.training`).
+
+Declared taps come from ``--taps``, ``--draft-config`` + ``--target-config``, or the dump. Exit 1 when a slot is not
+the declared tap (or the server does not capture what training used).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional
+
+from ..common import EXIT_FINDINGS, EXIT_OK, DoctorError
+
+DEFAULT_SAMPLES = 8
+DEFAULT_MAX_TOKENS = 512  # a full-stream dump is L+1 rows of H per token
+
+
+@dataclass(frozen=True)
+class Options:
+    captured: str
+    reference: Optional[str] = None
+    training_data: Optional[str] = None
+    server: Optional[str] = None          # a checked http(s) URL (arg_types.server_url)
+    target_checkpoint: Optional[str] = None
+    samples: Optional[int] = None
+    max_tokens: Optional[int] = None
+    timeout: float = 120.0
+    draft_config: Optional[str] = None
+    target_config: Optional[str] = None
+    taps: Optional[str] = None
+    min_cos: float = 0.95
+    json: Optional[str] = None
+
+
+@dataclass
+class FingerprintReport:
+    """One of the three fingerprints: ``reference`` (a FingerprintResult), ``stream`` (a StreamFingerprint) or
+    ``training`` (a TrainingFingerprint)."""
+
+    kind: str
+    result: object
+
+    def to_json(self) -> dict:
+        return self.result.to_json()
+
+    @property
+    def ok(self) -> bool:
+        r = self.result
+        if self.kind == "reference":
+            return not any(f.severity == "error" for f in r.findings)
+        if self.kind == "stream":
+            return r.mismatch is None
+        return r.same_as_served
+
+
+def _draft_ids(draft_config: Optional[str]) -> Optional[List[int]]:
+    if draft_config is None:
+        return None
+    from ... import configs
+
+    try:
+        d = configs.read_draft_config(draft_config)
+    except (FileNotFoundError, ValueError) as e:
+        raise DoctorError(str(e)) from None
+    return d.layer_ids
+
+
+def _dump_shape(path: str):
+    """(L, H) the records of a dump directory state."""
+    from ...dump_format.reader import DumpReader
+
+    recs = DumpReader(path).refresh()
+    shapes = {(r.num_layers, r.hidden_size) for r in recs if r.num_layers and r.hidden_size}
+    if len(shapes) != 1:
+        raise DoctorError(f"--captured {path}: its records state no single num_layers / hidden_size ({shapes})")
+    return shapes.pop()
+
+
+def _declared(opts: Options):
+    """(the declared taps or None, where they come from), after the flags that declare them are checked."""
+    from ... import configs
+    from ...spec import TapError
+
+    if opts.taps is not None and (opts.draft_config is not None or opts.target_config is not None):
+        raise DoctorError("--taps and --draft-config/--target-config both declare the taps; give one of them")
+    if (opts.draft_config is None) != (opts.target_config is None):
+        given, missing = ("--draft-config", "--target-config") if opts.target_config is None else \
+            ("--target-config", "--draft-config")
+        raise DoctorError(f"{given} needs {missing} (the draft ids are read against the target's layer count)")
+    if opts.taps is not None and not opts.taps.strip():
+        raise DoctorError("--taps '': expected CONV:IDS, e.g. draft_ids:-1,2,30")
+    if opts.reference is None and opts.training_data is None and (opts.samples is not None or
+                                                                  opts.max_tokens is not None):
+        raise DoctorError("--samples / --max-tokens choose SpecForge samples: they go with --training-data")
+    if opts.reference is not None and (opts.training_data is not None or opts.server is not None or
+                                       opts.target_checkpoint is not None):
+        raise DoctorError("--reference is a transformers model's hidden states; --training-data, --server and "
+                          "--target-checkpoint are for a fingerprint without one: give one or the other")
+    if opts.draft_config is None and opts.taps is None:
+        return None, ""
+    if opts.reference is not None:
+        from ..fingerprint.files import load_reference
+
+        ref = load_reference(opts.reference)
+        L, H = ref.num_layers, ref.hidden_size
+    elif opts.taps is not None:
+        L, H = _dump_shape(opts.captured)
+    if opts.taps is not None:
+        from ..draft.side import parse_taps
+
+        return parse_taps(opts.taps, L, H), f"--taps {opts.taps}"
+    try:
+        t = configs.read_target_config(opts.target_config)
+        d = configs.read_draft_config(opts.draft_config)
+        return configs.draft_taps(d, t), f"draft config {opts.draft_config}"
+    except (FileNotFoundError, ValueError, TapError) as e:
+        raise DoctorError(str(e)) from None
+
+
+def run(opts: Options) -> FingerprintReport:
+    declared, src = _declared(opts)
+    if opts.reference is not None:
+        from ..fingerprint.reference import fingerprint
+
+        return FingerprintReport("reference", fingerprint(opts.reference, opts.captured, declared=declared,
+                                                          declared_source=src, min_cos=opts.min_cos))
+    from ..target.checkpoint import CheckpointSide
+
+    if opts.server is not None and opts.training_data is None:
+        raise DoctorError("--server sends the training samples' token ids to the server: it needs --training-data")
+    ck = CheckpointSide(opts.target_checkpoint)
+    if opts.training_data is None:
+        from ..fingerprint.stream import dump_fingerprint
+        from ..target.side import layer_inputs
+
+        expected = layer_inputs(declared) if declared is not None else None
+        return FingerprintReport("stream", dump_fingerprint(opts.captured, expected, ck.tensors, ck.config,
+                                                            min_cos=opts.min_cos))
+    from ..fingerprint.training import load_samples, send_samples, training_fingerprint
+
+    H = None
+    if ck.config is not None:
+        from ... import configs
+
+        H = configs.read_target_config(ck.config).hidden_size
+    smp = load_samples(opts.training_data, opts.samples or DEFAULT_SAMPLES, opts.max_tokens or DEFAULT_MAX_TOKENS, H)
+    rids = send_samples(opts.server, smp, timeout=opts.timeout) if opts.server is not None else None
+    return FingerprintReport("training", training_fingerprint(smp, opts.captured, rids, _draft_ids(opts.draft_config),
+                                                              opts.timeout, opts.min_cos))
+
+
+def render(rep: FingerprintReport) -> str:
+    r = rep.result
+    if rep.kind == "reference":
+        from ..fingerprint.reference import render as render_reference
+
+        lines = [render_reference(r)]
+        if r.findings:
+            lines.append("")
+            for f in r.findings:
+                lines.append(f"  [{f.severity}] {f.code}: {f.message}" + (f"\n      fix: {f.fix}" if f.fix else ""))
+        return "\n".join(lines)
+    if rep.kind == "stream":
+        known = any(m.expected is not None for m in r.matches)
+        return "\n".join(r.lines() + ["", f"verdict: {r.mismatch}" if r.mismatch else
+                                      "verdict: " + ("every served slot holds the declared tap" if known
+                                                     else "no declared taps to compare with (give --draft-config "
+                                                          "and --target-config, or --taps)")])
+    return "\n".join(r.lines())
+
+
+def exit_code(rep: FingerprintReport) -> int:
+    return EXIT_OK if rep.ok else EXIT_FINDINGS
+
+
+__all__ = ["Options", "FingerprintReport", "run", "render", "exit_code"]

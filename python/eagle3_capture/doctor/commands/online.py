@@ -1,0 +1,331 @@
+"""``doctor online``: a running SGLang server's speculative figures beside the doctor's replay of the same loop.
+
+The prompts go to the server's native ``/generate`` as token ids (temperature 0, ``ignore_eos``,
+``max_new_tokens`` N), or come from a JSONL file of recorded responses (``{"input_ids", "output_ids",
+"meta_info"}`` a line). Each response's ``meta_info`` gives ``completion_tokens``, ``spec_verify_ct`` and
+``spec_correct_drafts_histogram``. Offline, the target side (:mod:`..target.open`: a transformers model with
+``--target``, or, without it, the server itself: its teacher-forced pass and residual-stream dump with a URL, a
+recorded dump of such a pass with a file) gives the greedy continuation of the same prompts and the draft's taps,
+and :mod:`..sglang_model.serving` replays SGLang's loop for the server's flags (``accept`` does the same). Then:
+
+1. the outputs must equal the target's greedy continuation, or the comparison means nothing (not lossless:
+   sampling, another dtype, another target);
+2. per draft step k, the server's share of verifies that accepted step k given steps 1..k-1, against the same share
+   in the replay; online below offline at a step means the draft sees other inputs online than offline (the
+   capture, or the draft side);
+3. the served accept length, online against predicted.
+
+Without ``--target`` the served slots are also fingerprinted against the server's stream
+(:mod:`..fingerprint.stream`). Exit 0 when everything matches within ``--tolerance``, 1 on a mismatch, 2 on bad
+input or an unreachable server.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from ..common import EXIT_FINDINGS, EXIT_OK, DoctorError
+from ..replay.metrics import SERVED_MEANS
+from ..sglang_model.responses import Response, StepRow, check_counts, read_recorded
+from ..sglang_model.serving import Served, total
+
+
+@dataclass(frozen=True)
+class Options:
+    server: str                      # a checked http(s) URL or a recorded-responses file (arg_types.server)
+    prompts: str
+    draft: str
+    target: Optional[str] = None
+    dump: Optional[str] = None
+    target_checkpoint: Optional[str] = None
+    server_args: Optional[str] = None
+    new_tokens: Optional[int] = None
+    taps: Optional[str] = None
+    tolerance: float = 0.02
+    timeout: float = 600.0
+    concurrency: int = 8
+    batch_size: int = 8
+    device: str = "auto"
+    threads: Optional[int] = None
+    dtype: str = "auto"
+    json: Optional[str] = None
+    no_progress: bool = False
+    seed: int = 0
+
+
+@dataclass
+class OnlineReport:
+    server: str
+    target: str
+    draft: str
+    taps: List[str]
+    flags: Tuple[int, int, int]
+    new_tokens: int
+    online: List[Served]
+    predicted: List[Served]
+    lossless: List[bool]
+    first_difference: Optional[Tuple[int, int]]  # (prompt, output position) of the first differing token
+    steps: List[StepRow]
+    tolerance: float
+    verdict: str
+    ok: bool
+    tau: float
+    notes: List[str] = field(default_factory=list)
+    fingerprint: Optional[dict] = None          # the served slots against the server's stream (no --target)
+    fingerprint_lines: List[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        s, k, d = self.flags
+        return {"fingerprint": self.fingerprint, **self._fields(s, k, d)}
+
+    def _fields(self, s, k, d) -> dict:
+        return {
+            "server": self.server, "target": self.target, "draft": self.draft, "taps": self.taps,
+            "server_flags": {"num_steps": s, "eagle_topk": k, "num_draft_tokens": d}, "max_new_tokens": self.new_tokens,
+            "verdict": self.verdict, "ok": self.ok, "tolerance": self.tolerance,
+            "online": {**total(self.online).to_json(),
+                       "per_prompt": [{"prompt": i, **o.to_json()} for i, o in enumerate(self.online)]},
+            "predicted": {**total(self.predicted).to_json(),
+                          "per_prompt": [{"prompt": i, **o.to_json()} for i, o in enumerate(self.predicted)]},
+            "lossless": self.lossless, "first_difference": self.first_difference,
+            "step_acceptance": [{"step": r.step, "online": _r(r.online), "offline": _r(r.offline),
+                                 "offline_all_positions": _r(r.offline_all)} for r in self.steps],
+            "tau": round(self.tau, 6), "notes": self.notes,
+        }
+
+
+def _r(v: float):
+    return None if v is None or math.isnan(v) else round(v, 6)
+
+
+def served_flags(server_args: Optional[str], arch: Optional[str], from_server, responses: Sequence[Response]
+                 ) -> Tuple[int, int, int]:
+    """The server's (num-steps, eagle-topk, num-draft-tokens): from ``--server-args`` (resolved as SGLang 0.5.23
+    would for the target's class ``arch``) and from the server's ``/server_info`` (``from_server``), which must
+    agree; the responses' counts are then checked against them."""
+    from ..sglang_model.flag_rules import not_eagle3, resolve_speculative
+    from ..sglang_model.server_args import parse_server_args
+
+    given = None
+    if server_args:
+        parsed = parse_server_args(server_args)
+        refused = not_eagle3(parsed)
+        if refused:
+            raise DoctorError(f"--server-args: {refused}")
+        res = resolve_speculative(parsed, arch)
+        if res.error:
+            raise DoctorError(f"--server-args {server_args!r}: SGLang 0.5.23 refuses them ({res.error})")
+        if res.steps is None or res.topk is None or res.draft_tokens is None:
+            raise DoctorError(f"--server-args {server_args!r}: num-steps, eagle-topk and num-draft-tokens must be "
+                              "known (adaptive speculative decoding is not replayed)")
+        given = (res.steps, res.topk, res.draft_tokens)
+    if from_server is not None and given is not None and tuple(from_server) != given:
+        raise DoctorError(f"--server-args give num-steps/eagle-topk/num-draft-tokens {given}, but the server reports "
+                          f"{tuple(from_server)} (/server_info)")
+    flags = given or from_server
+    if flags is None:
+        raise DoctorError("the server's speculative flags are unknown: give --server-args (a recorded file, or a "
+                          "server without /server_info)")
+    check_counts(responses, flags)
+    return flags
+
+
+def render(rep: OnlineReport) -> str:
+    S, k, D = rep.flags
+    on_tot, pr_tot = total(rep.online), total(rep.predicted)
+    lines = [f"server {rep.server}", f"target {rep.target}", f"draft  {rep.draft} (taps {rep.taps})",
+             f"{len(rep.online)} prompts, max_new_tokens {rep.new_tokens}, num-steps {S}, eagle-topk {k}, "
+             f"num-draft-tokens {D}",
+             f"outputs equal the target's greedy continuation: {sum(rep.lossless)} of {len(rep.lossless)} prompts",
+             "", "prompt  tokens  verifies online / predicted  accept length online / predicted"]
+    for i, (o, p) in enumerate(zip(rep.online, rep.predicted)):
+        mark = "" if (o.verify_ct == p.verify_ct and o.histogram == p.histogram) else "   <- differs"
+        lines.append(f"{i:>6}  {o.completion_tokens:>6}  {o.verify_ct:>8} / {p.verify_ct:<9}  "
+                     f"{o.served_accept_length:>13.3f} / {p.served_accept_length:.3f}{mark}")
+    lines.append(f"{'total':>6}  {on_tot.completion_tokens:>6}  {on_tot.verify_ct:>8} / {pr_tot.verify_ct:<9}  "
+                 f"{on_tot.served_accept_length:>13.3f} / {pr_tot.served_accept_length:.3f}")
+    lines += ["", f"accepted drafts per verify (0, 1, ...): online {on_tot.histogram}, predicted {pr_tot.histogram}",
+              "", "step  online  offline (replayed walk)  offline (all positions)"]
+    for r in rep.steps:
+        lines.append(f"{r.step:>4}  {_fmt(r.online):>6}  {_fmt(r.offline):>23}  {_fmt(r.offline_all):>23}")
+    lines += ["", f"  {SERVED_MEANS}", f"  tau over every position (not a served figure): {rep.tau:.3f}"]
+    if rep.fingerprint_lines:
+        lines += [""] + rep.fingerprint_lines
+    lines += [f"note: {n}" for n in rep.notes]
+    lines += ["", f"verdict: {rep.verdict}"]
+    return "\n".join(lines)
+
+
+def _fmt(v: float) -> str:
+    return "-" if v is None or math.isnan(v) else f"{v:.3f}"
+
+
+def _recorded(server: str, prompts: List[List[int]], prompts_path: str, new_tokens: Optional[int]
+              ) -> Tuple[List[Response], int]:
+    recorded = read_recorded(server)
+    by_ids: Dict[Tuple[int, ...], Response] = {tuple(r.input_ids): r for r in recorded}
+    missing = [i for i, p in enumerate(prompts) if tuple(p) not in by_ids]
+    if missing:
+        raise DoctorError(f"--server {server}: no recorded response for prompt {missing[0]} of {prompts_path}"
+                          f" ({len(missing)} of {len(prompts)} missing)")
+    responses = [by_ids[tuple(p)] for p in prompts]
+    lengths = sorted({r.served.completion_tokens for r in responses})
+    if new_tokens is None:
+        if len(lengths) != 1:
+            raise DoctorError(f"--server {server}: the responses have {lengths} completion tokens; give "
+                              "--new-tokens (the max_new_tokens they were served with)")
+        new_tokens = lengths[0]
+        if new_tokens < 2:
+            raise DoctorError(f"--server {server}: the responses have {new_tokens} completion token each; the "
+                              "replay needs responses to max_new_tokens >= 2")
+    return responses, new_tokens  # a given --new-tokens was checked by its flag's type
+
+
+def run(opts: Options) -> OnlineReport:
+    from ..common import pick_device, torch_threads
+
+    device = pick_device(opts.device)
+    with torch_threads(opts.threads):
+        return _run(opts, device)
+
+
+def _run(opts: Options, device: str) -> OnlineReport:
+    import torch
+
+    from ..bounds import check_positions, check_speculative
+    from ..common import read_prompts
+    from ..draft.side import draft_dtype, draft_vocab_sizes, load_draft_side
+    from ..replay.evaluate import evaluate, served_walks
+    from ..replay.metrics import metrics
+    from ..sglang_model.flag_rules import SpecResolution, not_eagle3
+    from ..sglang_model.http import generate, server_flags
+    from ..sglang_model.responses import has_histograms, verdict_of
+    from ..sglang_model.server_args import parse_server_args
+    from ..sglang_model.server_url import is_url as url_like
+    from ..sglang_model.serving import step_acceptance
+    from ..target.checkpoint import CheckpointSide
+    from ..target.open import TeacherForcing, open_target
+
+    server, target_path, draft_path, dump = opts.server, opts.target, opts.draft, opts.dump
+    server_args, new_tokens, timeout, progress = opts.server_args, opts.new_tokens, opts.timeout, not opts.no_progress
+    new_tokens_given = new_tokens is not None
+    is_url = url_like(server)
+    refused = not_eagle3(parse_server_args(server_args)) if server_args else None
+    if refused:  # before any model loads or any request goes out
+        raise DoctorError(f"--server-args: {refused}")
+    if target_path is not None and (dump is not None or opts.target_checkpoint is not None):
+        raise DoctorError("--target runs the target here; --dump / --target-checkpoint are for a run without it "
+                          "(the server as the target): give one or the other")
+    if target_path is None and dump is None:
+        raise DoctorError("without --target the server is the target: give --dump DIR, the directory the server "
+                          "was started with in EAGLE3_CAPTURE_DUMP (readable from here)")
+    torch_dtype = draft_dtype(opts.dtype, device, target_path is not None)
+    notes: List[str] = []
+    ck = CheckpointSide(opts.target_checkpoint)
+    if target_path is not None:
+        opened = open_target(target_path, ck, device=device, seed=opts.seed, progress=progress)
+        side = opened.side
+        ds = load_draft_side(draft_path, side.info, opts.taps, device, torch_dtype, opened.embed, opened.lm_head)
+        tokenizer, vocab, arch = side.tokenizer, side.info.vocab_size, side.info.architecture
+        positions = side.target.model  # its config's max_position_embeddings
+        draft_vocab = ds.draft.arch.draft_vocab_size
+    else:
+        tokenizer = ck.tokenizer
+        target_vocab, draft_vocab = draft_vocab_sizes(draft_path)
+        vocab = ck.vocab_size or target_vocab
+        arch = None
+        if ck.config is not None:
+            from ... import configs
+
+            tcfg = configs.read_target_config(ck.config)
+            arch = tcfg.architectures[0] if tcfg.architectures else None
+        positions = ck.config  # its max_position_embeddings, when it has one
+    prompts = read_prompts(opts.prompts, tokenizer, vocab_size=vocab)
+    if is_url:
+        if new_tokens is None:
+            raise DoctorError("--new-tokens is needed with a server URL (max_new_tokens of each request)")
+        from_server = server_flags(server, min(timeout, 30.0))
+        steps = 0
+        if server_args or from_server:  # the flags, checked before the server is asked for anything
+            early = served_flags(server_args, arch, from_server, [])
+            if draft_vocab is not None:
+                check_speculative(*early, draft_vocab, "server flags")
+            steps = early[0]
+        check_positions(positions, prompts, new_tokens, steps, "--new-tokens")
+        responses = generate(server, prompts, new_tokens, timeout, opts.concurrency, progress)
+    else:
+        from_server = None
+        responses, new_tokens = _recorded(server, prompts, opts.prompts, new_tokens)
+    short = [i for i, r in enumerate(responses) if r.served.completion_tokens != new_tokens]
+    if short:
+        r = responses[short[0]]
+        raise DoctorError(f"prompt {short[0]}: the server returned {r.served.completion_tokens} tokens, not "
+                          f"max_new_tokens {new_tokens} (context limit or an early stop); the replay needs full-length "
+                          "greedy responses with ignore_eos")
+    flags = served_flags(server_args, arch, from_server, responses)
+    S, k, D = flags
+    if draft_vocab is not None:
+        check_speculative(S, k, D, draft_vocab, "server flags")
+    check_positions(positions, prompts, new_tokens, S,
+                    "--new-tokens" if is_url or new_tokens_given else f"completion_tokens of --server {server}")
+    if target_path is None:
+        forcing = TeacherForcing(server, prompts, [r.output_ids for r in responses], S, timeout,
+                                 opts.concurrency) if is_url else None
+        opened = open_target(None, ck, device=device, progress=progress, dump=dump, dump_flag="--dump",
+                             vocab_size=vocab, server=forcing)
+        side = opened.side
+        if arch is None and server_args and not from_server and side.info.architecture:
+            again = served_flags(server_args, side.info.architecture, None, responses)
+            if tuple(again) != tuple(flags):
+                raise DoctorError(f"--server-args resolve to {tuple(flags)} without the target's class and to "
+                                  f"{tuple(again)} for {side.info.architecture}: give every --speculative-* number")
+        ds = load_draft_side(draft_path, side.info, opts.taps, device, torch_dtype, opened.embed, opened.lm_head)
+    res = SpecResolution(S, k, D, requested=flags)
+    notes += ds.notes
+    runs = evaluate(side, ds.draft, prompts, ds.taps, S, new_tokens, res, opts.batch_size, progress, desc="offline")
+    notes += side.notes
+    predicted = served_walks(runs, new_tokens)
+    lossless, first = [], None
+    for i, (run, resp) in enumerate(zip(runs, responses)):
+        own = run.expected if run.expected is not None else run.seq
+        want = own[len(run.prompt): len(run.prompt) + new_tokens].tolist()
+        same = want == resp.output_ids
+        lossless.append(same)
+        if not same and first is None:
+            pos = next((j for j, (a, b) in enumerate(zip(want, resp.output_ids)) if a != b),
+                       min(len(want), len(resp.output_ids)))
+            first = (i, pos)
+    on_tot, pr_tot = total([r.served for r in responses]), total(predicted)
+    m = metrics(torch.cat([r.correct for r in runs], 0))
+    on_steps, pr_steps = step_acceptance(on_tot.histogram, S), step_acceptance(pr_tot.histogram, S)
+    if not has_histograms(responses):
+        on_steps = [float("nan")] * S
+        notes.append("the responses carry no spec_correct_drafts_histogram (newer SGLang names only): no per-step "
+                     "figures online; the accept lengths are compared")
+    rows = [StepRow(j + 1, on_steps[j], pr_steps[j], m.conditional[j] if k == 1 else float("nan"))
+            for j in range(S)]
+    ok, verdict = verdict_of(lossless, first, rows, on_tot, pr_tot, opts.tolerance)
+    fp_json, fp_lines = None, []
+    if target_path is None:
+        from ..fingerprint.stream import served_fingerprint
+
+        fp = served_fingerprint(side, ds, ck.tensors, progress)
+        fp_json, fp_lines = fp.to_json(), fp.lines()
+        if fp.mismatch:
+            verdict = (verdict if not ok else "served accept length as predicted, but") + "; " + fp.mismatch
+            ok = False
+    if k > 1:
+        notes.append("eagle-topk > 1: the per-step shares are of the tree's accepted depth; 'all positions' is "
+                     "given for chains only")
+    rep = OnlineReport(server, side.source, draft_path, [repr(t) for t in ds.taps.taps], flags, new_tokens,
+                       [r.served for r in responses], predicted, lossless, first, rows, opts.tolerance, verdict, ok,
+                       m.tau(S), notes, fp_json, fp_lines)
+    return rep
+
+
+def exit_code(rep: OnlineReport) -> int:
+    return EXIT_OK if rep.ok else EXIT_FINDINGS
+
+
+__all__ = ["Options", "run", "OnlineReport", "served_flags", "render", "exit_code"]

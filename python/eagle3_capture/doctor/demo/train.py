@@ -1,0 +1,95 @@
+"""Training the demo's EAGLE-3 draft on the target's own greedy continuations (plain torch, a few hundred Adam
+steps on CPU), with the multi-step unroll EAGLE-3 trains with ("training-time test", see draft/model.py)."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, List, Optional
+
+import torch
+import torch.nn.functional as F
+
+from ..draft.model import DraftArch, Eagle3Draft
+
+
+@dataclass
+class TrainConfig:
+    iters: int = 400
+    batch: int = 32
+    steps: int = 3            # unrolled draft steps per anchor
+    lr: float = 3e-3
+    weight_decay: float = 0.0
+    step_decay: float = 0.8   # loss weight of step j: step_decay ** (j-1)
+    seed: int = 0
+    time_limit_s: Optional[float] = None
+
+
+def init_draft_from_target(arch: DraftArch, target, seed: int) -> Eagle3Draft:
+    """A fresh draft: embedding copied from the target (and frozen, as EAGLE-3 does), lm_head and final norm
+    initialised from the target's, everything else seeded random."""
+    torch.manual_seed(seed)
+    draft = Eagle3Draft(arch)
+    inner = target.model
+    with torch.no_grad():
+        draft.embed_tokens.weight.copy_(inner.get_input_embeddings().weight)
+        draft.lm_head.weight.copy_(inner.get_output_embeddings().weight)
+        draft.norm.weight.copy_(inner.model.norm.weight)
+        g = torch.Generator().manual_seed(seed)
+        for name, p in sorted(draft.named_parameters(), key=lambda kv: kv[0]):
+            if name.startswith(("embed_tokens", "lm_head", "norm.")) or "norm" in name.split(".")[-2]:
+                continue
+            if p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=g) / p.shape[1] ** 0.5)
+    draft.embed_tokens.weight.requires_grad_(False)
+    return draft
+
+
+def step_losses(draft: Eagle3Draft, taps: torch.Tensor, seq: torch.Tensor, greedy: torch.Tensor, steps: int,
+                use_op: bool = False) -> List[torch.Tensor]:
+    """Per-step logits for anchors 0..T-steps-1 of a batch: taps [B, T, K*H], seq [B, T] tokens, greedy [B, T]."""
+    T = seq.shape[1]
+    return draft.unroll(taps[:, : T - steps], seq[:, 1:], steps, use_op=use_op)
+
+
+def train_draft(draft: Eagle3Draft, taps: torch.Tensor, seq: torch.Tensor, greedy: torch.Tensor,
+                cfg: TrainConfig, progress: Optional[Callable[[int, float], None]] = None) -> dict:
+    """Train on taps [N, T, K*H], sequences [N, T], target greedy tokens [N, T] (the label of step j at anchor t is
+    greedy[t + j]). Returns a small log (loss curve, iterations run, seconds)."""
+    gen = torch.Generator().manual_seed(cfg.seed)
+    params = [p for p in draft.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=cfg.iters, pct_start=0.1)
+    N, T = seq.shape
+    S = cfg.steps
+    d2t = draft.d2t
+    if bool((d2t != 0).any()):
+        raise ValueError("training with a reduced draft vocabulary is not supported here")
+    losses = []
+    t0 = time.perf_counter()
+    draft.train()
+    it = 0
+    for it in range(cfg.iters):
+        idx = torch.randint(0, N, (min(cfg.batch, N),), generator=gen)
+        logits = step_losses(draft, taps[idx], seq[idx], greedy[idx], S)
+        loss = 0.0
+        for j, lg in enumerate(logits, start=1):
+            labels = greedy[idx][:, j: j + T - S]
+            loss = loss + (cfg.step_decay ** (j - 1)) * F.cross_entropy(lg.reshape(-1, lg.shape[-1]),
+                                                                         labels.reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        lv = loss.item()
+        losses.append(lv)
+        if progress is not None:
+            progress(it, lv)
+        if cfg.time_limit_s is not None and time.perf_counter() - t0 > cfg.time_limit_s:
+            break
+    draft.eval()
+    return {"iters": it + 1, "seconds": time.perf_counter() - t0, "loss_first": losses[0], "loss_last": losses[-1],
+            "loss_curve": losses[:: max(1, len(losses) // 50)]}
+
+
+__all__ = ["TrainConfig", "init_draft_from_target", "train_draft", "step_losses"]

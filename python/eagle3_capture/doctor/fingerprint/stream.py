@@ -1,0 +1,205 @@
+"""The fingerprint with no reference model: the server's own residual stream names the layer of each served slot.
+
+* :func:`served_fingerprint` (part of ``doctor online`` without ``--target``): the slots the server fed its draft
+  (``aux`` of the doctor's teacher-forced requests) against the stream of the same forward -- a slot equal bit for
+  bit to the stream at layer input i holds that layer input -- and against the draft's declared taps.
+* :func:`dump_fingerprint` (``doctor fingerprint --captured DUMP`` without ``--reference``): the same over every
+  doctor request in a dump (a full-stream dump, ``EAGLE3_CAPTURE_DUMP_STREAM=all``, names any layer).
+* :func:`embedding_check`: the stream's embedding output (layer input 0), and a slot declared ``Embedding``, against
+  rows of ``embed_tokens`` read alone from the target checkpoint's shard, bit for bit.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence
+
+import torch
+
+from ...dump_format.reader import DumpReader, RequestParts, doctor_requests
+from ..common import DoctorError
+from ..progress import bar as progress_bar
+from .stream_match import StreamMatcher, SlotMatch, layer_name, render_matches
+
+
+@dataclass
+class EmbeddingCheck:
+    what: str                 # which rows were checked ("the stream's layer input 0", "served slot 0")
+    rows: int
+    differing: int
+    max_diff: float
+
+    @property
+    def ok(self) -> bool:
+        return self.rows > 0 and self.differing == 0
+
+    def line(self) -> str:
+        if self.ok:
+            return f"{self.what} equals embed_tokens[input_ids] bit for bit ({self.rows} rows)"
+        return (f"{self.what} differs from embed_tokens[input_ids] in {self.differing} of {self.rows} rows (max "
+                f"|diff| {self.max_diff:.3g}): not the embedding output of this checkpoint")
+
+
+def embedding_check(ck, info, ids: torch.Tensor, rows: torch.Tensor, what: str) -> EmbeddingCheck:
+    """rows [T, H] against embed_tokens[ids] of the checkpoint (cast to the rows' dtype, as a server computes)."""
+    from ..target.checkpoint import read_embedding
+
+    uniq, inv = torch.unique(ids, return_inverse=True)
+    bad = [int(t) for t in uniq.tolist() if not 0 <= t < (info.vocab_size or 2 ** 62)]
+    if bad:
+        raise DoctorError(f"token id {bad[0]} is outside the checkpoint's vocabulary ({info.vocab_size})")
+    emb = read_embedding(ck, info.vocab_size, info.hidden_size, "cpu", rows=uniq.tolist())[inv].to(rows.dtype)
+    diff = (emb.float() - rows.float()).abs().amax(-1)
+    same = (emb == rows).all(-1)
+    return EmbeddingCheck(what, int(rows.shape[0]), int((~same).sum()), float(diff.max()) if diff.numel() else 0.0)
+
+
+@dataclass
+class StreamFingerprint:
+    L: Optional[int]
+    served: Optional[List[int]]               # layers_to_capture: what the server says its slots are
+    stream_layers: Optional[List[int]]
+    matches: List[SlotMatch] = field(default_factory=list)
+    embedding: List[EmbeddingCheck] = field(default_factory=list)
+    notes: List[str] = field(default_factory=list)
+    requests: int = 0
+
+    @property
+    def mismatch(self) -> Optional[str]:
+        """One line naming what is wrong with the served slots (None: nothing found)."""
+        out = []
+        for m in self.matches:
+            if m.verdict == "none":
+                out.append(f"served slot {m.slot} is no layer of the server's stream (best {layer_name(m.best, self.L)}"
+                           f", cos {m.best_cos:.4f})")
+            elif m.expected is not None and m.verdict in ("exact", "clear") and m.best != m.expected:
+                how = "bit for bit" if m.exact else f"cos {m.best_cos:.4f}"
+                out.append(f"served slot {m.slot} holds {layer_name(m.best, self.L)} ({how}), the draft declares "
+                           f"{layer_name(m.expected, self.L)}")
+        out += [e.line() for e in self.embedding if not e.ok]
+        return "the fingerprint: " + "; ".join(out) if out else None
+
+    def lines(self) -> List[str]:
+        if not self.matches and not self.embedding:
+            return [f"fingerprint of the served slots: {'; '.join(self.notes) or 'nothing to compare'}"]
+        where = ("" if self.stream_layers is None else
+                 f" at layer inputs {self.stream_layers}" if len(self.stream_layers) <= 12 else
+                 f" at {len(self.stream_layers)} layer inputs ({self.stream_layers[0]}..{self.stream_layers[-1]})")
+        lines = [f"fingerprint of the served slots against the server's residual stream{where} ({self.requests} "
+                 f"request(s); the server says its slots are layer inputs {self.served}):"]
+        lines += ["  " + ln for ln in render_matches(self.matches, self.L, "slot")]
+        lines += ["  " + e.line() for e in self.embedding]
+        if any(m.verdict == "ambiguous" for m in self.matches):
+            lines.append("  ambiguous: the best and next best layers differ by less than two captures of one tap; "
+                         "give more tokens")
+        lines += [f"  note: {n}" for n in self.notes]
+        return lines
+
+    def to_json(self) -> dict:
+        return {"num_layers": self.L, "served_layer_inputs": self.served, "stream_layer_inputs": self.stream_layers,
+                "requests": self.requests, "slots": [m.to_json(self.L) for m in self.matches],
+                "embedding": [e.__dict__ | {"ok": e.ok} for e in self.embedding], "mismatch": self.mismatch,
+                "notes": self.notes}
+
+
+def fingerprint_requests(requests: Sequence[RequestParts], L: Optional[int], expected: Optional[List[int]],
+                         ck=None, info=None, progress: bool = False, min_cos: float = 0.95) -> StreamFingerprint:
+    """The served slots of these requests against their stream, one request in memory at a time."""
+    fp = StreamFingerprint(L, None, None)
+    matcher = None
+    bar = progress_bar(len(requests), "fingerprint", "request", progress)
+    for parts in requests:
+        req = parts.load()
+        bar.update(1)
+        if req.aux is None or req.layers_to_capture is None:
+            continue
+        fp.served = req.layers_to_capture
+        K = len(req.layers_to_capture)
+        H = req.aux.shape[1] // K
+        if req.stream is None:
+            if "no residual stream" not in " ".join(fp.notes):
+                fp.notes.append("the dump has no residual stream (a version-1 dump, or not a doctor request): the "
+                                "served slots cannot be named without a reference")
+        else:
+            matcher = matcher or StreamMatcher(K, H)
+            matcher.add(req.aux, req.stream, req.stream_layer_inputs)
+            fp.stream_layers = req.stream_layer_inputs
+        fp.requests += 1
+        if ck is not None and info is not None:
+            if req.stream is not None and 0 in req.stream_layer_inputs:
+                _merge(fp, embedding_check(ck, info, req.input_ids, req.stream[req.stream_layer_inputs.index(0)],
+                                           "the stream's embedding output (layer input 0)"))
+            if expected is not None and 0 in expected:
+                k = expected.index(0)
+                _merge(fp, embedding_check(ck, info, req.input_ids, req.aux[:, k * H:(k + 1) * H],
+                                           f"served slot {k} (declared Embedding)"))
+        del req
+    bar.close()
+    if matcher is not None:
+        fp.matches = matcher.matches(min_cos=min_cos, expected=expected)
+    return fp
+
+
+def _merge(fp: StreamFingerprint, e: EmbeddingCheck) -> None:
+    for old in fp.embedding:
+        if old.what == e.what:
+            old.rows += e.rows
+            old.differing += e.differing
+            old.max_diff = max(old.max_diff, e.max_diff)
+            return
+    fp.embedding.append(e)
+
+
+def served_fingerprint(side, ds, ck, progress: bool = False) -> StreamFingerprint:
+    """``doctor online``'s fingerprint: the teacher-forced requests' served slots against the declared taps."""
+    from ..target.side import layer_inputs
+
+    expected = layer_inputs(ds.declared) if ds.declared is not None else None
+    return fingerprint_requests([sp.parts for sp in side.streamed], side.info.num_layers, expected, ck, side.info,
+                                progress)
+
+
+def dump_fingerprint(path: str, expected: Optional[List[int]], ck=None, checkpoint_config=None,
+                     progress: bool = False, min_cos: float = 0.95) -> StreamFingerprint:
+    """``doctor fingerprint --captured DUMP`` with no reference: every doctor request of the dump."""
+    from ..target.dump_side import info_from_dump
+
+    records = DumpReader(path).refresh()
+    reqs = list(doctor_requests(records).values())
+    if not reqs:
+        v1 = [r for r in records if r.version == 1]
+        raise DoctorError(f"--captured {path}: no request of the doctor with a residual stream in it"
+                          + (f" ({len(v1)} version-1 records: they carry no stream; fingerprint them with "
+                             "--reference)" if v1 else "")
+                          + "; the plugin dumps the stream of eagle3-doctor- requests (doctor online --dump, or "
+                          "doctor fingerprint --server URL --training-data)")
+    info = info_from_dump(reqs, f"--captured {path}", checkpoint_config)
+    if expected is None:
+        expected = _declared_from_records(reqs, info.num_layers)
+    fp = fingerprint_requests(reqs, info.num_layers, expected, ck, info if ck is not None else None, progress,
+                              min_cos)
+    if not fp.matches and not fp.embedding:
+        raise DoctorError(f"--captured {path}: its doctor requests carry no served slots (aux) to fingerprint")
+    return fp
+
+
+def _declared_from_records(reqs: Sequence[RequestParts], L: int) -> Optional[List[int]]:
+    """The layer inputs the server's draft declared, from the records' ``declared`` taps (canonical reprs)."""
+    import re
+
+    head = reqs[0].parts[0][0]
+    if not head.declared:
+        return None
+    out = []
+    for t in head.declared:
+        m = re.fullmatch(r"LayerOutput\((\d+)\)", t)
+        if t == "Embedding":
+            out.append(0)
+        elif m and int(m.group(1)) < L:
+            out.append(int(m.group(1)) + 1)
+        else:
+            return None
+    return out
+
+
+__all__ = ["EmbeddingCheck", "embedding_check", "StreamFingerprint", "fingerprint_requests", "served_fingerprint",
+           "dump_fingerprint"]

@@ -1,0 +1,210 @@
+"""The fingerprint against SpecForge's training data: does the server capture what training used, slot by slot, and
+which layer was each training slot (the ``[2, 30, 58]`` question: LayerOutput(2, 30, 58) from SpecForge's HF
+backend, or LayerOutput(1, 29, 57) from its SGLang backend and from SGLang serving)?
+
+On the same token ids: each training sample's ids are (or were) sent to the server as one of the doctor's
+teacher-forced requests, whose rows the plugin dumps with the residual stream. Per sample, the training slots
+against the served slots (``aux``) and, with a full-stream dump, against every layer input. A bf16 training capture
+and a server's capture of the same tap are not bit-equal; :mod:`.stream_match` says ``ambiguous`` where the best
+layer does not beat the next by more than that noise.
+"""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+import torch
+
+from ...dump_format.contract import DOCTOR_RID_PREFIX
+from ...dump_format.reader import DumpReader, RequestParts, doctor_requests, v1_sequences
+from ...pipelines import HF_READING, SGLANG_READING, Readings, readings_of
+from ..common import DoctorError
+from ..sglang_model.http import post_json
+from ..target.training_data import TrainingSample, load_sample, training_files
+from .stream_match import SlotMatch, StreamMatcher, layer_name, render_matches
+
+
+@dataclass
+class TrainingFingerprint:
+    L: int
+    samples: int
+    tokens: int
+    served: Optional[List[int]]
+    vs_served: List[SlotMatch]
+    vs_stream: List[SlotMatch] = field(default_factory=list)
+    stream_layers: Optional[List[int]] = None
+    readings: Optional[Readings] = None
+    notes: List[str] = field(default_factory=list)
+
+    @property
+    def same_as_served(self) -> bool:
+        return len(self.vs_served) == len(self.served or []) and all(
+            m.verdict in ("exact", "clear") and m.best == m.slot for m in self.vs_served)
+
+    @property
+    def training_layers(self) -> Optional[List[int]]:
+        if not self.vs_stream or any(m.verdict not in ("exact", "clear") for m in self.vs_stream):
+            return None
+        return [m.best for m in self.vs_stream]
+
+    def reading(self) -> Optional[str]:
+        """Which pipeline's reading of the draft ids the training data holds."""
+        got, r = self.training_layers, self.readings
+        if got is None or r is None:
+            return None
+        names = [name for name, inputs in ((HF_READING, r.hf), (SGLANG_READING, r.sglang)) if inputs == got]
+        return " and ".join(names) if names else "neither common reading"
+
+    def lines(self) -> List[str]:
+        L = self.L
+        out = [f"training data against the server: {self.samples} sample(s), {self.tokens} tokens, the same ids",
+               "", "each training slot against the slots the server feeds its draft (layer inputs "
+               f"{self.served}):"]
+        out += ["  " + ln for ln in render_matches(self.vs_served, L, "training", lambda j: f"served slot {j}")]
+        verdict = ("the server captures what training used, slot by slot" if self.same_as_served else
+                   "the server does NOT capture what training used")
+        out += ["", f"verdict: {verdict}"]
+        if self.vs_stream:
+            out += ["", f"each training slot against the server's residual stream ({len(self.stream_layers)} layer "
+                        "inputs):"]
+            out += ["  " + ln for ln in render_matches(self.vs_stream, L, "training")]
+            got = self.training_layers
+            if got is not None:
+                out.append(f"training used {[layer_name(i, L) for i in got]} (layer inputs {got})")
+                r = self.reading()
+                if r is not None:
+                    out.append(f"the draft ids {self.readings.ids} mean that as read by {r} (SpecForge-HF reading: "
+                               f"layer inputs {self.readings.hf}; SpecForge-SGLang / SGLang reading: "
+                               f"{self.readings.sglang})")
+            else:
+                out.append("which layer some training slot was is ambiguous at this noise: give more samples or "
+                           "tokens")
+        out += [f"note: {n}" for n in self.notes]
+        return out
+
+    def to_json(self) -> dict:
+        r = self.readings
+        return {"num_layers": self.L, "samples": self.samples, "tokens": self.tokens,
+                "served_layer_inputs": self.served, "same_as_served": self.same_as_served,
+                "vs_served": [m.to_json(None) for m in self.vs_served],
+                "vs_stream": [m.to_json(self.L) for m in self.vs_stream], "stream_layer_inputs": self.stream_layers,
+                "training_layer_inputs": self.training_layers, "reading": self.reading(),
+                "readings": None if r is None else {"ids": r.ids, "hf": r.hf, "sglang": r.sglang},
+                "notes": self.notes}
+
+
+def send_samples(url: str, samples: Sequence[TrainingSample], timeout: float, post=post_json) -> List[str]:
+    """Each sample's ids as one of the doctor's teacher-forced requests (the plugin dumps their stream); ``post``:
+    the HTTP client (a test hands in a stand-in for the server)."""
+    run = uuid.uuid4().hex[:12]
+    rids = []
+    for i, s in enumerate(samples):
+        rid = f"{DOCTOR_RID_PREFIX}{run}-t{i}"
+        post(url.rstrip("/") + "/generate", {
+            "input_ids": s.input_ids.tolist(), "rid": rid,
+            "sampling_params": {"temperature": 0, "max_new_tokens": 1, "ignore_eos": True},
+            "return_logprob": True, "logprob_start_len": 0}, timeout)
+        rids.append(rid)
+    return rids
+
+
+def _request_for(sample: TrainingSample, reqs: Sequence[RequestParts], where: str) -> RequestParts:
+    ids = sample.input_ids
+    for r in reversed(list(reqs)):  # the last written first
+        x = r.input_ids
+        n = min(x.numel(), ids.numel())
+        if n and torch.equal(x[:n], ids[:n]) and x.numel() >= ids.numel():
+            return r
+    raise DoctorError(f"{where}: no dumped request holds the token ids of {sample.path} ({ids.numel()} tokens, first "
+                      f"{ids[:8].tolist()}): tokens that do not align (send them with --server URL, or dump the "
+                      "server while it processes these samples)")
+
+
+def _found(sample: TrainingSample, reqs: Sequence[RequestParts]) -> bool:
+    ids = sample.input_ids
+    return any(r.input_ids.numel() >= ids.numel() and torch.equal(r.input_ids[:ids.numel()], ids) for r in reqs)
+
+
+def load_samples(path: str, count: int, max_tokens: int, H: Optional[int] = None) -> List[TrainingSample]:
+    files = training_files(path)[:count]
+    out = []
+    for f in files:
+        s = load_sample(f, H)
+        if s.tokens > max_tokens:
+            s = TrainingSample(s.path, s.input_ids[:max_tokens], None if s.loss_mask is None else
+                               s.loss_mask[:max_tokens], s.aux[:max_tokens],
+                               None if s.hidden_state is None else s.hidden_state[:max_tokens])
+        out.append(s)
+    return out
+
+
+def training_fingerprint(samples: Sequence[TrainingSample], dump_dir: str, rids: Optional[List[str]] = None,
+                         draft_ids: Optional[List[int]] = None, timeout: float = 60.0, min_cos: float = 0.95
+                         ) -> TrainingFingerprint:
+    """Every training sample against the server's dump of the same ids."""
+    import time
+
+    reader = DumpReader(dump_dir)
+    deadline = time.time() + (timeout if rids else 0)
+    while True:
+        records = reader.refresh()
+        by_rid: Dict[str, RequestParts] = doctor_requests(records)
+        reqs = [by_rid[r] for r in rids if r in by_rid] if rids else list(by_rid.values())
+        if rids is not None and len(reqs) == len(rids) and all(
+                q.input_ids.numel() >= s.tokens for q, s in zip(reqs, samples)):
+            break
+        if not by_rid:  # a version-1 dump: no request ids, the samples found by their token ids
+            v1 = v1_sequences(records)
+            if rids is None or all(_found(s, v1) for s in samples):
+                reqs = v1
+                break
+        if rids is None or time.time() > deadline:
+            break
+        time.sleep(0.5)
+    where = f"--captured {dump_dir}"
+    if not reqs:
+        raise DoctorError(f"{where}: no request of the doctor in it (is it the server's EAGLE3_CAPTURE_DUMP "
+                          "directory, and is the plugin's dump on?)")
+    first = reqs[0].parts[0][0]
+    L, H = first.num_layers, first.hidden_size
+    vs_served = vs_stream = None
+    served = stream_layers = None
+    tokens = 0
+    notes: List[str] = []
+    for s in samples:
+        parts = _request_for(s, reqs, where)
+        req = parts.load()
+        n = s.tokens
+        if H is None:
+            H = req.aux.shape[1] // len(req.layers_to_capture)
+        if s.aux.shape[1] % H:
+            raise DoctorError(f"--training-data {s.path}: aux_hidden_state is {s.aux.shape[1]} wide, not a multiple "
+                              f"of the server's hidden size {H}: training data of another model")
+        Kt = s.aux.shape[1] // H
+        if req.aux is None:
+            raise DoctorError(f"{where}: the request holding {s.path}'s ids has no served slots (aux)")
+        Ks = req.aux.shape[1] // H
+        served = req.layers_to_capture
+        slots = req.aux[:n].reshape(n, Ks, H).permute(1, 0, 2)
+        vs_served = vs_served or StreamMatcher(Kt, H)
+        vs_served.add(s.aux, slots, list(range(Ks)))
+        if req.stream is not None:
+            vs_stream = vs_stream or StreamMatcher(Kt, H)
+            vs_stream.add(s.aux, req.stream[:, :n], req.stream_layer_inputs)
+            stream_layers = req.stream_layer_inputs
+        tokens += n
+        del req
+    if vs_stream is None:
+        notes.append("the dump has no residual stream: which layer each training slot was cannot be named (a "
+                     "version-2 dump with EAGLE3_CAPTURE_DUMP_STREAM=all can)")
+    fp = TrainingFingerprint(L or 0, len(samples), tokens, served,
+                             vs_served.matches(min_cos=min_cos, expected=list(range(vs_served.K))),
+                             [] if vs_stream is None else vs_stream.matches(min_cos=min_cos), stream_layers,
+                             None, notes)
+    if draft_ids is not None and L:
+        fp.readings = readings_of(draft_ids, L, H)
+    return fp
+
+
+__all__ = ["TrainingFingerprint", "send_samples", "load_samples", "training_fingerprint"]

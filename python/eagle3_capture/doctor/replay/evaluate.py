@@ -1,0 +1,95 @@
+"""The draft replayed over what a target side gives: at every anchor of each prompt's continuation, the draft's
+chain (teacher-forced correctness per step) and, for the server's flags, what SGLang's verify there accepts (the
+chain, or the tree for eagle-topk > 1). ``accept``, ``online`` and ``demo`` run this; where the target's tokens and
+taps come from is the target side's business (``target.side``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+import torch
+
+from ...spec import TapSpec
+from ..sglang_model.serving import Served, chain_accepted, tree_accepted_taps, walk
+
+
+@torch.no_grad()
+def chain_correct_taps(draft, taps: torch.Tensor, seq: torch.Tensor, greedy: torch.Tensor, steps: int,
+                       first_anchor: int, use_op: bool = True) -> torch.Tensor:
+    """Correctness [B, A, steps] of the draft chain at anchors first_anchor..T-1-steps.
+
+    taps: [B, T, K*H] the residual stream at the draft's taps; seq: [B, T] tokens; greedy: [B, T] the target's
+    greedy token after each position."""
+    B, T = seq.shape
+    A = T - steps - first_anchor
+    if A <= 0:
+        return torch.zeros(B, 0, steps, dtype=torch.bool)
+    x = taps[:, : T - steps].to(next(draft.parameters()).dtype)
+    logits = draft.unroll(x, seq[:, 1:], steps, use_op=use_op)
+    out = []
+    for j, lg in enumerate(logits, start=1):
+        pred = draft.to_target_ids(lg.argmax(-1))
+        out.append((pred == greedy[:, j: j + T - steps])[:, first_anchor:])
+    return torch.stack(out, -1).cpu()
+
+
+@dataclass
+class PromptRun:
+    """One prompt's offline run: its continuation and, per anchor, the chain's correctness and what a verify
+    there accepts under the server flags."""
+
+    prompt: List[int]
+    seq: torch.Tensor          # [P + continuation] prompt + greedy continuation
+    correct: torch.Tensor      # [A, S] bool
+    accepted: Optional[torch.Tensor]  # [A] int64, None when the flags are refused
+    expected: Optional[torch.Tensor] = None  # the target's own token at each position (outputs are checked
+    #                                          against it); seq when None
+
+
+def unserved_reason(res) -> Optional[str]:
+    """Why no served accept length can be predicted for these resolved flags (None: it can)."""
+    if res.error:
+        return f"SGLang 0.5.23 refuses the flags ({res.error})"
+    if res.steps is None or res.topk is None or res.draft_tokens is None:
+        return ("num-steps / eagle-topk / num-draft-tokens are not all known before serving (e.g. "
+                "--speculative-adaptive changes them while serving)")
+    return None
+
+
+def continuation_for(new_tokens: int, steps: int) -> int:
+    """Tokens after each prompt the replay needs: the new tokens, and the draft steps that the verifies near the end
+    look past them (SGLang counts what those accept though it cuts them from the output)."""
+    return new_tokens + steps
+
+
+def evaluate(target_side, draft, prompts: List[List[int]], spec: TapSpec, S: int, new_tokens: int, res,
+             batch_size: int, progress: bool, desc: str = "accept") -> List[PromptRun]:
+    """Per-anchor chain correctness and served acceptance for every prompt (in the prompts' order)."""
+    runs: List[Optional[PromptRun]] = [None] * len(prompts)
+    predict = unserved_reason(res) is None
+    for b in target_side.batches(prompts, continuation_for(new_tokens, S), spec, batch_size, progress, desc):
+        dev = next(draft.parameters()).device
+        seq, greedy, taps = b.seq.to(dev), b.greedy.to(dev), b.taps.to(dev)
+        P = b.prompt_len
+        c = chain_correct_taps(draft, taps, seq, greedy, S, first_anchor=P - 1, use_op=True)
+        acc = None
+        if predict:
+            if res.topk == 1:
+                acc = chain_accepted(c, res.steps)
+            else:
+                acc = tree_accepted_taps(draft, taps, seq, greedy, res.steps, res.topk, res.draft_tokens,
+                                         first_anchor=P - 1, use_op=True)
+        for j, i in enumerate(b.indices):
+            runs[i] = PromptRun(prompts[i], b.seq[j].cpu(), c[j], None if acc is None else acc[j],
+                                None if b.expected is None else b.expected[j].cpu())
+    missing = [i for i, r in enumerate(runs) if r is None]
+    if missing:
+        raise RuntimeError(f"the target side gave no sequence for prompt {missing[0]}")
+    return runs
+
+
+def served_walks(runs: Sequence[PromptRun], new_tokens: int) -> List[Served]:
+    return [walk(r.accepted.tolist(), new_tokens) for r in runs] if runs and runs[0].accepted is not None else []
+
+
+__all__ = ["chain_correct_taps", "PromptRun", "unserved_reason", "continuation_for", "evaluate", "served_walks"]

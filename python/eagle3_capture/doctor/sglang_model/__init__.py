@@ -1,0 +1,9 @@
+"""What the doctor knows of SGLang 0.5.23's server and speculative loop, modelled in plain Python (read in SGLang's
+source; the tests compare the models with SGLang's own code where it is installed).
+
+* ``server_args``: the launch flags the doctor reads; ``flag_rules``: how SGLang resolves the speculative flags and
+  which flags lose or misplace taps (findings with fixes);
+* ``serving``: SGLang's speculative loop replayed (the walk, chain and tree acceptance, what ``meta_info`` reports);
+* ``responses``: a server's ``/generate`` responses parsed, their counts checked against SGLang's counters;
+* ``http``: the HTTP client (``/generate``, ``/server_info``); ``server_url``: the server's base URL, checked.
+"""

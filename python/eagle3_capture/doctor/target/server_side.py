@@ -1,0 +1,176 @@
+"""The target side from a live server (``doctor online --server URL --dump DIR`` without ``--target``): the server
+itself runs the target, so the doctor needs no copy of it.
+
+After the prompts are served (``sglang_model.http.generate``), per prompt:
+
+1. an extension: ``prompt + served continuation`` with ``max_new_tokens`` = num-steps + 1, greedy -- the tokens past
+   the served ones that SGLang's last verifies look at (it counts what they accept, then cuts the output);
+2. the teacher-forced pass of the dump format: ``prompt + continuation + extension`` as one prefill, with
+   ``rid`` ``eagle3-doctor-<run>-<i>`` (the plugin dumps the residual stream of forwards holding such a request),
+   ``return_logprob``, ``logprob_start_len`` 0 (which also keeps SGLang from reusing its prefix cache, so every row
+   is computed) and ``top_logprobs_num`` 1: ``input_top_logprobs`` gives the target's greedy token at every
+   position, computed as a verify computes it;
+3. the dump directory is read until every teacher-forced request's rows are there (the plugin writes in the
+   background).
+
+The dump directory is the one the server was started with (``EAGLE3_CAPTURE_DUMP``): the doctor reads the files,
+so it must see the server's filesystem.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Dict, List, Optional, Sequence
+
+import torch
+
+from ...dump_format.contract import DOCTOR_RID_PREFIX, DumpError
+from ...dump_format.reader import DumpReader, RequestParts, doctor_requests, v1_sequences
+from ..common import DoctorError
+from ..progress import bar as progress_bar
+from ..sglang_model.http import post_json
+from .dump_side import StreamedPrompt, StreamTarget, info_from_dump
+
+
+def greedy_from_logprobs(obj, what: str, T: int) -> torch.Tensor:
+    """[T]: the top-1 token after each of the T input positions, from a /generate answer with input_top_logprobs."""
+    if isinstance(obj, list) and len(obj) == 1:
+        obj = obj[0]
+    meta = obj.get("meta_info") if isinstance(obj, dict) else None
+    if not isinstance(meta, dict):
+        raise DoctorError(f"{what}: no meta_info in the answer: {str(obj)[:160]}")
+    top, out = meta.get("input_top_logprobs"), obj.get("output_ids")
+    if not isinstance(top, list) or len(top) != T:
+        raise DoctorError(f"{what}: meta_info input_top_logprobs has "
+                          f"{len(top) if isinstance(top, list) else type(top).__name__} entries, expected one per "
+                          f"input token ({T}): does this server return input logprobs (return_logprob, "
+                          "logprob_start_len 0)?")
+    if not isinstance(out, list) or not out or not isinstance(out[0], int):
+        raise DoctorError(f"{what}: no output_ids in the answer")
+    greedy = torch.full((T,), -1, dtype=torch.int64)
+    for t in range(1, T):
+        e = top[t]
+        try:
+            tok = e[0][1]
+        except (TypeError, IndexError, KeyError):
+            tok = None
+        if not isinstance(tok, int) or isinstance(tok, bool):
+            raise DoctorError(f"{what}: input_top_logprobs[{t}] is {str(e)[:80]!r}; expected [[logprob, token id, "
+                              "text]] (top_logprobs_num 1)")
+        greedy[t - 1] = tok
+    greedy[T - 1] = out[0]
+    return greedy
+
+
+class ServerTarget(StreamTarget):
+    """A live server and its dump directory, after :meth:`teacher_force`."""
+
+    greedy_is_own = True
+
+    @classmethod
+    def teacher_force(cls, url: str, dump_dir: str, prompts: Sequence[List[int]], outputs: Sequence[List[int]],
+                      steps: int, post: Callable[[str, dict, float], object] = post_json, timeout: float = 600.0,
+                      concurrency: int = 8, progress: bool = False, checkpoint_config: Optional[dict] = None,
+                      vocab_size: Optional[int] = None, tokenizer=None) -> "ServerTarget":
+        """The teacher-forced pass of ``prompts`` + the server's ``outputs`` through ``post`` (the HTTP client; a
+        test hands in a stand-in for the server), then its rows read from ``dump_dir``."""
+        base = url.rstrip("/") + "/generate"
+        run = uuid.uuid4().hex[:12]
+        n = len(prompts)
+
+        def send(body: dict, what: str):
+            try:
+                return post(base, body, timeout)
+            except DoctorError as e:
+                raise DoctorError(f"{e} -- the {what} of the teacher-forced pass sends each prompt + its "
+                                  f"{len(outputs[0])} new tokens + {steps + 1} (num-steps + 1); near the context "
+                                  "length give fewer --new-tokens") from None
+
+        def extend(i: int) -> List[int]:
+            ids = list(prompts[i]) + list(outputs[i])
+            obj = send({"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": steps + 1,
+                                                               "ignore_eos": True}}, "extension")
+            if isinstance(obj, list) and len(obj) == 1:
+                obj = obj[0]
+            ext = obj.get("output_ids") if isinstance(obj, dict) else None
+            if not isinstance(ext, list) or len(ext) != steps + 1:
+                raise DoctorError(f"--server {base}, prompt {i}: the extension by {steps + 1} tokens returned "
+                                  f"{str(ext)[:80]!r} (a context limit?)")
+            return ids + ext
+
+        def force(i: int, ids: List[int]) -> torch.Tensor:
+            body = {"input_ids": ids, "rid": f"{DOCTOR_RID_PREFIX}{run}-{i}",
+                    "sampling_params": {"temperature": 0, "max_new_tokens": 1, "ignore_eos": True},
+                    "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 1}
+            return greedy_from_logprobs(send(body, "prefill"), f"--server {base}, teacher-forced prompt {i}",
+                                         len(ids))
+
+        bar = progress_bar(2 * n, "teacher-forced pass", "request", progress)
+        with ThreadPoolExecutor(max_workers=max(1, min(concurrency, n))) as pool:
+            seqs = []
+            for s in pool.map(extend, range(n)):
+                seqs.append(s)
+                bar.update(1)
+            greedy = []
+            for g in pool.map(force, range(n), seqs):
+                greedy.append(g)
+                bar.update(1)
+        bar.close()
+        rids = [f"{DOCTOR_RID_PREFIX}{run}-{i}" for i in range(n)]
+        found = wait_for_requests(dump_dir, rids, [torch.tensor(s) for s in seqs], timeout)
+        where = f"--dump {dump_dir}"
+        info = info_from_dump(found, where, checkpoint_config, vocab_size)
+        streamed = [StreamedPrompt(torch.tensor(s, dtype=torch.int64), g, p) for s, g, p in zip(seqs, greedy, found)]
+        target = cls(f"server {url} (its residual stream, dump {dump_dir})", info, streamed, tokenizer)
+        target.run = run
+        disagree = [i for i, (s, g) in enumerate(zip(seqs, greedy)) if s[len(prompts[i]) + len(outputs[i]):]
+                    != g[len(prompts[i]) + len(outputs[i]) - 1:-1].tolist()]
+        if disagree:
+            target.notes.append(f"{len(disagree)} prompt(s) (first {disagree[0]}): the extension's greedy tokens "
+                                "differ from the teacher-forced pass's (near-ties in the logits: two passes of "
+                                "different shapes)")
+        return target
+
+
+def _has(parts: Optional[RequestParts], n: int) -> bool:
+    """The request's first n positions are all in the dump (a chunk may still be on its way)."""
+    if parts is None:
+        return False
+    try:
+        return parts.input_ids.numel() >= n
+    except DumpError:  # a gap between chunks: the writer is behind, or a chunk is lost (said at the deadline)
+        return False
+
+
+def wait_for_requests(dump_dir: str, rids: List[str], seqs: List[torch.Tensor], timeout: float
+                      ) -> List[RequestParts]:
+    """Each teacher-forced request's rows in the dump, read until all are there (or ``timeout`` passes)."""
+    reader = DumpReader(dump_dir)
+    deadline = time.time() + timeout
+    while True:
+        records = reader.refresh()
+        by_rid: Dict[str, RequestParts] = doctor_requests(records)
+        found = [by_rid.get(r) for r in rids]
+        complete = [_has(p, s.numel()) for p, s in zip(found, seqs)]
+        if all(complete):
+            break
+        if not any(r.version == 2 for r in records):
+            v1 = v1_sequences(records)
+            hits = [next((p for p in v1 if torch.equal(p.input_ids, s)), None) for s in seqs]
+            if all(h is not None for h in hits):
+                return hits
+        if time.time() > deadline:
+            missing = [r for r, ok in zip(rids, complete) if not ok]
+            raise DoctorError(
+                f"--dump {dump_dir}: after {timeout:g} s, {len(missing)} of {len(rids)} teacher-forced requests "
+                f"(rid {missing[0]}, ...) are not in it ({len(records)} records there): is it the directory the server "
+                "writes (its EAGLE3_CAPTURE_DUMP), seen from here, and is the plugin's dump on?")
+        time.sleep(0.5)
+    for p, s, r in zip(found, seqs, rids):
+        if not torch.equal(p.input_ids[:s.numel()], s):
+            raise DoctorError(f"--dump {dump_dir}: request {r}'s dumped token ids differ from those sent")
+    return found
+
+
+__all__ = ["ServerTarget", "wait_for_requests"]
