@@ -13,6 +13,10 @@ SGLang's loop on a CPU-only host:
   tree (eagle-topk > 1) gets from ``assign_extend_cache_locs*``, whose fall-through returns None): their XPU
   branches call SGLang's own Triton kernels, which then run interpreted.
 
+* Older releases (0.5.12) need more, each feature-detected so that none applies on 0.5.23: see releases.py (torch
+  versions of the tree kernels that 0.5.12 only has in sgl_kernel, its verify's KV locations, the draft's
+  ``torch.cuda.synchronize()``, ``record_stream`` on CPU tensors in the overlap scheduler).
+
 * At ``tp_size`` > 1, SGLang's group coordinators default to PyNccl (and the custom all-reduce), which need a GPU;
   ``init_model_parallel_group`` gets them switched off, leaving gloo's torch.distributed collectives.
 
@@ -95,8 +99,10 @@ def record_draft_input_hook(original, self, input_ids, positions, forward_batch,
 
 
 def init_model_parallel_group_hook(original, *args, **kwargs):
-    kwargs.update(use_pynccl=False, use_custom_allreduce=False, use_mscclpp=False,
-                  use_torch_symm_mem_allreduce=False)
+    from .releases import model_parallel_group_off_switches
+
+    # the switches' names differ between releases (releases.py): pass only those this release's signature has
+    kwargs.update(model_parallel_group_off_switches(original))
     return original(*args, **kwargs)
 
 
@@ -110,11 +116,23 @@ def register() -> None:
                           HookType.AROUND)
     HookRegistry.register("sglang.srt.distributed.parallel_state.init_model_parallel_group",
                           init_model_parallel_group_hook, HookType.AROUND)
-    import sglang.kernels.ops.speculative.cache_locs as cache_locs
-    import sglang.kernels.ops.speculative.spec_tree as spec_tree
+    from .releases import (has_kernels_package, register_cpu_record_stream_free, register_cuda_synchronize_free,
+                           register_extend_cache_locs_without_kernels, register_spec_tree_without_kernels)
 
-    spec_tree._is_xpu = True
-    cache_locs._is_xpu = True
+    if has_kernels_package():
+        import sglang.kernels.ops.speculative.cache_locs as cache_locs
+        import sglang.kernels.ops.speculative.spec_tree as spec_tree
+
+        spec_tree._is_xpu = True
+        cache_locs._is_xpu = True
+    elif not (register_spec_tree_without_kernels(HookRegistry, HookType)  # an older release's layout (releases.py)
+              and register_extend_cache_locs_without_kernels(HookRegistry, HookType)):
+        logger.warning("e3_sglang_cpu: this SGLang has neither the 0.5.23 nor the 0.5.12 layout of the speculative "
+                       "tree kernels; no CPU stand-in for them")
+    # 0.5.12 only (feature-detected, releases.py): torch.cuda.synchronize in the draft's set_embed, record_stream on
+    # CPU tensors in the overlap scheduler
+    register_cuda_synchronize_free(HookRegistry, HookType)
+    register_cpu_record_stream_free(HookRegistry, HookType)
     if os.environ.get("E3_SGLANG_CPU_RECORD_DRAFT"):
         HookRegistry.register("sglang.srt.models.llama_eagle3.LlamaModel.forward", record_draft_input_hook,
                               HookType.AROUND)
