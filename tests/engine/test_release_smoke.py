@@ -1,0 +1,288 @@
+"""The serving smoke on the SGLang release under test: ``python -m sglang.launch_server`` (its scheduler, ModelRunner
+and EAGLE worker) serving EAGLE-3 for the demo pair on the CPU, chain 3/1/4, a few prompts, stock and with this
+project's plugin. Each server's outputs must equal the target's greedy continuation, and its served accept length
+and per-request verify counts must equal what ``doctor accept`` predicts for the taps that server captures.
+
+The release is the one this process imports (``sglang.__version__``); run it against another by putting that
+release first on PYTHONPATH (scripts/sglang_release.py installs one):
+
+    PYTHONPATH=.venv/sglang-releases/0.5.12:python:tests/sglang_cpu_plugin \\
+        .venv/bin/python -m pytest -m engine tests/engine/test_release_smoke.py
+
+What each release needs to run on the CPU is docs/sglang_cpu_releases.md; the stand-ins live in the test-only
+plugin tests/sglang_cpu_plugin (feature-detected) and, for a release that imports sgl_kernel unconditionally
+(0.5.12), the import-only sgl_kernel of tests/gpu_sglang/standins, put on the servers' PYTHONPATH only then.
+Each run writes release_smoke_<version>.json (timings, served and predicted figures) to E3_RELEASE_SMOKE_OUT, else
+to the pair's directory.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import os
+import time
+from typing import List, Optional
+
+import pytest
+
+from engine_fixtures import CHAIN, REPO, LaunchedServer, doctor, flags_text, pair, post_json  # noqa: F401
+
+pytestmark = [pytest.mark.engine, pytest.mark.sglang, pytest.mark.slow]
+
+SMOKE_PROMPTS = 4       # a few prompts, one batched /generate: each server costs 2-3 minutes on two cores
+SMOKE_NEW_TOKENS = 16
+# the demo draft's trained taps [Embedding, LayerOutput(0), LayerOutput(3)] as layer-input indices
+TRAINED_LAYER_INPUTS = [0, 1, 4]
+STANDINS = os.path.join(REPO, "tests", "gpu_sglang", "standins")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the release under test
+# ----------------------------------------------------------------------------------------------------------------
+
+def sglang_version() -> str:
+    import sglang
+
+    return sglang.__version__
+
+
+def stock_layer_inputs(ids: List[int]) -> Optional[List[int]]:
+    """What the installed SGLang's own ``DeepseekV2ForCausalLM.set_eagle3_layers_to_capture`` makes of draft ids
+    (run on an object made with ``__new__``: it reads only pp_group, config and model), or None if it raises."""
+    import types
+
+    from sglang.srt.models.deepseek_v2 import DeepseekV2ForCausalLM
+
+    m = DeepseekV2ForCausalLM.__new__(DeepseekV2ForCausalLM)
+    object.__setattr__(m, "_modules", {})  # nn.Module attribute machinery without running __init__
+    object.__setattr__(m, "_parameters", {})
+    object.__setattr__(m, "_buffers", {})
+    m.__dict__["pp_group"] = types.SimpleNamespace(is_last_rank=True)
+    m.__dict__["config"] = types.SimpleNamespace(num_hidden_layers=8)
+    m.__dict__["model"] = types.SimpleNamespace(layers_to_capture=[])
+    try:
+        m.set_eagle3_layers_to_capture(list(ids))
+    except Exception:
+        return None
+    return list(m.model.layers_to_capture)
+
+
+def stock_draft_ids() -> tuple:
+    """(ids, layer inputs stock SGLang captures for them, why): the draft ids in the release's own convention that
+    make stock SGLang capture the trained taps; where the release cannot capture layer input 0 (the embedding: up to
+    0.5.12 every id gets +1, so the embedding would be id -1 -> layer input 0, and ``DeepseekV2Model.forward``
+    computes ``hidden_states + residual`` there with residual None), the closest it can: [LayerOutput(0),
+    LayerOutput(1), LayerOutput(3)], served to a draft trained on [Embedding, LayerOutput(0), LayerOutput(3)]."""
+    if stock_layer_inputs([0, 1, 4]) == TRAINED_LAYER_INPUTS:  # 0.5.14+: ids not starting with 1 used unchanged
+        return [0, 1, 4], TRAINED_LAYER_INPUTS, "the trained taps"
+    if stock_layer_inputs([-1, 0, 3]) == TRAINED_LAYER_INPUTS:  # +1 on every id (0.5.12)
+        ids = [0, 1, 3]
+        return ids, stock_layer_inputs(ids), ("the embedding cannot be captured by this release's loop (layer input "
+                                              "0 raises): the first two slots differ from training")
+    raise AssertionError(f"SGLang {sglang_version()}: its id rule is neither 0.5.12's nor 0.5.14+'s: "
+                         f"[0, 1, 4] -> {stock_layer_inputs([0, 1, 4])}, [-1, 0, 3] -> "
+                         f"{stock_layer_inputs([-1, 0, 3])}")
+
+
+def needs_sgl_kernel_standin() -> bool:
+    """The release's serving path imports sgl_kernel whatever the device and none is installed: importing
+    ``srt/mem_cache/memory_pool_host.py`` (reached from ``entrypoints/http_server.py`` through the scheduler) fails
+    on ``sgl_kernel`` (0.5.12: ``from sgl_kernel.kvcacheio import ...`` unless NPU/XPU/MPS; 0.5.23 guards it)."""
+    import importlib
+
+    if importlib.util.find_spec("sgl_kernel") is not None:
+        return False
+    try:
+        importlib.import_module("sglang.srt.mem_cache.memory_pool_host")
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] == "sgl_kernel":
+            return True
+        raise
+    return False
+
+
+def server_flags() -> List[str]:
+    """Flags the release needs beside LaunchedServer's: 0.5.12 turns on its piecewise CUDA graph for prefill by
+    default (``model_executor/piecewise_cuda_graph_runner.py`` then asks ``torch.cpu`` for a graph pool handle)."""
+    from sglang.srt.server_args import ServerArgs
+
+    return ["--disable-piecewise-cuda-graph"] if hasattr(ServerArgs, "disable_piecewise_cuda_graph") else []
+
+
+@dataclasses.dataclass
+class Release:
+    version: str
+    stock_ids: List[int]
+    stock_layer_inputs: List[int]
+    stock_note: str
+    flags: List[str]
+    pythonpath: Optional[str]   # a directory holding only the stand-ins this release needs, or None
+
+
+@pytest.fixture(scope="module")
+def release(pair) -> Release:
+    ids, inputs, note = stock_draft_ids()
+    extra = None
+    if needs_sgl_kernel_standin():
+        # only sgl_kernel (and the stub machinery it imports), not the GPU kit's IPython stand-in, which would
+        # shadow the installed IPython
+        extra = os.path.join(pair.root, "sgl_kernel_standin")
+        os.makedirs(extra, exist_ok=True)
+        for name in ("sgl_kernel", "e3_standin_stubs.py"):
+            link = os.path.join(extra, name)
+            if not os.path.lexists(link):
+                os.symlink(os.path.join(STANDINS, name), link)
+    return Release(sglang_version(), ids, inputs, note, server_flags(), extra)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the servers
+# ----------------------------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Smoke:
+    name: str
+    responses: List[dict]
+    start_s: float          # launch_server until /health answers
+    run_s: float            # the batched /generate
+    log: str
+
+    @property
+    def outputs(self):
+        return [r["output_ids"] for r in self.responses]
+
+    @property
+    def verify_counts(self):
+        return [r["meta_info"]["spec_verify_ct"] for r in self.responses]
+
+    @property
+    def histograms(self):
+        return [r["meta_info"].get("spec_correct_drafts_histogram") for r in self.responses]
+
+    @property
+    def accept_length(self) -> float:
+        return (sum(r["meta_info"]["completion_tokens"] for r in self.responses)
+                / sum(self.verify_counts))
+
+
+def smoke_prompts(pair) -> List[List[int]]:
+    with open(pair.first_prompts(SMOKE_PROMPTS)) as f:
+        return json.load(f)
+
+
+def serve(pair, release: Release, name: str, draft: str, env: dict) -> Smoke:
+    """launch_server with the release's flags and stand-ins, the prompts in one batched /generate (greedy,
+    ignore_eos), its responses, the time to healthy and the time to answer."""
+    env = dict(env)
+    if release.pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), release.pythonpath) if p)
+    srv = LaunchedServer(pair, draft, CHAIN, env=env)
+    srv.cmd += release.flags
+    srv.log_path = os.path.join(pair.root, f"smoke_{name}.log")
+    prompts = smoke_prompts(pair)
+    t0 = time.time()
+    with srv:
+        t1 = time.time()
+        out = post_json(srv.url + "/generate", {"input_ids": prompts, "sampling_params": {
+            "temperature": 0, "max_new_tokens": SMOKE_NEW_TOKENS, "ignore_eos": True}}, timeout=900)
+        t2 = time.time()
+        log = srv.log()
+    rows = [{"input_ids": p, "output_ids": o.get("output_ids"), "meta_info": o.get("meta_info")}
+            for p, o in zip(prompts, out)]
+    with open(os.path.join(pair.root, f"smoke_{name}.jsonl"), "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    return Smoke(name, rows, t1 - t0, t2 - t1, log)
+
+
+@pytest.fixture(scope="module")
+def stock(pair, release) -> Smoke:
+    """Stock SGLang (the plugin registers nothing), the draft's ids written in the release's own convention."""
+    draft = pair.draft_variant("smoke_stock_" + "_".join(str(i) for i in release.stock_ids),
+                               eagle_aux_hidden_state_layer_ids=release.stock_ids)
+    return serve(pair, release, f"stock_{release.version}", draft, {"EAGLE3_CAPTURE_DISABLE": "all"})
+
+
+@pytest.fixture(scope="module")
+def plugin(pair, release) -> Smoke:
+    """This project's plugin on (every switch as a deployment has it), the draft as shipped (ids [-1, 0, 3])."""
+    return serve(pair, release, f"plugin_{release.version}", pair.draft, {"EAGLE3_CAPTURE_DISABLE": None})
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# what the doctor says
+# ----------------------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def greedy(pair) -> List[List[int]]:
+    """The transformers target's greedy continuation of each smoke prompt."""
+    from doctor_helpers import replay_demo
+
+    return [cont for _, cont, _ in replay_demo(os.path.dirname(pair.target), smoke_prompts(pair), SMOKE_NEW_TOKENS,
+                                               CHAIN)]
+
+
+def predicted(pair, name: str, layer_inputs: List[int]) -> dict:
+    """``doctor accept`` for the shipped draft replayed with these taps (the ones the server captures), chain flags:
+    its ``served`` block (served accept length, per-prompt verify counts and histograms)."""
+    out = os.path.join(pair.root, f"smoke_accept_{name}.json")
+    code, text, err = doctor("accept", "--target", pair.target, "--draft", pair.draft, "--prompts",
+                             pair.first_prompts(SMOKE_PROMPTS), "--taps",
+                             "layer_inputs:" + ",".join(map(str, layer_inputs)), "--server-args", flags_text(CHAIN),
+                             "--new-tokens", SMOKE_NEW_TOKENS, "--json", out, "--no-progress", "--device", "cpu",
+                             "--threads", 1)
+    assert code == 0, text + err
+    with open(out) as f:
+        return json.load(f)["served"]
+
+
+def report(pair, release: Release, key: str, smoke: Smoke, pred: dict, greedy_ok: List[bool]) -> None:
+    """Add this server's figures to release_smoke_<version>.json."""
+    d = os.environ.get("E3_RELEASE_SMOKE_OUT") or pair.root
+    os.makedirs(d, exist_ok=True)
+    path = os.path.join(d, f"release_smoke_{release.version}.json")
+    data = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            data = json.load(f)
+    data.update({"sglang": release.version, "flags": flags_text(CHAIN).split() + release.flags,
+                 "prompts": SMOKE_PROMPTS, "new_tokens": SMOKE_NEW_TOKENS,
+                 "sgl_kernel_standin": release.pythonpath is not None})
+    data[key] = {"engine_start_s": round(smoke.start_s, 1), "run_s": round(smoke.run_s, 1),
+                 "outputs_equal_greedy": greedy_ok, "served_accept_length": round(smoke.accept_length, 4),
+                 "verify_counts": smoke.verify_counts, "histograms": smoke.histograms,
+                 "predicted_accept_length": pred["served_accept_length"],
+                 "predicted_verify_counts": [p["verify_ct"] for p in pred["per_prompt"]]}
+    if key == "stock":
+        data[key].update(draft_ids=release.stock_ids, layer_inputs=release.stock_layer_inputs,
+                         note=release.stock_note)
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1)
+
+
+def check(pair, release: Release, key: str, smoke: Smoke, greedy: List[List[int]], layer_inputs: List[int]):
+    assert len(smoke.responses) == SMOKE_PROMPTS
+    pred = predicted(pair, key, layer_inputs)
+    same = [o == g for o, g in zip(smoke.outputs, greedy)]
+    report(pair, release, key, smoke, pred, same)
+    assert all(same), f"{key}: outputs {smoke.outputs} != greedy {greedy}"
+    assert [p["verify_ct"] for p in pred["per_prompt"]] == smoke.verify_counts
+    assert [p["correct_drafts_histogram"] for p in pred["per_prompt"]] == smoke.histograms
+    assert abs(pred["served_accept_length"] - smoke.accept_length) <= 0.01
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the smoke
+# ----------------------------------------------------------------------------------------------------------------
+
+def test_stock_serves_the_greedy_continuation_at_the_predicted_accept_length(pair, release, stock, greedy):
+    """Stock SGLang with the draft's ids in its own convention: lossless, and the doctor's replay with the taps it
+    captures predicts its verify counts exactly."""
+    check(pair, release, "stock", stock, greedy, release.stock_layer_inputs)
+
+
+def test_plugin_serves_the_greedy_continuation_at_the_predicted_accept_length(pair, release, plugin, greedy):
+    """The plugin serves the draft's declared taps (the embedding included, on every release): lossless, and the
+    doctor's replay with those taps predicts its verify counts exactly."""
+    assert "eagle3_capture: DeepseekV3ForCausalLM: taps [Embedding, LayerOutput(0), LayerOutput(3)]" in plugin.log
+    check(pair, release, "plugin", plugin, greedy, TRAINED_LAYER_INPUTS)
