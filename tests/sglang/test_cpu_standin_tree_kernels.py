@@ -6,7 +6,8 @@ releases.py), which stand in for sgl_kernel's ``build_tree_kernel_efficient`` / 
 takes, several requests of different lengths.
 
 The engine smoke on 0.5.12 exercises only the chain; this covers the trees too. Run in a fresh process:
-TRITON_INTERPRET must be set before Triton compiles anything.
+TRITON_INTERPRET must be set before Triton compiles anything, and the reference must be 0.5.23's code whatever
+release the calling process imports.
 """
 import os
 import subprocess
@@ -87,9 +88,11 @@ print("cases", cases, "accepted", accepted, "siblings", siblings)
 
 
 def test_torch_tree_kernels_equal_sglangs_triton_kernels():
-    env = dict(os.environ, TRITON_INTERPRET="1", TORCHDYNAMO_DISABLE="1")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.join(REPO, "tests", "sglang_cpu_plugin"),
-                                                    env.get("PYTHONPATH")) if p)
+    # The reference is the environment's own SGLang (0.5.23, installed by `make test`), whatever release the caller
+    # put first on PYTHONPATH (`make test-sglang SGLANG=0.5.12` runs this file too, and 0.5.12 has no such kernels):
+    # only the stand-ins' directory goes on the path.
+    env = dict(os.environ, TRITON_INTERPRET="1", TORCHDYNAMO_DISABLE="1",
+               PYTHONPATH=os.path.join(REPO, "tests", "sglang_cpu_plugin"))
     p = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=600, env=env, cwd=REPO)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-5000:]
     # 42 cases, and they exercised acceptance and sibling links (not only empty walks)
