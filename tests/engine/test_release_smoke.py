@@ -60,7 +60,7 @@ def stock_layer_inputs(ids: List[int]) -> Optional[List[int]]:
     object.__setattr__(m, "_parameters", {})
     object.__setattr__(m, "_buffers", {})
     m.__dict__["pp_group"] = types.SimpleNamespace(is_last_rank=True)
-    m.__dict__["config"] = types.SimpleNamespace(num_hidden_layers=8)
+    m.__dict__["config"] = types.SimpleNamespace(num_hidden_layers=8)  # the demo target's; read only for ids None
     m.__dict__["model"] = types.SimpleNamespace(layers_to_capture=[])
     try:
         m.set_eagle3_layers_to_capture(list(ids))
