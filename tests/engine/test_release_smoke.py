@@ -4,10 +4,10 @@ project's plugin. Each server's outputs must equal the target's greedy continuat
 and per-request verify counts must equal what ``doctor accept`` predicts for the taps that server captures.
 
 The release is the one this process imports (``sglang.__version__``); run it against another by putting that
-release first on PYTHONPATH (scripts/sglang_release.py installs one):
+release first on PYTHONPATH (``tests/sglang_release_dirs.py sglang --importable X`` installs one; ``make test-sglang
+SGLANG=X`` runs this after that release's model-level tests):
 
-    PYTHONPATH=.venv/sglang-releases/0.5.12:python:tests/sglang_cpu_plugin \\
-        .venv/bin/python -m pytest -m engine tests/engine/test_release_smoke.py
+    PYTHONPATH=.venv/sglang-releases/0.5.12 .venv/bin/python -m pytest -m engine tests/engine/test_release_smoke.py
 
 What each release needs to run on the CPU is docs/sglang_cpu_releases.md; the stand-ins live in the test-only
 plugin tests/sglang_cpu_plugin (feature-detected) and, for a release that imports sgl_kernel unconditionally
