@@ -176,7 +176,8 @@ def test_launch_server_with_the_plugin_matches_the_prediction(launched):
     assert "verdict: matches" in launched["text"]
     # the plugin's promised lines are in the server's log: the startup line at model load and the self-test
     log = launched["log"]
-    assert "eagle3_capture: DeepseekV3ForCausalLM: taps [Embedding, LayerOutput(0), LayerOutput(3)]" in log
+    assert re.search(r"eagle3_capture: SGLang \S+ \(adapter [a-z+-]+\): DeepseekV3ForCausalLM: taps \[Embedding, "
+                     r"LayerOutput\(0\), LayerOutput\(3\)\]", log), log[-3000:]
     assert "layers_to_capture [0, 1, 4]" in log and "taps=on" in log
     assert "capture self-test passed: slot 0 equals the embedding bit for bit" in log
     # on a served forward (the model runner's), never a warm-up or capture pass

@@ -292,3 +292,27 @@ def test_plugin_serves_the_greedy_continuation_at_the_predicted_accept_length(pa
                         r"LayerOutput\(0\), LayerOutput\(3\)\].*-> layers_to_capture \[0, 1, 4\]", plugin.log)
     assert startup and startup.group(1) == release.version, plugin.log[-3000:]
     assert "capture self-test passed: slot 0 equals the embedding bit for bit" in plugin.log, plugin.log[-3000:]
+
+
+def test_doctor_check_says_what_stock_serves(pair, release):
+    """`doctor check --sglang-version <this release>` on the stock server's draft config: the layers it says stock
+    SGLang stores are the ones the served stock server captured (found by the release's own function, and served
+    at the predicted accept length above), with no failure; on the shipped draft it says what the release does with
+    the embedding's id (0.5.12: the TypeError at layer input 0; 0.5.14+: one slot short)."""
+    draft = pair.draft_variant("smoke_stock_" + "_".join(str(i) for i in release.stock_ids),
+                               eagle_aux_hidden_state_layer_ids=release.stock_ids)
+    for name, cfg in (("stock", draft), ("shipped", pair.draft)):
+        out = os.path.join(pair.root, f"smoke_check_{name}_{release.version}.json")
+        code, text, err = doctor("check", "--target-config", pair.target, "--draft-config", cfg, "--sglang-version",
+                                 release.version, "--server-args", flags_text(CHAIN), "--json", out)
+        assert code in (0, 1) and "Traceback" not in err, text + err
+        with open(out) as f:
+            sg = json.load(f)["sglang"]
+        assert sg["release"] == release.version and sg["why"] == "given", sg
+        native = sg["native"]
+        if name == "stock":
+            assert native["stored"] == release.stock_layer_inputs and native["error"] is None, native
+            assert len(native["captured"]) == len(release.stock_layer_inputs), native
+        else:
+            assert native["stored"] == stock_layer_inputs([-1, 0, 3]), native
+            assert native["error"] is not None, native  # stock cannot serve the shipped ids on any release

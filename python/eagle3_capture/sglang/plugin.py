@@ -218,7 +218,11 @@ def _register() -> None:
     if disabled >= frozenset(switches.HOOKS) and settings.dump is None:
         for group in GROUPS:
             skipped[group] = f"turned off by {switches.ENV_DISABLE}" if group != DUMP else f"{switches.ENV_DUMP} not set"
-        return  # EAGLE3_CAPTURE_DISABLE=all: nothing of the plugin, not even a look at SGLang's internals
+        # EAGLE3_CAPTURE_DISABLE=all: nothing of the plugin, not even a look at SGLang's internals; this is the
+        # startup line
+        switches.announce("info", f"eagle3_capture: taps hook off ({switches.ENV_DISABLE}): SGLang's own layer-id rule "
+                                  f"applies; every hook off ({switches.ENV_DISABLE}=all): stock SGLang serves")
+        return
     _release = internals.current()
     table, why_not = hook_table(_release)
     HOOKS.clear()
