@@ -61,10 +61,11 @@ RESIDUAL_BATCH = "sglang.srt.layers.layer_boundary.residual.batch"
 FINAL_NORM_PATH = f"{RESIDUAL_BATCH}.final_norm"
 RESIDUAL_NORM_PATH = f"{RESIDUAL_BATCH}.norm"
 COMPLETE_OUTPUT_PATH = f"{RESIDUAL_BATCH}.complete_output"
-# where the target process reads the draft config: 0.5.16+ / 0.5.12-0.5.14
+# where the target process reads the draft config: 0.5.16+ / 0.5.12, 0.5.14, 0.5.15 / 0.5.13
 RESOLVE_AUX_IDS_PATH = ("sglang.srt.model_executor.model_runner_components.spec_aux_hidden_state."
                         "_resolve_eagle_aux_hidden_state")
 BUILD_MODEL_CONFIG_PATH = "sglang.srt.model_executor.model_runner.ModelRunner._build_model_config"
+FROM_SERVER_ARGS_PATH = "sglang.srt.configs.model_config.ModelConfig.from_server_args"  # 0.5.13
 RUNNER_FORWARD_PATH = "sglang.srt.model_executor.model_runner.ModelRunner.forward"
 LOAD_MODEL_PATH = "sglang.srt.model_executor.model_runner.ModelRunner.load_model"
 # SGLang's warm-up / capture-pass flag: 0.5.14+ / 0.5.12
@@ -205,10 +206,13 @@ def detect() -> Internals:
         declaration = RESOLVE_AUX_IDS_PATH
     elif "is_draft_model" in _params(resolve(BUILD_MODEL_CONFIG_PATH) or (lambda: None)):
         declaration = BUILD_MODEL_CONFIG_PATH
+    elif "is_draft_model" in _params(resolve(FROM_SERVER_ARGS_PATH) or (lambda: None)):
+        declaration = FROM_SERVER_ARGS_PATH  # ModelRunner.__init__ builds the draft's ModelConfig directly
     else:
         declaration = None
-        missing["declaration"] = (f"neither {RESOLVE_AUX_IDS_PATH} nor {BUILD_MODEL_CONFIG_PATH}(is_draft_model=) "
-                                  "exists: where the target reads the draft config is unknown")
+        missing["declaration"] = (f"none of {RESOLVE_AUX_IDS_PATH}, {BUILD_MODEL_CONFIG_PATH}(is_draft_model=), "
+                                  f"{FROM_SERVER_ARGS_PATH}(is_draft_model=) exists: where the target reads the draft "
+                                  "config is unknown")
     packer_cls = resolve(PACKER_CLASS)
     packer_slot = adapter in (PACKER, PACKER_LAYER_BOUNDARY) and callable(getattr(packer_cls, "slot", None))
     capture_mode = next((p for p in CAPTURE_MODE_PATHS if resolve(p) is not None), None)
@@ -257,6 +261,6 @@ __all__ = [
     "LAST_LAYER", "OLDEST", "NEWEST", "Internals", "detect", "current", "reset", "version_tuple", "range_text",
     "resolve", "installed_version", "MODEL_FORWARD_PATH", "DECODER_LAYER_FORWARD_PATH", "SET_LAYERS_TO_CAPTURE_PATH",
     "PACKER_INIT_PATH", "PACKER_APPEND_PATH", "FINAL_NORM_PATH", "RESIDUAL_NORM_PATH", "COMPLETE_OUTPUT_PATH",
-    "RESOLVE_AUX_IDS_PATH", "BUILD_MODEL_CONFIG_PATH", "RUNNER_FORWARD_PATH", "LOAD_MODEL_PATH", "CAPTURE_MODE_PATHS",
+    "RESOLVE_AUX_IDS_PATH", "BUILD_MODEL_CONFIG_PATH", "FROM_SERVER_ARGS_PATH", "RUNNER_FORWARD_PATH", "LOAD_MODEL_PATH", "CAPTURE_MODE_PATHS",
     "GRAPH_GATE_PATHS", "MLA_DRAFT_FORWARD_PATH", "LLAMA_DRAFT_FORWARD_PATH", "DRAFT_EXTEND_PATHS",
 ]

@@ -69,7 +69,8 @@ def hook_table(i: internals.Internals) -> Tuple[Dict[str, Hooks], Dict[str, str]
     table: Dict[str, Hooks] = {}
     why: Dict[str, str] = {}
     declaration = {internals.RESOLVE_AUX_IDS_PATH: target.resolve_eagle_aux_hidden_state_hook,
-                   internals.BUILD_MODEL_CONFIG_PATH: target.build_model_config_hook}
+                   internals.BUILD_MODEL_CONFIG_PATH: target.build_model_config_hook,
+                   internals.FROM_SERVER_ARGS_PATH: target.from_server_args_hook}
     decl = [(i.declaration_path, declaration[i.declaration_path])] if i.declaration_path in declaration else []
     first = model_forward.first_layer_hooks(i)
     final = model_forward.final_boundary_hooks(i)

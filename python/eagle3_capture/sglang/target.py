@@ -5,8 +5,9 @@ release from 0.5.12 through 0.5.23.
 Hook points (AROUND hooks through SGLang's HookRegistry, switch ``taps``) and why these:
 
 * Where the target process reads the draft config: ``spec_aux_hidden_state._resolve_eagle_aux_hidden_state``
-  (0.5.16+), else ``ModelRunner._build_model_config(..., is_draft_model=True)`` (0.5.12, 0.5.14, where
-  ``ModelRunner.__init__`` builds the draft's config and reads ``eagle_config`` right after). The hook calls SGLang
+  (0.5.16+), else ``ModelRunner._build_model_config(..., is_draft_model=True)`` (0.5.12, 0.5.14, 0.5.15) or
+  ``ModelConfig.from_server_args(..., is_draft_model=True)`` (0.5.13), where ``ModelRunner.__init__`` builds the
+  draft's config and reads ``eagle_config`` right after. The hook calls SGLang
   unchanged, then reads the same draft config with :func:`eagle3_capture.configs.read_draft_config` and keeps the
   declaration (ids, where they were found, their convention key ``eagle_config.eagle_aux_hidden_state_convention``)
   for the next hook. It changes nothing SGLang sees, and never raises here: a problem is kept and raised by the
@@ -36,6 +37,7 @@ from .model_forward import SPEC_ATTR
 # Dotted paths of the hooked SGLang attributes (internals.py has them all).
 RESOLVE_AUX_IDS_PATH = internals.RESOLVE_AUX_IDS_PATH
 BUILD_MODEL_CONFIG_PATH = internals.BUILD_MODEL_CONFIG_PATH
+FROM_SERVER_ARGS_PATH = internals.FROM_SERVER_ARGS_PATH
 SET_LAYERS_TO_CAPTURE_PATH = internals.SET_LAYERS_TO_CAPTURE_PATH
 
 
@@ -84,26 +86,39 @@ def resolve_eagle_aux_hidden_state_hook(original, *args, **kwargs):
 
 
 def build_model_config_hook(original, self, *args, **kwargs):
-    """AROUND ``ModelRunner._build_model_config`` (0.5.12, 0.5.14): for the draft's config (``is_draft_model``),
-    keep its declaration with the ids SGLang's ``ModelRunner.__init__`` reads from it next:
-    ``eagle_config["eagle_aux_hidden_state_layer_ids"]``, None when that read fails (its bare ``except``)."""
+    """AROUND ``ModelRunner._build_model_config(server_args, model_path, model_revision, is_draft_model)`` (0.5.12,
+    0.5.14, 0.5.15)."""
     result = original(self, *args, **kwargs)
+    if kwargs.get("is_draft_model", args[3] if len(args) > 3 else False):
+        _keep_model_config_declaration(result, kwargs.get("model_path", args[1] if len(args) > 1 else None))
+    return result
+
+
+def from_server_args_hook(original, server_args, *args, **kwargs):
+    """AROUND the staticmethod ``ModelConfig.from_server_args(server_args, model_path, model_revision,
+    is_draft_model)`` (0.5.13, whose ``ModelRunner.__init__`` calls it for the draft directly)."""
+    result = original(server_args, *args, **kwargs)
+    if kwargs.get("is_draft_model", args[2] if len(args) > 2 else False):
+        _keep_model_config_declaration(result, kwargs.get("model_path", args[0] if args else None))
+    return result
+
+
+def _keep_model_config_declaration(result, model_path) -> None:
+    """For a draft's ModelConfig: keep its declaration with the ids SGLang's ``ModelRunner.__init__`` reads from it
+    next, ``eagle_config["eagle_aux_hidden_state_layer_ids"]``, None when that read fails (its bare ``except``)."""
     try:
-        if not kwargs.get("is_draft_model", args[3] if len(args) > 3 else False):
-            return result
         hf_config = getattr(result, "hf_config", None)
         eagle_config = getattr(hf_config, "eagle_config", None)
         if isinstance(eagle_config, dict) and not eagle_config.get("use_aux_hidden_state", True):
-            return result
+            return
         try:
             sglang_ids = eagle_config["eagle_aux_hidden_state_layer_ids"]
         except Exception:
             sglang_ids = None
-        source = getattr(result, "model_path", None) or kwargs.get("model_path") or "draft config"
+        source = getattr(result, "model_path", None) or model_path or "draft config"
         _keep_declaration(sglang_ids, hf_config, source)
-    except Exception:
+    except Exception:  # never break SGLang's own config build for a reporting side effect
         switches.logger.exception("eagle3_capture: reading the draft config's tap declaration failed")
-    return result
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -282,8 +297,8 @@ def describe_resolution(r: ResolvedTaps) -> str:
 
 
 __all__ = [
-    "RESOLVE_AUX_IDS_PATH", "BUILD_MODEL_CONFIG_PATH", "SET_LAYERS_TO_CAPTURE_PATH", "SPEC_ATTR",
+    "RESOLVE_AUX_IDS_PATH", "BUILD_MODEL_CONFIG_PATH", "FROM_SERVER_ARGS_PATH", "SET_LAYERS_TO_CAPTURE_PATH", "SPEC_ATTR",
     "report_hook_status_with", "DraftDeclaration", "current_declaration", "set_declaration", "ResolvedTaps",
-    "resolved_taps", "resolve_eagle_aux_hidden_state_hook", "build_model_config_hook",
+    "resolved_taps", "resolve_eagle_aux_hidden_state_hook", "build_model_config_hook", "from_server_args_hook",
     "set_eagle3_layers_to_capture_hook", "describe_resolution",
 ]

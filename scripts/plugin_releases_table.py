@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""Print docs/sglang_releases.md's table "The plugin on each release" from the plugin's own detection: for each
+installed release folder (tests/sglang_release_dirs.py sglang --importable X), ``eagle3-capture info`` run with
+that release first on PYTHONPATH, i.e. what the plugin really finds and hooks there -- not a hand-written claim.
+
+    python scripts/plugin_releases_table.py [--help] [VERSION ...]     (default: every importable folder installed)
+
+tests/sglang/test_sglang_internals.py checks the installed release's row of the document against the same output.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "tests"))
+sys.path.insert(0, os.path.join(REPO, "python"))
+
+from sglang_release_dirs import sglang_importable  # noqa: E402
+
+GROUPS = ("taps", "final_boundary", "capture", "draft_fc", "gather", "selftest", "dump")
+HEADER = ["release", "adapter", "final boundary from"] + list(GROUPS)
+
+
+def short(path: str) -> str:
+    """`Class.method` (or `module.function`) of a dotted path."""
+    return ".".join(path.split(".")[-2:])
+
+
+def summary(version: str, folder: str) -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (folder, os.path.join(REPO, "python")) if p))
+    out = subprocess.run([sys.executable, "-W", "ignore", "-m", "eagle3_capture", "info"], env=env,
+                         capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise SystemExit(f"plugin_releases_table.py: eagle3-capture info failed on SGLang {version}:\n"
+                         f"{out.stderr[-2000:]}")
+    s = json.loads(out.stdout)["sglang"]
+    if s.get("version") != version:
+        raise SystemExit(f"plugin_releases_table.py: {folder} holds SGLang {s.get('version')}, not {version}")
+    return s
+
+
+def row(s: dict) -> list:
+    if s.get("refusal"):
+        return [s["version"], "refused at model load", s["refusal"]] + [""] * len(GROUPS)
+    cells = [s["version"], s["adapter"] or "none", s["final_boundary"] or "none"]
+    for g in GROUPS:
+        info = s["groups"][g]
+        if "hooks" in info:
+            cells.append("<br>".join(f"`{short(p)}`" for p in info["hooks"]))
+        else:
+            cells.append(f"not here: {info['unavailable']}")
+    return cells
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("versions", nargs="*", help="releases (default: every importable folder installed, and the "
+                                                "environment's own SGLang)")
+    a = p.parse_args(argv)
+    from eagle3_capture.sglang_releases import KNOWN_VERSIONS
+
+    versions = a.versions or [v for v in KNOWN_VERSIONS if sglang_importable(v)]
+    from importlib import metadata
+
+    here = metadata.version("sglang")
+    rows = []
+    for v in versions:
+        folder = "" if v == here else str(sglang_importable(v) or "")
+        if v != here and not folder:
+            raise SystemExit(f"plugin_releases_table.py: SGLang {v} is not installed importable "
+                             f"(python tests/sglang_release_dirs.py sglang --importable {v})")
+        rows.append(row(summary(v, folder)))
+    if here not in versions and not a.versions:
+        rows.append(row(summary(here, "")))
+    print("| " + " | ".join(HEADER) + " |")
+    print("|" + "---|" * len(HEADER))
+    for r in rows:
+        print("| " + " | ".join(r) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
