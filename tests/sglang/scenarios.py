@@ -2,6 +2,7 @@
 patches cannot be undone, and a TP run needs one process a rank), on harness.py's CPU setup:
 
     python tests/sglang/scenarios.py native OUT.pt     stock SGLang (plugin not loaded): what it captures
+    python tests/sglang/scenarios.py stock OUT.pt      stock SGLang on valid layer-input ids vs the HF model
     python tests/sglang/scenarios.py hooks OUT.json    load_plugins() under the caller's environment: which hooks
     python tests/sglang/scenarios.py draft_tp OUT_DIR RANK WORLD PORT    one TP rank of the draft fc (gloo)
     python tests/sglang/scenarios.py settings CASES.json OUT.json   load_plugins() once per case of settings
@@ -17,7 +18,7 @@ from typing import Dict, List, Optional
 
 from harness import (
     DECODE_TOKEN, DRAFT_IDS, PROMPT, ServedRunner, SglangRunner, free_port, bare_model, build_hf, build_mla_draft,
-    build_sglang, setup_process, target_features, tiny_config,
+    build_sglang, hf_taps, setup_process, target_features, tiny_config,
 )
 
 import torch  # noqa: E402  (after harness, which sets TORCHDYNAMO_DISABLE first)
@@ -59,6 +60,49 @@ def _native(out_path: str) -> None:
                     rec["steps"].append({"aux": None, "error": str(e), "packed": seen[-1] if seen else None})
                     r.seq_len += len(toks)  # the KV cache was written before the failing check
             results[str(ids)] = rec
+    torch.save(results, out_path)
+
+
+STOCK_IDS = ([1, 2, 4], [2, 3, 4], [2, 4])  # ids[0] == 1 and not: the two rules of 0.5.12 / 0.5.14+ differ on the last two
+
+
+def _stock(out_path: str) -> None:
+    """The harness before the plugin is involved: stock SGLang's DeepseekV3 (plugin not loaded), its capture on
+    layer-input ids that every release can capture, prefill and one decode, against the HF model's hidden states
+    (layer input i = HF hidden_states[i]). Which layer inputs each id list becomes is what the installed release's
+    own set_eagle3_layers_to_capture stores. Also what stock does with layer input 0 (the embedding)."""
+    import importlib.metadata
+
+    setup_process()
+    from sglang.srt.models.deepseek_v2 import DeepseekV2ForCausalLM
+
+    assert not hasattr(DeepseekV2ForCausalLM.set_eagle3_layers_to_capture, "__wrapped__"), "plugin loaded"
+    cfg = tiny_config()
+    hf = build_hf(cfg)
+    model = build_sglang(cfg, hf)
+    taps, logits = hf_taps(hf, torch.tensor(PROMPT + [DECODE_TOKEN]))
+    hf_hidden = [taps[i] for i in range(cfg.num_hidden_layers)]  # HF hidden_states[0..L-1] = layer inputs
+    results = {"sglang": importlib.metadata.version("sglang"),
+               "transformers": importlib.metadata.version("transformers"),
+               "num_layers": cfg.num_hidden_layers, "hf_hidden": hf_hidden, "hf_logits": logits, "ids": {}}
+    for ids in STOCK_IDS:
+        model.set_eagle3_layers_to_capture(list(ids))
+        rec = {"layers_to_capture": list(model.model.layers_to_capture), "aux": [], "logits": []}
+        r = SglangRunner(cfg)
+        for toks in (PROMPT, [DECODE_TOKEN]):
+            out = r.forward(model, torch.tensor(toks))
+            rec["aux"].append(out.hidden_states.clone())
+            rec["logits"].append(out.next_token_logits[0].clone())
+        results["ids"][str(ids)] = rec
+    # layer input 0, set directly (no id rule gives it on every release): the embedding, or the release's error
+    model.set_eagle3_layers_to_capture([1, 2, 4])
+    model.model.layers_to_capture = [0, 2]
+    r = SglangRunner(cfg)
+    try:
+        out = r.forward(model, torch.tensor(PROMPT))
+        results["input0"] = {"aux": out.hidden_states.clone(), "error": None}
+    except Exception as e:  # noqa: BLE001  (recorded for the test to judge)
+        results["input0"] = {"aux": None, "error": f"{type(e).__name__}: {e}"}
     torch.save(results, out_path)
 
 
@@ -318,5 +362,5 @@ def run_script(scenario: str, out_path, env_extra: Optional[Dict[str, str]] = No
 
 if __name__ == "__main__":
     scenario, args = sys.argv[1], sys.argv[2:]
-    {"native": _native, "hooks": _hooks, "draft_tp": _draft_tp_rank, "settings": _settings,
+    {"native": _native, "stock": _stock, "hooks": _hooks, "draft_tp": _draft_tp_rank, "settings": _settings,
      "graph_gate": _graph_gate}[scenario](*args)
