@@ -18,6 +18,7 @@ os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 import torch  # noqa: E402
 
 _SETUP_DONE = False
+_PUBLISHED = {}  # what setup_process published: {"server_args": ServerArgs}
 
 
 def free_port() -> int:
@@ -46,6 +47,7 @@ def setup_process(world_size: int = 1, rank: int = 0, port: Optional[int] = None
     parallel_state.init_distributed_environment(world_size=world_size, rank=rank, local_rank=rank, backend="gloo")
     server_args = _server_args(ServerArgs, world_size)
     _publish_server_args(server_args, rank)
+    _PUBLISHED["server_args"] = server_args
     if world_size == 1:
         _initialize_model_parallel(parallel_state, world_size)
     else:
@@ -191,6 +193,9 @@ def tiny_config_dir() -> str:
         d = tempfile.mkdtemp(prefix="e3-tiny-target-")
         atexit.register(shutil.rmtree, d, True)
         tiny_config().save_pretrained(d)
+        from transformers import GenerationConfig  # ModelConfig looks for one and logs its absence
+
+        GenerationConfig().save_pretrained(d)
         _TINY_DIR = d
     return _TINY_DIR
 
@@ -287,7 +292,11 @@ def checkpoint_weights(hf_model):
 
     from safetensors.torch import load_file
 
+    from transformers.utils import logging as hf_logging
+
     d = tempfile.mkdtemp(prefix="e3-tiny-ckpt-")
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # save_pretrained's "Writing model shards" bar, in every test's output
     try:
         hf_model.save_pretrained(d)
         weights = {}
@@ -295,6 +304,8 @@ def checkpoint_weights(hf_model):
             if f.endswith(".safetensors"):
                 weights.update(load_file(os.path.join(d, f)))
     finally:
+        if bar:
+            hf_logging.enable_progress_bar()
         shutil.rmtree(d, ignore_errors=True)
     return list(weights.items())
 
@@ -510,6 +521,22 @@ class SglangRunner:
         fb.capture_hidden_mode = CaptureHiddenMode.FULL
         return fb
 
+    def idle_batch(self):
+        """An IDLE ForwardBatch of SGLang's class (no tokens: what a DP rank without requests runs), carrying the
+        pools and backend where the batch must (without the kit, 0.5.12)."""
+        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
+
+        e = torch.empty(0, dtype=torch.int64, device=self.device)
+        kw = {}
+        if self.kit is None:
+            kw = dict(req_to_token_pool=self.runner.req_to_token_pool, token_to_kv_pool=self.runner.token_to_kv_pool,
+                      attn_backend=self.backend)
+        fb = ForwardBatch(forward_mode=ForwardMode.IDLE, batch_size=0, input_ids=e, req_pool_indices=e.int(),
+                          seq_lens=e.int(), seq_lens_cpu=e.int().cpu(), out_cache_loc=e, seq_lens_sum=0, positions=e,
+                          **kw)
+        fb.capture_hidden_mode = CaptureHiddenMode.FULL
+        return fb
+
     def run(self, fn, fb):
         """Call fn(fb) (a model forward) inside SGLang's forward context, then advance the sequence (not when fn
         raises: a caller that knows the KV cache was written advances `seq_len` itself)."""
@@ -532,35 +559,97 @@ class SglangRunner:
 # SGLang's ModelRunner around a built model: ModelRunner.forward -> _forward_raw -> EagerRunner, for real
 # ----------------------------------------------------------------------------------------------------------------
 
+def _has_runner_package() -> bool:
+    """From 0.5.14 SGLang's ModelRunner.forward hands eager forwards to `model_executor/runner/eager_runner.py:
+    EagerRunner` and keeps one graph runner per phase; 0.5.12 has no model_executor/runner package."""
+    import importlib.util
+
+    return importlib.util.find_spec("sglang.srt.model_executor.runner") is not None
+
+
+def _attach_parallel_state(mr) -> None:
+    """The runner's parallel layout where EagerRunner._execute_extend reads it from the model runner (the one-GPU
+    layout, as SGLang's attention test kit sets it):
+
+    - 0.5.16-0.5.20: `model_runner.ps` (distributed/parallel_state_wrapper.py: ParallelState; `ps.attn_dcp_size`
+      read from 0.5.18).
+    - 0.5.21: `model_runner.attn_dcp_size` (model_runner.py copies it from runtime_context.get_parallel()).
+    - 0.5.22 on: read from get_parallel() directly; nothing to attach."""
+    import importlib.util
+
+    if importlib.util.find_spec("sglang.srt.distributed.parallel_state_wrapper") is not None:
+        from sglang.srt.distributed.parallel_state_wrapper import ParallelState
+
+        if hasattr(ParallelState, "trivial"):
+            mr.ps = ParallelState.trivial()
+    if importlib.util.find_spec("sglang.srt.runtime_context") is not None:
+        from sglang.srt.runtime_context import get_parallel
+
+        if hasattr(type(get_parallel()), "attn_dcp_size"):
+            mr.attn_dcp_size = get_parallel().attn_dcp_size
+
+
+def _attach_eager_runner(mr, graph_runner, device: str) -> None:
+    """0.5.14 on (model_runner.py: `forward` -> `_forward_raw` asks `decode_cuda_graph_runner` /
+    `prefill_cuda_graph_runner`, else runs `eager_runner`): SGLang's EagerRunner (BaseRunner.__init__ with the model
+    runner, its eager buffer registry as `EagerRunner.__init__` builds it) and the graph-runner slots."""
+    from sglang.srt.model_executor.cuda_graph_buffer_registry import build_eager_registry
+    from sglang.srt.model_executor.runner.base_runner import BaseRunner
+    from sglang.srt.model_executor.runner.eager_runner import EagerRunner
+
+    mr.decode_cuda_graph_runner = graph_runner
+    mr.prefill_cuda_graph_runner = None
+    er = EagerRunner.__new__(EagerRunner)
+    BaseRunner.__init__(er, mr)
+    kw = dict(device=torch.device(device), max_bs=4, max_num_token=128, cache_loc_dtype=torch.int64)
+    import inspect
+
+    if "encoder_lens_dtype" in inspect.signature(build_eager_registry).parameters:  # from 0.5.16
+        kw["encoder_lens_dtype"] = torch.int64
+    er._eager_registry = build_eager_registry(**kw)
+    mr.eager_runner = er
+
+
+def _attach_graph_runner_slot(mr, graph_runner, seq: "SglangRunner") -> None:
+    """0.5.12 (model_runner.py: `_forward_raw` asks `self.graph_runner.can_run(batch)` (a cuda_graph_runner.py
+    CudaGraphRunner), `forward_extend` asks `piecewise_cuda_graph_runner`, then `forward_decode` / `forward_extend`
+    call `attn_backend.init_forward_metadata` and the model; `_forward_raw` reads the KV pool): those attributes."""
+    mr.graph_runner = graph_runner
+    mr.piecewise_cuda_graph_runner = None
+    mr.token_to_kv_pool = seq.runner.token_to_kv_pool
+
+
 class ServedRunner:
-    """SGLang's own ``ModelRunner`` and ``EagerRunner`` (made with ``__new__``: no weights loaded, no KV cache
-    sized; their attributes are what their ``forward`` / ``execute`` read), around a model built here, with the
-    attention test kit's pools and backend (:class:`SglangRunner`). ``forward(ids)`` runs SGLang's real
+    """SGLang's own ``ModelRunner`` (and, where the release has one, its ``EagerRunner``), made with ``__new__``: no
+    weights loaded, no KV cache sized; their attributes are what their ``forward`` / ``execute`` read, around a model
+    built here, with the pools and backend of :class:`SglangRunner`. ``forward(ids)`` runs SGLang's real
     ``ModelRunner.forward``: the path every served forward takes (eager here; no CUDA graph on a CPU).
     ``graph_runner``: an object standing where SGLang keeps its decode CUDA-graph runner (e.g. a
-    ``DecodeCudaGraphRunner`` made with ``__new__``), whose ``can_run_graph`` the model runner then asks."""
+    ``DecodeCudaGraphRunner`` made with ``__new__``), which the model runner then asks whether it can run."""
 
     def __init__(self, model, cfg, *, rid: str = "req-0", graph_runner=None, is_draft_worker: bool = False,
                  device: str = "cpu"):
-        from sglang.srt.model_executor.cuda_graph_buffer_registry import build_eager_registry
         from sglang.srt.model_executor.model_runner import ModelRunner
-        from sglang.srt.model_executor.runner.base_runner import BaseRunner
-        from sglang.srt.model_executor.runner.eager_runner import EagerRunner
 
         self.seq = SglangRunner(cfg, device=device)
         self.model, self.cfg, self.rid = model, cfg, rid
         mr = ModelRunner.__new__(ModelRunner)
         mr.__dict__.update(
             forward_pass_id=0, msprobe_debugger=None, is_draft_worker=is_draft_worker, canary_manager=None,
-            model=model, device=device, attn_backend=self.seq.backend, decode_cuda_graph_runner=graph_runner,
-            prefill_cuda_graph_runner=None, hisparse_coordinator=None, lora_manager=None, enable_elastic_ep=False,
-            eplb_manager=None, req_to_token_pool=self.seq.runner.req_to_token_pool, pp_group=model.pp_group,
-            support_pp=False, is_generation=True, device_timer=None, _kernel_warmed_up=True)
-        er = EagerRunner.__new__(EagerRunner)
-        BaseRunner.__init__(er, mr)
-        er._eager_registry = build_eager_registry(device=torch.device(device), max_bs=4, max_num_token=128,
-                                                  cache_loc_dtype=torch.int64, encoder_lens_dtype=torch.int64)
-        mr.eager_runner = er
+            model=model, device=device, attn_backend=self.seq.backend, hisparse_coordinator=None, lora_manager=None,
+            enable_elastic_ep=False, eplb_manager=None, req_to_token_pool=self.seq.runner.req_to_token_pool,
+            pp_group=model.pp_group, support_pp=False, is_generation=True, device_timer=None,
+            _kernel_warmed_up=True,
+            # ModelRunner.forward reads self.server_args up to 0.5.16 (overlap schedule, elastic EP): the published
+            # args (get_global_server_args raises from 0.5.20 on, hence the object setup_process published)
+            server_args=_PUBLISHED["server_args"],
+            # EagerRunner._execute_extend hands the KV dtype to the model's DCP metadata (0.5.16-0.5.22)
+            kv_cache_dtype=torch.float32)
+        _attach_parallel_state(mr)
+        if _has_runner_package():
+            _attach_eager_runner(mr, graph_runner, device)
+        else:
+            _attach_graph_runner_slot(mr, graph_runner, self.seq)
         if graph_runner is not None:
             graph_runner.model_runner = mr
         self.mr = mr
@@ -587,6 +676,22 @@ class ServedRunner:
 # EAGLE-3 drafts: SGLang's Eagle3DeepseekV2ForCausalLM (MLA) and LlamaForCausalLMEagle3, tiny, seeded weights
 # ----------------------------------------------------------------------------------------------------------------
 
+def sglang_release() -> str:
+    """The version of the SGLang under test (for messages only: what the harness does is decided by what the
+    installed SGLang has)."""
+    import importlib.metadata
+
+    return importlib.metadata.version("sglang")
+
+
+def skip_missing_feature(what: str) -> None:
+    """Skip the calling test: the installed SGLang release has no `what`, so the test cannot run on it (a skip that
+    names the release and the feature, never a silent pass)."""
+    import pytest
+
+    pytest.skip(f"SGLang {sglang_release()} has no {what}")
+
+
 DRAFT_IDS = [-1, 1, 3, 5]  # K = 4 taps of the tiny 6-layer target
 
 
@@ -610,7 +715,9 @@ def _fill(model, seed: int) -> None:
 
 def build_mla_draft(fc_norm: bool = True, seed: int = 5, dtype=torch.float32, fill: bool = True,
                     device: str = "cpu"):
-    """SGLang's kimi_k25_eagle3.Eagle3DeepseekV2ForCausalLM: fc_norm ModuleList + ColumnParallelLinear fc."""
+    """SGLang's kimi_k25_eagle3.Eagle3DeepseekV2ForCausalLM: fc_norm ModuleList (from 0.5.14) + the fc
+    (ColumnParallelLinear from 0.5.16, nn.Linear before). A release whose draft cannot build what is asked for
+    skips the calling test (:func:`skip_missing_feature`)."""
     from sglang.srt.models.kimi_k25_eagle3 import Eagle3DeepseekV2ForCausalLM
 
     setup_process()
@@ -621,6 +728,8 @@ def build_mla_draft(fc_norm: bool = True, seed: int = 5, dtype=torch.float32, fi
     cfg.draft_vocab_size = cfg.vocab_size
     with _default_dtype(dtype), torch.device(device):  # as SGLang's loader builds a model (a later .to() would
         model = Eagle3DeepseekV2ForCausalLM(cfg).eval()    # convert shared RoPE caches)
+    if fc_norm and getattr(model.model, "fc_norm", None) is None:  # 0.5.12's Eagle3MLAModel: a plain fc
+        skip_missing_feature("kimi_k25_eagle3.Eagle3MLAModel.fc_norm (the MLA draft ignores a config's fc_norm)")
     if fill:
         _fill(model, seed)
         model.post_load_weights()
@@ -645,6 +754,11 @@ def build_llama_draft(fc_norm: bool = False, norm_before_fc: bool = False, seed:
     cfg.eagle_config = {"eagle_aux_hidden_state_layer_ids": list(DRAFT_IDS), "norm_before_fc": norm_before_fc}
     with _default_dtype(dtype), torch.device(device):
         model = LlamaForCausalLMEagle3(cfg).eval()
+    if norm_before_fc and getattr(model.model, "input_norm", None) is None:  # before 0.5.18: no norm_before_fc
+        skip_missing_feature("llama_eagle3.LlamaModel.input_norm (the Llama draft ignores eagle_config's "
+                             "norm_before_fc)")
+    if fc_norm and getattr(model.model, "fc_norm", None) is None:
+        skip_missing_feature("llama_eagle3.LlamaModel.fc_norm (the Llama draft ignores a config's fc_norm)")
     _fill(model, seed)
     return cfg, model
 
@@ -737,6 +851,16 @@ def bare_model(num_layers: Optional[int] = None, hidden_size: Optional[int] = No
     inner.layers_to_capture = []
     m.model = inner
     return m
+
+
+def stock_layers_to_capture(ids, num_layers: int, cls_name: str = "DeepseekV3ForCausalLM"):
+    """What the installed release's own `set_eagle3_layers_to_capture(ids)` stores in layers_to_capture (SGLang's
+    function itself, on a bare model; the original where the plugin's hook wraps it): the expectation of a test
+    that depends on the release's id rule comes from here, never from a table of versions."""
+    m = bare_model(num_layers, 64, cls_name)
+    fn = type(m).set_eagle3_layers_to_capture
+    getattr(fn, "__wrapped__", fn)(m, None if ids is None else list(ids))
+    return list(m.model.layers_to_capture)
 
 
 _TINY_TARGET = None

@@ -59,6 +59,19 @@ def require_sglang():
                     "scripts/sglang_release.py X and PYTHONPATH=<its directory>; deselect with -m 'not sglang')")
 
 
+def skip_unless_sglang_has(module: str, what: str) -> None:
+    """Skip the calling test where the SGLang under test has no `module` (its subject, `what`, is absent in that
+    release): the reason names the release and the feature."""
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        found = False
+    if not found:
+        import harness as h
+
+        h.skip_missing_feature(what)
+
+
 @pytest.fixture(scope="session")
 def harness():
     import harness as h
