@@ -25,28 +25,38 @@ import torch  # noqa: E402  (after harness, which sets TORCHDYNAMO_DISABLE first
 
 
 def _native(out_path: str) -> None:
-    """Stock SGLang: for each id list, what its packer received (slots, in order) and how the forward ended."""
+    """Stock SGLang: for each id list, what it stored, what its capture received (slots, in order) and how the
+    forward ended. Where the release packs captures in an AuxHiddenStatePacker (layers/aux_hidden_states.py, from
+    0.5.18), what it had packed is read at its own count check; before that the capture is a list (0.5.12: appended
+    in DeepseekV2Model.forward's loop, 0.5.14/0.5.16: handed into each layer), returned as it is."""
+    import contextlib
+    import importlib.util
     from unittest import mock
 
     setup_process()
-    from sglang.srt.layers.aux_hidden_states import AuxHiddenStatePacker
     from sglang.srt.models.deepseek_v2 import DeepseekV2ForCausalLM
 
     assert not hasattr(DeepseekV2ForCausalLM.set_eagle3_layers_to_capture, "__wrapped__"), "plugin loaded"
     cfg = tiny_config()
     hf = build_hf(cfg)
     model = build_sglang(cfg, hf)
-    original_finalize = AuxHiddenStatePacker.finalize
     seen: List[torch.Tensor] = []
+    spy = contextlib.nullcontext()
+    if importlib.util.find_spec("sglang.srt.layers.aux_hidden_states") is not None:
+        from sglang.srt.layers.aux_hidden_states import AuxHiddenStatePacker
 
-    def spy_finalize(self):  # test instrumentation: record what stock SGLang packed before its own check
-        n = len(self)
-        width = 0 if self._feature_size is None else n * self._feature_size
-        seen.append(self._buffer[:, :width].clone() if self._buffer is not None else None)
-        return original_finalize(self)
+        original_finalize = AuxHiddenStatePacker.finalize
+
+        def spy_finalize(self):  # test instrumentation: record what stock SGLang packed before its own check
+            n = len(self)
+            width = 0 if self._feature_size is None else n * self._feature_size
+            seen.append(self._buffer[:, :width].clone() if self._buffer is not None else None)
+            return original_finalize(self)
+
+        spy = mock.patch.object(AuxHiddenStatePacker, "finalize", spy_finalize)
 
     results: Dict[str, dict] = {}
-    with mock.patch.object(AuxHiddenStatePacker, "finalize", spy_finalize):
+    with spy:
         for ids in ([-1, 1, 3, 5], [0, 2, 4]):
             model.set_eagle3_layers_to_capture(list(ids))
             rec = {"layers_to_capture": list(model.model.layers_to_capture), "steps": []}
@@ -55,9 +65,11 @@ def _native(out_path: str) -> None:
                 seen.clear()
                 try:
                     out = r.forward(model, torch.tensor(toks))
-                    rec["steps"].append({"aux": out.hidden_states.clone(), "error": None, "packed": seen[-1]})
-                except RuntimeError as e:
-                    rec["steps"].append({"aux": None, "error": str(e), "packed": seen[-1] if seen else None})
+                    rec["steps"].append({"aux": out.hidden_states.clone(), "error": None,
+                                         "packed": seen[-1] if seen else out.hidden_states.clone()})
+                except (RuntimeError, TypeError) as e:  # the packer's count check; 0.5.12's residual None at input 0
+                    rec["steps"].append({"aux": None, "error": f"{type(e).__name__}: {e}",
+                                         "packed": seen[-1] if seen else None})
                     r.seq_len += len(toks)  # the KV cache was written before the failing check
             results[str(ids)] = rec
     torch.save(results, out_path)
@@ -94,6 +106,12 @@ def _stock(out_path: str) -> None:
             rec["aux"].append(out.hidden_states.clone())
             rec["logits"].append(out.next_token_logits[0].clone())
         results["ids"][str(ids)] = rec
+    # the same through SGLang's own ModelRunner.forward (ServedRunner: the path every served forward takes)
+    model.set_eagle3_layers_to_capture(list(STOCK_IDS[0]))
+    served = ServedRunner(model, cfg, rid="stock-0")
+    results["served"] = {"layers_to_capture": list(model.model.layers_to_capture),
+                         "aux": [served.forward(toks)[0].logits_output.hidden_states.clone()
+                                 for toks in (PROMPT, [DECODE_TOKEN])]}
     # layer input 0, set directly (no id rule gives it on every release): the embedding, or the release's error
     model.set_eagle3_layers_to_capture([1, 2, 4])
     model.model.layers_to_capture = [0, 2]

@@ -21,22 +21,11 @@ def stock(harness, tmp_path_factory):
     return torch.load(out)
 
 
-def _expected_layer_inputs(ids, num_layers):
-    """What the installed release's own rule stores for `ids` (its real set_eagle3_layers_to_capture, unhooked: the
-    plugin is not loaded in this process either; the registry would keep the original in __wrapped__)."""
-    from harness import bare_model
-
-    m = bare_model(num_layers, 64)
-    fn = type(m).set_eagle3_layers_to_capture
-    getattr(fn, "__wrapped__", fn)(m, list(ids))
-    return list(m.model.layers_to_capture)
-
-
 @pytest.mark.parametrize("ids", STOCK_IDS, ids=str)
 def test_stock_capture_equals_hf_hidden_states(harness, stock, ids):
     rec = stock["ids"][str(ids)]
     L = stock["num_layers"]
-    assert rec["layers_to_capture"] == _expected_layer_inputs(ids, L)
+    assert rec["layers_to_capture"] == harness.stock_layers_to_capture(ids, L)
     assert all(1 <= i < L for i in rec["layers_to_capture"]), rec["layers_to_capture"]
     H = stock["hf_hidden"][0].shape[1]
     n = len(harness.PROMPT)
@@ -50,13 +39,23 @@ def test_stock_capture_equals_hf_hidden_states(harness, stock, ids):
     assert (rec["logits"][1] - stock["hf_logits"][n]).abs().max() < 1e-4
 
 
-def test_stock_rules_differ_where_the_release_says(stock):
+def test_stock_capture_through_sglangs_model_runner(harness, stock):
+    """The same capture through SGLang's own ModelRunner.forward (harness.ServedRunner, the path every served
+    forward takes: its EagerRunner from 0.5.14, forward_extend / forward_decode on 0.5.12), bit for bit the model
+    forward's."""
+    rec, direct = stock["served"], stock["ids"][str(STOCK_IDS[0])]
+    assert rec["layers_to_capture"] == direct["layers_to_capture"]
+    for got, want in zip(rec["aux"], direct["aux"]):
+        assert torch.equal(got, want)
+
+
+def test_stock_rules_differ_where_the_release_says(harness, stock):
     """[1, 2, 4] is shifted by every release; [2, 3, 4] only by a release whose rule adds 1 to every id. Either way
     the capture above matched HF at the layer inputs stored: the harness computes what the release computes."""
     L = stock["num_layers"]
     assert stock["ids"][str([1, 2, 4])]["layers_to_capture"] == [2, 3, 5]
     assert stock["ids"][str([2, 3, 4])]["layers_to_capture"] in ([2, 3, 4], [3, 4, 5])
-    assert _expected_layer_inputs([2, 3, 4], L) == stock["ids"][str([2, 3, 4])]["layers_to_capture"]
+    assert harness.stock_layers_to_capture([2, 3, 4], L) == stock["ids"][str([2, 3, 4])]["layers_to_capture"]
 
 
 def test_stock_layer_input_0(harness, stock):
