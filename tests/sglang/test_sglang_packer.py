@@ -5,9 +5,18 @@ the packer allocates and for the decode CUDA-graph runner's preallocated one (fo
 import pytest
 import torch
 
-from sglang_fixtures import OpCounter, harness, require_sglang, sglang_plugin, tiny  # noqa: F401  (fixtures)
+from sglang_fixtures import (OpCounter, harness, require_sglang, sglang_plugin, skip_unless_sglang_has,  # noqa: F401
+                             tiny)
 
 pytestmark = pytest.mark.sglang
+
+
+@pytest.fixture(autouse=True)
+def _packer_in_this_release(require_sglang):
+    """The subject of every test here is SGLang's AuxHiddenStatePacker, which releases before 0.5.18 do not have
+    (their DeepseekV2Model captures into a plain list)."""
+    skip_unless_sglang_has("sglang.srt.layers.aux_hidden_states",
+                           "layers/aux_hidden_states.py: AuxHiddenStatePacker (DeepseekV2Model captures into a list)")
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 K, H = 3, 48

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from sglang_fixtures import harness, require_sglang, sglang_plugin, tiny  # noqa: F401  (fixtures)
+from sglang_fixtures import harness, require_sglang, sglang_plugin, skip_unless_sglang_has, tiny  # noqa: F401
 
 pytestmark = pytest.mark.sglang
 
@@ -144,6 +144,9 @@ def test_ids_that_do_not_match_the_declaration_are_draft_ids(harness, sglang_plu
 def test_resolve_hook_reads_the_draft_config_where_sglang_does(harness, sglang_plugin, no_declaration, tmp_path):
     """SGLang's real resolve_spec_aux_hidden_state_config on a target and a draft directory: the hook keeps the
     draft's declared convention, and the next set_eagle3_layers_to_capture honours it."""
+    skip_unless_sglang_has("sglang.srt.model_executor.model_runner_components.spec_aux_hidden_state",
+                           "model_executor/model_runner_components/spec_aux_hidden_state.py "
+                           "(resolve_spec_aux_hidden_state_config: the draft's ids are read elsewhere)")
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.model_executor.model_runner_components import spec_aux_hidden_state as sah
     from sglang.srt.runtime_context import get_context
