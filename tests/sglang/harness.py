@@ -1,8 +1,13 @@
-"""Run SGLang 0.5.23's real DeepseekV3 model code on a CPU, for the plugin tests.
+"""Run SGLang's real DeepseekV3 model code on a CPU, for the plugin tests, on any release from 0.5.12 to 0.5.23.
 
-A single-process gloo parallel state, the ForwardBatch test kit shipped in the sglang wheel, and the few workarounds
+A single-process gloo parallel state, SGLang's ForwardBatch (through the attention test kit the wheel ships from
+0.5.14, built from SGLang's pools and batch class on 0.5.12), SGLang's ModelRunner.forward, and the few workarounds
 a CPU-only machine needs. Nothing here imitates an SGLang class: the model, its layers, the packer, the attention
 backend and the batch are SGLang's own; this module only wires them.
+
+Releases differ in how that wiring is done. Each difference is one helper, chosen by what the installed SGLang has
+(a module, an attribute, a parameter of a signature), never by its version string, with a comment naming where the
+difference is in which release. A test whose subject a release lacks skips with :func:`skip_missing_feature`.
 
 Used in-process by the tests (after `setup_process()`); what needs a fresh process runs through scenarios.py.
 """
@@ -39,6 +44,7 @@ def setup_process(world_size: int = 1, rank: int = 0, port: Optional[int] = None
         from e3_sglang_cpu import stub_vllm  # the test-only CPU stand-ins (tests/sglang_cpu_plugin)
 
         stub_vllm()
+        _sgl_kernel_import_standin()
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ["MASTER_PORT"] = str(port if port is not None else free_port())
     from sglang.srt.distributed import parallel_state
@@ -64,6 +70,42 @@ def setup_process(world_size: int = 1, rank: int = 0, port: Optional[int] = None
     _initialize_dp_attention(server_args)
     _route_torch_native_to_mla()
     _SETUP_DONE = True
+
+
+STANDINS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gpu_sglang", "standins")
+
+
+def _sgl_kernel_import_standin() -> None:
+    """Where the release imports sgl_kernel whatever the device and none is installed, make it importable.
+
+    0.5.12's mem_cache/memory_pool_host.py runs `from sgl_kernel.kvcacheio import ...` unless NPU/XPU/MPS (0.5.14 on
+    guard it), and it is reached from speculative/eagle_worker_v2.py through managers/scheduler.py: on a CPU host
+    without sglang-kernel, those modules (which the plugin hooks) cannot even be imported, as they can on every GPU
+    server. The import-only stand-in of tests/gpu_sglang/standins (every name resolves, calling one raises; nothing
+    on the tested paths calls one) goes last on sys.path, alone (not the GPU kit's other stand-ins), as the
+    serving smoke does for the same release (docs/sglang_cpu_releases.md)."""
+    import importlib
+    import importlib.util
+    import sys
+
+    if importlib.util.find_spec("sgl_kernel") is not None:
+        return
+    try:
+        importlib.import_module("sglang.srt.mem_cache.memory_pool_host")
+        return
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] != "sgl_kernel":
+            return  # another missing module: not this helper's business (the tests that need it will say)
+    import atexit
+    import shutil
+    import tempfile
+
+    d = tempfile.mkdtemp(prefix="e3-sgl-kernel-standin-")
+    atexit.register(shutil.rmtree, d, True)
+    for name in ("sgl_kernel", "e3_standin_stubs.py"):
+        os.symlink(os.path.join(STANDINS, name), os.path.join(d, name))
+    sys.path.append(d)
+    importlib.invalidate_caches()
 
 
 def _server_args(ServerArgs, world_size: int):
