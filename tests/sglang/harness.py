@@ -387,18 +387,23 @@ def _attention_kit(attention: str):
     subclass with SGLang's pools, the backend table, `_make_forward_batch`) ships from 0.5.14 on; 0.5.12's wheel has
     no sglang/test/kits/attention_unittest, and the batch is then built from SGLang's classes directly
     (:meth:`SglangRunner._init_pools`)."""
+    import importlib
+
+    if not _attention_kit_shipped(attention):
+        return None
+    name = {"mla": "mla_attention", "mha": "dense_attention"}[attention]
+    return importlib.import_module(f"sglang.test.kits.attention_unittest.attention_methods.{name}")
+
+
+def _attention_kit_shipped(attention: str) -> bool:
+    """Whether the release ships the kit for `attention` (without importing it: importing it changes state)."""
     import importlib.util
 
     name = {"mla": "mla_attention", "mha": "dense_attention"}[attention]
-    mod = f"sglang.test.kits.attention_unittest.attention_methods.{name}"
     try:
-        if importlib.util.find_spec(mod) is None:
-            return None
-    except ModuleNotFoundError:  # a parent package is missing
-        return None
-    import importlib
-
-    return importlib.import_module(mod)
+        return importlib.util.find_spec(f"sglang.test.kits.attention_unittest.attention_methods.{name}") is not None
+    except ModuleNotFoundError:  # a parent package is missing (0.5.12: no sglang/test/kits/attention_unittest)
+        return False
 
 
 def _forward_context(backend):
@@ -433,6 +438,15 @@ class SglangRunner:
         self.attention = attention
         self.max_context_len = max_context_len
         self.seq_len = 0
+        from sglang.srt.distributed import parallel_state
+
+        if parallel_state.get_tensor_model_parallel_world_size() > 1 and _attention_kit_shipped(attention):
+            # mla_attention.py / dense_attention.py enter get_parallel().override(attn_tp_size=1) when imported,
+            # for good: at TP > 1 that is a wrong layout (0.5.21 on refuse it: "parallel topology is
+            # inconsistent"). Only the kit-free path (0.5.12 here) runs a TP > 1 forward.
+            raise NotImplementedError(
+                f"SglangRunner at TP > 1 on SGLang {sglang_release()}: its attention test kit pins attn_tp_size=1 "
+                "when imported; build the TP forward from SGLang's pools without the kit")
         self.kit = _attention_kit(attention)
         if self.kit is None:
             self._init_pools()
