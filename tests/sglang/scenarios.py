@@ -67,7 +67,9 @@ def _native(out_path: str) -> None:
                     out = r.forward(model, torch.tensor(toks))
                     rec["steps"].append({"aux": out.hidden_states.clone(), "error": None,
                                          "packed": seen[-1] if seen else out.hidden_states.clone()})
-                except (RuntimeError, TypeError) as e:  # the packer's count check; 0.5.12's residual None at input 0
+                # the packer's count check (an assert on 0.5.18, RuntimeError from 0.5.20); 0.5.12's residual None
+                # at layer input 0 (TypeError)
+                except (RuntimeError, AssertionError, TypeError) as e:
                     rec["steps"].append({"aux": None, "error": f"{type(e).__name__}: {e}",
                                          "packed": seen[-1] if seen else None})
                     r.seq_len += len(toks)  # the KV cache was written before the failing check
