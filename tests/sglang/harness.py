@@ -728,6 +728,33 @@ class ServedRunner:
         return out
 
 
+def sglang_capture_mode():
+    """(get_is_capture_mode, model_capture_mode): SGLang's own flag for its graph warm-up / capture passes, where the
+    installed release keeps it: model_executor/runner_utils/capture_mode.py from 0.5.14,
+    model_executor/cuda_graph_runner.py on 0.5.12."""
+    import importlib.util
+
+    if importlib.util.find_spec("sglang.srt.model_executor.runner_utils") is not None:
+        from sglang.srt.model_executor.runner_utils.capture_mode import get_is_capture_mode, model_capture_mode
+    else:
+        from sglang.srt.model_executor.cuda_graph_runner import get_is_capture_mode, model_capture_mode
+    return get_is_capture_mode, model_capture_mode
+
+
+def decode_graph_runner_class():
+    """The class of SGLang's decode CUDA-graph runner in the installed release: from 0.5.14
+    model_executor/runner/decode_cuda_graph_runner.py: DecodeCudaGraphRunner (ModelRunner keeps it as
+    `decode_cuda_graph_runner` and asks its `can_run_graph`); on 0.5.12 model_executor/cuda_graph_runner.py:
+    CudaGraphRunner (kept as `graph_runner`, asked `can_run`). :class:`ServedRunner` puts it where the release does."""
+    if _has_runner_package():
+        from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+
+        return DecodeCudaGraphRunner
+    from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
+
+    return CudaGraphRunner
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # EAGLE-3 drafts: SGLang's Eagle3DeepseekV2ForCausalLM (MLA) and LlamaForCausalLMEagle3, tiny, seeded weights
 # ----------------------------------------------------------------------------------------------------------------

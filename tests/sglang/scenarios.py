@@ -18,7 +18,7 @@ from typing import Dict, List, Optional
 
 from harness import (
     DECODE_TOKEN, DRAFT_IDS, PROMPT, ServedRunner, SglangRunner, free_port, bare_model, build_hf, build_mla_draft,
-    build_sglang, hf_taps, setup_process, target_features, tiny_config,
+    build_sglang, decode_graph_runner_class, hf_taps, setup_process, target_features, tiny_config,
 )
 
 import torch  # noqa: E402  (after harness, which sets TORCHDYNAMO_DISABLE first)
@@ -307,7 +307,7 @@ def _graph_gate(out_path: str) -> None:
     from sglang.srt.plugins import load_plugins
 
     load_plugins()
-    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+    DecodeCudaGraphRunner = decode_graph_runner_class()  # the release's decode graph runner class
 
     from eagle3_capture.sglang import dump, internals, served
     from eagle3_capture.sglang.hook_chain import hook_path_in_place
@@ -333,6 +333,7 @@ def _graph_gate(out_path: str) -> None:
         json.dump({"gates": {p: hook_path_in_place(p, served.graph_gate_hook)
                              for p in internals.current().graph_gate_paths},
                    "doctor_decode_graph": bool(out.can_run_graph), "other_decode": asked,
+                   "graph_runner": DecodeCudaGraphRunner.__name__,
                    "records": [(x["forward_mode"], x["requests"][0]["rid"], x["graph"], x["stream"] is not None)
                                for x in sorted(recs, key=lambda x: x["seq"])]}, f)
 
