@@ -728,6 +728,14 @@ class ServedRunner:
         return out
 
 
+def packed_aux(aux):
+    """DeepseekV2Model.forward's captures as one [T, K*H] tensor: the packed tensor it returns from 0.5.18 (its
+    AuxHiddenStatePacker), or the list it returns on 0.5.12-0.5.16, concatenated as their LogitsProcessor does."""
+    if isinstance(aux, (list, tuple)):
+        return torch.cat(list(aux), dim=-1)
+    return aux
+
+
 def sglang_capture_mode():
     """(get_is_capture_mode, model_capture_mode): SGLang's own flag for its graph warm-up / capture passes, where the
     installed release keeps it: model_executor/runner_utils/capture_mode.py from 0.5.14,

@@ -148,4 +148,5 @@ def test_idle_batch_keeps_k_slots(harness, sglang_plugin):
     model.set_eagle3_layers_to_capture(list(DECLARED))
     r = harness.SglangRunner(cfg)
     hidden, aux = r.run(lambda b: model.model(b.input_ids, b.positions, b), r.idle_batch())
+    aux = harness.packed_aux(aux)
     assert hidden.shape == (0, cfg.hidden_size) and aux.shape == (0, len(DECLARED) * cfg.hidden_size)
