@@ -5,7 +5,7 @@
 - Tests marked `cuda_build` need the extension built with CUDA, not a GPU: `make test` deselects them only when the
   build is CPU-only.
 - The session header names the SGLang release the `sglang` / `engine` tests run against (any of 0.5.12-0.5.23: the
-  environment's, or one put first on PYTHONPATH by scripts/sglang_release.py) and the transformers beside it.
+  environment's, or one put first on PYTHONPATH by `make test-sglang SGLANG=X`) and the transformers beside it.
 - Hypothesis profiles: "ci" (default; the fuzz tests ask for their own example counts) and "sanitizer" (few
   examples, for runs under compute-sanitizer): select with E3_HYPOTHESIS_PROFILE.
 """

@@ -6,8 +6,9 @@ imported would shadow tests/conftest.py for the modules that do `from conftest i
 - Every test module here is marked `sglang`, and its tests FAIL, never skip, when SGLang is missing or is not a
   release of the range the plugin supports (0.5.12-0.5.23): deselect them with `-m "not sglang"` where it is not
   installed (e.g. the GPU machine, which runs only test_hook_calls_cuda.py's `cuda` tests, which need no SGLang).
-  Any release of the range runs them: the installed one, or one put first on PYTHONPATH by
-  scripts/sglang_release.py (the session header names the release under test). harness.py adapts to the
+  Any release of the range runs them: the installed one, or one put first on PYTHONPATH (`make test-sglang
+  SGLANG=X`, or tests/sglang_release_dirs.py sglang --importable X; the session header names the release under
+  test). harness.py adapts to the
   release by what it has; a test that cannot run on a release skips with the release and the missing SGLang
   feature as its reason.
 - The in-process tests run with the plugin loaded through SGLang's own `load_plugins()` (once per process, and
@@ -24,19 +25,16 @@ import pytest
 from conftest import sglang_under_test  # tests/conftest.py: also the session header's line
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# The range the plugin supports (scripts/sglang_release.py: OLDEST, NEWEST).
-SGLANG_OLDEST, SGLANG_NEWEST = (0, 5, 12), (0, 5, 23)
-SGLANG_RANGE = "0.5.12-0.5.23"
 
 # Before anything imports torch._dynamo users (SGLang's MoE top-k is torch.compile'd; on CPU that is slow).
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 
+# The range the plugin supports: the plugin's own (eagle3_capture/sglang/internals.py: OLDEST, NEWEST).
+from eagle3_capture.sglang.internals import NEWEST as SGLANG_NEWEST  # noqa: E402
+from eagle3_capture.sglang.internals import OLDEST as SGLANG_OLDEST  # noqa: E402
+from eagle3_capture.sglang.internals import range_text  # noqa: E402
 
-def _release(version: str):
-    import re
-
-    m = re.match(r"(\d+)\.(\d+)\.(\d+)", version)
-    return tuple(int(x) for x in m.groups()) if m else None
+SGLANG_RANGE = range_text()
 
 
 def _sglang_problem():
@@ -45,8 +43,10 @@ def _sglang_problem():
         return "sglang is not installed (or has no distribution metadata)"
     if "metadata at" in found[0]:
         return f"sglang's metadata and package disagree: {found[0]}"
-    v = _release(found[0])
-    if v is None or not (SGLANG_OLDEST <= v <= SGLANG_NEWEST):
+    from eagle3_capture.sglang.internals import version_tuple
+
+    v = version_tuple(found[0])
+    if v is None or not (SGLANG_OLDEST <= v[:3] <= SGLANG_NEWEST):
         return f"these tests cover sglang {SGLANG_RANGE}, found {found[0]}"
     return None
 
@@ -55,8 +55,8 @@ def _sglang_problem():
 def require_sglang():
     why = _sglang_problem()
     if why is not None:
-        pytest.fail(f"this test is marked `sglang`: {why} (install one release with `make test`, or "
-                    "scripts/sglang_release.py X and PYTHONPATH=<its directory>; deselect with -m 'not sglang')")
+        pytest.fail(f"this test is marked `sglang`: {why} (install 0.5.23 with `make test`, or run another release "
+                    "with `make test-sglang SGLANG=X`; deselect with -m 'not sglang')")
 
 
 def skip_unless_sglang_has(module: str, what: str) -> None:
