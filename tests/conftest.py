@@ -4,6 +4,8 @@
   `-m "not cuda"` (what `make test` does) and run them on the GPU machine with `-m cuda`.
 - Tests marked `cuda_build` need the extension built with CUDA, not a GPU: `make test` deselects them only when the
   build is CPU-only.
+- The session header names the SGLang release the `sglang` / `engine` tests run against (any of 0.5.12-0.5.23: the
+  environment's, or one put first on PYTHONPATH by `make test-sglang SGLANG=X`) and the transformers beside it.
 - Hypothesis profiles: "ci" (default; the fuzz tests ask for their own example counts) and "sanitizer" (few
   examples, for runs under compute-sanitizer): select with E3_HYPOTHESIS_PROFILE.
 """
@@ -17,6 +19,47 @@ settings.register_profile("ci", deadline=None, suppress_health_check=[HealthChec
 settings.register_profile("sanitizer", deadline=None, max_examples=25,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 settings.load_profile(os.environ.get("E3_HYPOTHESIS_PROFILE", "ci"))
+
+def _distribution(name: str):
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def sglang_under_test():
+    """(version, directory) of the SGLang this process imports, or None where it is not installed. The metadata
+    found first on sys.path (a release directory first on PYTHONPATH wins over the environment's), checked to be
+    the package that imports: never an import of sglang itself (heavy, and it would fix the release for the run)."""
+    import importlib.util
+
+    # tests/sglang is itself importable as a namespace package "sglang" from tests/ (no origin): the real package
+    # is a regular one, which the import system prefers wherever it is on sys.path.
+    try:
+        spec = importlib.util.find_spec("sglang")
+        if spec is None or spec.origin is None or importlib.util.find_spec("sglang.srt") is None:
+            return None
+    except ModuleNotFoundError:
+        return None
+    dist = _distribution("sglang")
+    if dist is None:
+        return None
+    where = os.path.dirname(os.path.dirname(os.path.abspath(spec.origin)))
+    if os.path.abspath(str(dist.locate_file(""))) != where:
+        return f"{dist.version} (metadata at {dist.locate_file('')}, package at {where})", where
+    return dist.version, where
+
+
+def pytest_report_header(config):
+    found = sglang_under_test()
+    if found is None:
+        return "sglang: not installed (the `sglang` and `engine` tests need it)"
+    tf = _distribution("transformers")
+    return (f"sglang under test: {found[0]} from {found[1]}"
+            + (f"; transformers {tf.version} from {tf.locate_file('')}" if tf is not None else ""))
+
 
 DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.cuda)]
 

@@ -2,6 +2,7 @@
 patches cannot be undone, and a TP run needs one process a rank), on harness.py's CPU setup:
 
     python tests/sglang/scenarios.py native OUT.pt     stock SGLang (plugin not loaded): what it captures
+    python tests/sglang/scenarios.py stock OUT.pt      stock SGLang on valid layer-input ids vs the HF model
     python tests/sglang/scenarios.py hooks OUT.json    load_plugins() under the caller's environment: which hooks
     python tests/sglang/scenarios.py draft_tp OUT_DIR RANK WORLD PORT    one TP rank of the draft fc (gloo)
     python tests/sglang/scenarios.py settings CASES.json OUT.json   load_plugins() once per case of settings
@@ -17,35 +18,45 @@ from typing import Dict, List, Optional
 
 from harness import (
     DECODE_TOKEN, DRAFT_IDS, PROMPT, ServedRunner, SglangRunner, free_port, bare_model, build_hf, build_mla_draft,
-    build_sglang, setup_process, target_features, tiny_config,
+    build_sglang, decode_graph_runner_class, hf_taps, setup_process, target_features, tiny_config,
 )
 
 import torch  # noqa: E402  (after harness, which sets TORCHDYNAMO_DISABLE first)
 
 
 def _native(out_path: str) -> None:
-    """Stock SGLang: for each id list, what its packer received (slots, in order) and how the forward ended."""
+    """Stock SGLang: for each id list, what it stored, what its capture received (slots, in order) and how the
+    forward ended. Where the release packs captures in an AuxHiddenStatePacker (layers/aux_hidden_states.py, from
+    0.5.18), what it had packed is read at its own count check; before that the capture is a list (0.5.12: appended
+    in DeepseekV2Model.forward's loop, 0.5.14/0.5.16: handed into each layer), returned as it is."""
+    import contextlib
+    import importlib.util
     from unittest import mock
 
     setup_process()
-    from sglang.srt.layers.aux_hidden_states import AuxHiddenStatePacker
     from sglang.srt.models.deepseek_v2 import DeepseekV2ForCausalLM
 
     assert not hasattr(DeepseekV2ForCausalLM.set_eagle3_layers_to_capture, "__wrapped__"), "plugin loaded"
     cfg = tiny_config()
     hf = build_hf(cfg)
     model = build_sglang(cfg, hf)
-    original_finalize = AuxHiddenStatePacker.finalize
     seen: List[torch.Tensor] = []
+    spy = contextlib.nullcontext()
+    if importlib.util.find_spec("sglang.srt.layers.aux_hidden_states") is not None:
+        from sglang.srt.layers.aux_hidden_states import AuxHiddenStatePacker
 
-    def spy_finalize(self):  # test instrumentation: record what stock SGLang packed before its own check
-        n = len(self)
-        width = 0 if self._feature_size is None else n * self._feature_size
-        seen.append(self._buffer[:, :width].clone() if self._buffer is not None else None)
-        return original_finalize(self)
+        original_finalize = AuxHiddenStatePacker.finalize
+
+        def spy_finalize(self):  # test instrumentation: record what stock SGLang packed before its own check
+            n = len(self)
+            width = 0 if self._feature_size is None else n * self._feature_size
+            seen.append(self._buffer[:, :width].clone() if self._buffer is not None else None)
+            return original_finalize(self)
+
+        spy = mock.patch.object(AuxHiddenStatePacker, "finalize", spy_finalize)
 
     results: Dict[str, dict] = {}
-    with mock.patch.object(AuxHiddenStatePacker, "finalize", spy_finalize):
+    with spy:
         for ids in ([-1, 1, 3, 5], [0, 2, 4]):
             model.set_eagle3_layers_to_capture(list(ids))
             rec = {"layers_to_capture": list(model.model.layers_to_capture), "steps": []}
@@ -54,11 +65,64 @@ def _native(out_path: str) -> None:
                 seen.clear()
                 try:
                     out = r.forward(model, torch.tensor(toks))
-                    rec["steps"].append({"aux": out.hidden_states.clone(), "error": None, "packed": seen[-1]})
-                except RuntimeError as e:
-                    rec["steps"].append({"aux": None, "error": str(e), "packed": seen[-1] if seen else None})
+                    rec["steps"].append({"aux": out.hidden_states.clone(), "error": None,
+                                         "packed": seen[-1] if seen else out.hidden_states.clone()})
+                # the packer's count check (an assert on 0.5.18, RuntimeError from 0.5.20); 0.5.12's residual None
+                # at layer input 0 (TypeError)
+                except (RuntimeError, AssertionError, TypeError) as e:
+                    rec["steps"].append({"aux": None, "error": f"{type(e).__name__}: {e}",
+                                         "packed": seen[-1] if seen else None})
                     r.seq_len += len(toks)  # the KV cache was written before the failing check
             results[str(ids)] = rec
+    torch.save(results, out_path)
+
+
+STOCK_IDS = ([1, 2, 4], [2, 3, 4], [2, 4])  # ids[0] == 1 and not: the two rules of 0.5.12 / 0.5.14+ differ on the last two
+
+
+def _stock(out_path: str) -> None:
+    """The harness before the plugin is involved: stock SGLang's DeepseekV3 (plugin not loaded), its capture on
+    layer-input ids that every release can capture, prefill and one decode, against the HF model's hidden states
+    (layer input i = HF hidden_states[i]). Which layer inputs each id list becomes is what the installed release's
+    own set_eagle3_layers_to_capture stores. Also what stock does with layer input 0 (the embedding)."""
+    import importlib.metadata
+
+    setup_process()
+    from sglang.srt.models.deepseek_v2 import DeepseekV2ForCausalLM
+
+    assert not hasattr(DeepseekV2ForCausalLM.set_eagle3_layers_to_capture, "__wrapped__"), "plugin loaded"
+    cfg = tiny_config()
+    hf = build_hf(cfg)
+    model = build_sglang(cfg, hf)
+    taps, logits = hf_taps(hf, torch.tensor(PROMPT + [DECODE_TOKEN]))
+    hf_hidden = [taps[i] for i in range(cfg.num_hidden_layers)]  # HF hidden_states[0..L-1] = layer inputs
+    results = {"sglang": importlib.metadata.version("sglang"),
+               "transformers": importlib.metadata.version("transformers"),
+               "num_layers": cfg.num_hidden_layers, "hf_hidden": hf_hidden, "hf_logits": logits, "ids": {}}
+    for ids in STOCK_IDS:
+        model.set_eagle3_layers_to_capture(list(ids))
+        rec = {"layers_to_capture": list(model.model.layers_to_capture), "aux": [], "logits": []}
+        r = SglangRunner(cfg)
+        for toks in (PROMPT, [DECODE_TOKEN]):
+            out = r.forward(model, torch.tensor(toks))
+            rec["aux"].append(out.hidden_states.clone())
+            rec["logits"].append(out.next_token_logits[0].clone())
+        results["ids"][str(ids)] = rec
+    # the same through SGLang's own ModelRunner.forward (ServedRunner: the path every served forward takes)
+    model.set_eagle3_layers_to_capture(list(STOCK_IDS[0]))
+    served = ServedRunner(model, cfg, rid="stock-0")
+    results["served"] = {"layers_to_capture": list(model.model.layers_to_capture),
+                         "aux": [served.forward(toks)[0].logits_output.hidden_states.clone()
+                                 for toks in (PROMPT, [DECODE_TOKEN])]}
+    # layer input 0, set directly (no id rule gives it on every release): the embedding, or the release's error
+    model.set_eagle3_layers_to_capture([1, 2, 4])
+    model.model.layers_to_capture = [0, 2]
+    r = SglangRunner(cfg)
+    try:
+        out = r.forward(model, torch.tensor(PROMPT))
+        results["input0"] = {"aux": out.hidden_states.clone(), "error": None}
+    except Exception as e:  # noqa: BLE001  (recorded for the test to judge)
+        results["input0"] = {"aux": None, "error": f"{type(e).__name__}: {e}"}
     torch.save(results, out_path)
 
 
@@ -243,7 +307,7 @@ def _graph_gate(out_path: str) -> None:
     from sglang.srt.plugins import load_plugins
 
     load_plugins()
-    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+    DecodeCudaGraphRunner = decode_graph_runner_class()  # the release's decode graph runner class
 
     from eagle3_capture.sglang import dump, internals, served
     from eagle3_capture.sglang.hook_chain import hook_path_in_place
@@ -269,6 +333,7 @@ def _graph_gate(out_path: str) -> None:
         json.dump({"gates": {p: hook_path_in_place(p, served.graph_gate_hook)
                              for p in internals.current().graph_gate_paths},
                    "doctor_decode_graph": bool(out.can_run_graph), "other_decode": asked,
+                   "graph_runner": DecodeCudaGraphRunner.__name__,
                    "records": [(x["forward_mode"], x["requests"][0]["rid"], x["graph"], x["stream"] is not None)
                                for x in sorted(recs, key=lambda x: x["seq"])]}, f)
 
@@ -318,5 +383,5 @@ def run_script(scenario: str, out_path, env_extra: Optional[Dict[str, str]] = No
 
 if __name__ == "__main__":
     scenario, args = sys.argv[1], sys.argv[2:]
-    {"native": _native, "hooks": _hooks, "draft_tp": _draft_tp_rank, "settings": _settings,
+    {"native": _native, "stock": _stock, "hooks": _hooks, "draft_tp": _draft_tp_rank, "settings": _settings,
      "graph_gate": _graph_gate}[scenario](*args)

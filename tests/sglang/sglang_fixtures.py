@@ -3,9 +3,14 @@
 (Not a conftest.py: pytest imports every directory's conftest.py as the module `conftest`, and the last one
 imported would shadow tests/conftest.py for the modules that do `from conftest import ...`.)
 
-- Every test module here is marked `sglang`, and its tests FAIL, never skip, when SGLang 0.5.23 is missing
-  (`require_sglang`, autouse): deselect them with `-m "not sglang"` where it is not installed (e.g. the GPU machine,
-  which runs only test_hook_calls_cuda.py's `cuda` tests, which need no SGLang).
+- Every test module here is marked `sglang`, and its tests FAIL, never skip, when SGLang is missing or is not a
+  release of the range the plugin supports (0.5.12-0.5.23): deselect them with `-m "not sglang"` where it is not
+  installed (e.g. the GPU machine, which runs only test_hook_calls_cuda.py's `cuda` tests, which need no SGLang).
+  Any release of the range runs them: the installed one, or one put first on PYTHONPATH (`make test-sglang
+  SGLANG=X`, or tests/sglang_release_dirs.py sglang --importable X; the session header names the release under
+  test). harness.py adapts to the
+  release by what it has; a test that cannot run on a release skips with the release and the missing SGLang
+  feature as its reason.
 - The in-process tests run with the plugin loaded through SGLang's own `load_plugins()` (once per process, and
   SGLang cannot undo it); what needs a process without the plugin, or another environment, runs in a subprocess
   (scenarios.py).
@@ -17,23 +22,32 @@ import os
 
 import pytest
 
+from conftest import sglang_under_test  # tests/conftest.py: also the session header's line
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-SGLANG_VERSION = "0.5.23"
 
 # Before anything imports torch._dynamo users (SGLang's MoE top-k is torch.compile'd; on CPU that is slow).
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 
+# The range the plugin supports: the plugin's own (eagle3_capture/sglang/internals.py: OLDEST, NEWEST).
+from eagle3_capture.sglang.internals import NEWEST as SGLANG_NEWEST  # noqa: E402
+from eagle3_capture.sglang.internals import OLDEST as SGLANG_OLDEST  # noqa: E402
+from eagle3_capture.sglang.internals import range_text  # noqa: E402
+
+SGLANG_RANGE = range_text()
+
 
 def _sglang_problem():
-    # tests/sglang is itself importable as a namespace package "sglang" from tests/: check the real package.
-    if importlib.util.find_spec("sglang") is None or importlib.util.find_spec("sglang.srt") is None:
-        return "sglang is not installed"
-    try:
-        v = importlib.metadata.version("sglang")
-    except importlib.metadata.PackageNotFoundError:
-        return "sglang has no distribution metadata"
-    if v != SGLANG_VERSION:
-        return f"these tests are for sglang=={SGLANG_VERSION}, found {v}"
+    found = sglang_under_test()
+    if found is None:
+        return "sglang is not installed (or has no distribution metadata)"
+    if "metadata at" in found[0]:
+        return f"sglang's metadata and package disagree: {found[0]}"
+    from eagle3_capture.sglang.internals import version_tuple
+
+    v = version_tuple(found[0])
+    if v is None or not (SGLANG_OLDEST <= v[:3] <= SGLANG_NEWEST):
+        return f"these tests cover sglang {SGLANG_RANGE}, found {found[0]}"
     return None
 
 
@@ -41,9 +55,21 @@ def _sglang_problem():
 def require_sglang():
     why = _sglang_problem()
     if why is not None:
-        pytest.fail(f"this test is marked `sglang`: {why} (install it with `make test`, which runs "
-                    f"pip install --no-deps sglang=={SGLANG_VERSION} plus its light deps; deselect with "
-                    "-m 'not sglang')")
+        pytest.fail(f"this test is marked `sglang`: {why} (install 0.5.23 with `make test`, or run another release "
+                    "with `make test-sglang SGLANG=X`; deselect with -m 'not sglang')")
+
+
+def skip_unless_sglang_has(module: str, what: str) -> None:
+    """Skip the calling test where the SGLang under test has no `module` (its subject, `what`, is absent in that
+    release): the reason names the release and the feature."""
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a parent package is missing
+        found = False
+    if not found:
+        import harness as h
+
+        h.skip_missing_feature(what)
 
 
 @pytest.fixture(scope="session")

@@ -5,9 +5,26 @@ the packer allocates and for the decode CUDA-graph runner's preallocated one (fo
 import pytest
 import torch
 
-from sglang_fixtures import OpCounter, harness, require_sglang, sglang_plugin, tiny  # noqa: F401  (fixtures)
+from sglang_fixtures import (OpCounter, harness, require_sglang, sglang_plugin, skip_unless_sglang_has,  # noqa: F401
+                             tiny)
 
 pytestmark = pytest.mark.sglang
+
+
+@pytest.fixture(autouse=True)
+def _packer_in_this_release(require_sglang, harness):
+    """The subject of every test here is the plugin's capture hook on SGLang's AuxHiddenStatePacker, which writes
+    through the fused op into the slot the packer hands out (`slot()`). Releases before 0.5.18 have no packer (their
+    DeepseekV2Model captures into a plain list); 0.5.18-0.5.22's packer has no slot() (its append allocates and
+    copies by itself, and the plugin leaves that copy alone)."""
+    skip_unless_sglang_has("sglang.srt.layers.aux_hidden_states",
+                           "layers/aux_hidden_states.py: AuxHiddenStatePacker (DeepseekV2Model captures into a list)")
+    from sglang.srt.layers.aux_hidden_states import AuxHiddenStatePacker
+
+    if not hasattr(AuxHiddenStatePacker, "slot"):
+        harness.skip_missing_feature("AuxHiddenStatePacker.slot() (layers/aux_hidden_states.py: its append "
+                                     "allocates and copies by itself, so the plugin's fused capture has no slot "
+                                     "to write into)")
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 K, H = 3, 48

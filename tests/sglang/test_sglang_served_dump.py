@@ -91,7 +91,7 @@ def test_nothing_is_dumped_or_self_tested_in_sglangs_capture_mode(harness, targe
     """SGLang's warm-up and capture passes set its capture-mode flag (model_capture_mode()) on a stream that is not
     capturing: the model's forward runs there directly (the graph runners' run_once), and a model runner forward
     under the flag is no served forward either. Neither is dumped nor self-tested, doctor request ids included."""
-    from sglang.srt.model_executor.runner_utils.capture_mode import get_is_capture_mode, model_capture_mode
+    get_is_capture_mode, model_capture_mode = harness.sglang_capture_mode()
 
     model, cfg = target["model"], target["cfg"]
     plugin_env(EAGLE3_CAPTURE_DUMP=tmp_path, EAGLE3_CAPTURE_DUMP_STREAM="all")
@@ -169,9 +169,9 @@ def test_doctor_stream_declared_adds_the_declared_taps_to_a_miswired_capture(har
 def test_graph_gate_keeps_target_doctor_forwards_eager(harness, target, plugin_env, tmp_path):
     """AROUND the graph runners' can_run_graph: False for a target batch holding a doctor request while the dump
     reads streams; SGLang's own answer otherwise (draft runners, other requests, DP attention, dump off)."""
-    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
-
     from eagle3_capture.sglang import served
+
+    DecodeCudaGraphRunner = harness.decode_graph_runner_class()
 
     model, cfg = target["model"], target["cfg"]
     gr = DecodeCudaGraphRunner.__new__(DecodeCudaGraphRunner)
@@ -313,7 +313,7 @@ def test_doctor_forwards_run_eagerly_through_sglangs_model_runner(harness, tmp_p
     rep = json.loads(out.read_text())
     assert all(rep["gates"].values()), rep["gates"]
     assert rep["doctor_decode_graph"] is False
-    assert rep["other_decode"].startswith("AttributeError") and "DecodeCudaGraphRunner" in rep["other_decode"], rep
+    assert rep["other_decode"].startswith("AttributeError") and rep["graph_runner"] in rep["other_decode"], rep
     assert rep["records"][:2] == [["EXTEND", "eagle3-doctor-gate", False, True],
                                   ["DECODE", "eagle3-doctor-gate", False, True]], rep["records"]
 
