@@ -553,7 +553,7 @@ def test_bad_inputs_against_the_servers_dump(pair, launched, tmp_path):
 
 @pytest.mark.parametrize("which, flags", [("stock", CHAIN), ("miswired", CHAIN), ("tree", TREE)])
 def test_every_served_response_passes_the_doctors_count_checks(request, which, flags):
-    """doctor/responses.py derives the relations between completion_tokens, the verifies, the histogram and the
+    """doctor/sglang_model/responses.py derives the relations between completion_tokens, the verifies, the histogram and the
     newer counters from SGLang 0.5.23's source: every response its serving loop returns satisfies them, for a chain
     and a tree, served right or miswired; 0.5.23 writes the old names and the newer ones side by side."""
     from eagle3_capture.doctor.sglang_model.responses import check_counts, read_recorded

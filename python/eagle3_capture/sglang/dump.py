@@ -1,5 +1,5 @@
 """The capture dump: what the target handed its draft in served forwards, written for ``doctor fingerprint`` and the
-doctor's server-side replay (record format: eagle3_capture/dump_format.py, version 2).
+doctor's server-side replay (record format: eagle3_capture/dump_format/contract.py, version 2).
 
 Switched on by ``EAGLE3_CAPTURE_DUMP=<dir>`` (switches.py: settings validated when SGLang loads the plugin). It runs
 around the model runner's forward (served.py), after the forward returned, so it sees every served forward --
