@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Print the two tables of docs/sglang_releases.md from python/eagle3_capture/sglang_releases.py (the data the
+"""Print the two tables of docs/sglang_releases.md from python/eagle3_capture/sglang_releases/ (the data the
 doctor and the plugin use), so the document is regenerated from the model rather than edited by hand:
 
     python scripts/sglang_releases_table.py releases   # one row per release

@@ -1,4 +1,4 @@
-"""Released SGLang and vLLM sources for the tests that check sglang_releases.py / vllm_rules.py against the real code
+"""Released SGLang and vLLM sources for the tests that check sglang_releases/ / vllm_rules.py against the real code
 of each release, kept in a cache directory: ``$E3_SGLANG_RELEASES_DIR`` (default ``<repo>/.venv/sglang-releases``).
 
 Layout, one folder per release:
@@ -276,7 +276,7 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="what", required=True)
     s = sub.add_parser("sglang")
     s.add_argument("versions", nargs="*")
-    s.add_argument("--all", action="store_true", help="every release sglang_releases.py models")
+    s.add_argument("--all", action="store_true", help="every release sglang_releases/ models")
     s.add_argument("--importable", action="store_true")
     v = sub.add_parser("vllm")
     v.add_argument("versions", nargs="+")
@@ -302,7 +302,7 @@ def main(argv=None) -> int:
             p.error("name the releases or pass --all")
         unknown = [v for v in versions if v not in KNOWN_VERSIONS]
         if unknown:
-            p.exit(2, f"sglang_release_dirs.py: SGLang {', '.join(unknown)} is not a release sglang_releases.py "
+            p.exit(2, f"sglang_release_dirs.py: SGLang {', '.join(unknown)} is not a release sglang_releases/ "
                       f"models (known: {KNOWN_VERSIONS[0]} through {KNOWN_VERSIONS[-1]}, .post releases included)\n")
         for ver in versions:
             if a.importable and _installed_here() == ver:

@@ -1,4 +1,4 @@
-"""sglang_releases.py: every SGLang release 0.5.8 - 0.5.23 as modelled, and the model against each release's real
+"""sglang_releases/: every SGLang release 0.5.8 - 0.5.23 as modelled, and the model against each release's real
 code.
 
 Three levels of evidence:

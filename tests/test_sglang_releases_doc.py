@@ -1,4 +1,4 @@
-"""docs/sglang_releases.md says what sglang_releases.py models: every cell of its two tables under the columns the
+"""docs/sglang_releases.md says what sglang_releases/ models: every cell of its two tables under the columns the
 generator (scripts/sglang_releases_table.py) writes equals the generator's output for the same row. Columns added
 by hand (e.g. how the plugin attaches) are left alone."""
 from __future__ import annotations

@@ -9,7 +9,7 @@ The key ``eagle_config.eagle_aux_hidden_state_layer_ids`` means different taps t
   specforge 0.2.0 (the registry's newest) requires sglang==0.5.14 (its METADATA; the call is in
   specforge/offline_capture/sglang_backend/capture.py set_eagle3_capture_layers). On 0.5.14 (as on 0.5.13 - 0.5.23)
   the DeepseekV2 family reads the ids as layer inputs unchanged unless ids[0] == 1 (then + 1); the Qwen MoE family
-  always adds 1 (sglang_releases.py has the rule of every release, which serving may use instead).
+  always adds 1 (sglang_releases/ has the rule of every release, which serving may use instead).
 
 ``[2, 30, 58]`` (SpecForge's Kimi-K2 / K2.5 configs) is LayerOutput(2, 30, 58) from the first and
 LayerOutput(1, 29, 57) from the second: one layer off, and nothing in the config says which. Only the training

@@ -7,14 +7,14 @@ import pytest
 
 from eagle3_capture.spec import LayerOutput
 from doctor_helpers import DSV3_61, KIMI, assert_clean_error, cli, cli_subprocess, draft_config, write_json
-from eagle3_capture import sglang_releases
+from eagle3_capture.sglang_releases import catalogue as release_catalogue  # where assumed_release looks the version up
 from eagle3_capture.doctor.deployment.check import run_check
 
 
 @pytest.fixture(autouse=True)
 def installed_sglang_0523(monkeypatch):
     """The default release is the installed SGLang's: pin it, so that these tests do not depend on this machine."""
-    monkeypatch.setattr(sglang_releases, "installed_sglang_version", lambda: "0.5.23")
+    monkeypatch.setattr(release_catalogue, "installed_sglang_version", lambda: "0.5.23")
 
 
 def codes(rep, severity="error"):
@@ -179,13 +179,13 @@ def test_embedding_on_list_in_loop_releases_crashes(tmp_path):
 
 def test_default_release_installed_or_newest(tmp_path, monkeypatch):
     d = write_json(tmp_path / "draft.json", draft_config([1, 29, 57]))
-    monkeypatch.setattr(sglang_releases, "installed_sglang_version", lambda: None)
+    monkeypatch.setattr(release_catalogue, "installed_sglang_version", lambda: None)
     code, out, err = cli("doctor", "check", "--target-config", DSV3_61, "--draft-config", d)
     assert "SGLang release modelled: 0.5.23 (no SGLang installed here: the newest modelled)" in out
-    monkeypatch.setattr(sglang_releases, "installed_sglang_version", lambda: "0.5.14")
+    monkeypatch.setattr(release_catalogue, "installed_sglang_version", lambda: "0.5.14")
     code, out, err = cli("doctor", "check", "--target-config", DSV3_61, "--draft-config", d)
     assert code == 0 and "SGLang release modelled: 0.5.14 (installed here)" in out
-    monkeypatch.setattr(sglang_releases, "installed_sglang_version", lambda: "0.6.1")
+    monkeypatch.setattr(release_catalogue, "installed_sglang_version", lambda: "0.6.1")
     rep = run_check(DSV3_61, d)
     assert rep.release.version == "0.5.23"
     assert any(f.code == "sglang-release-assumed" and "0.6.1" in f.message for f in rep.findings)

@@ -251,7 +251,7 @@ def set_eagle3_layers_to_capture_hook(original, self, layer_ids: Optional[Sequen
 
 
 def _native_note(spec: TapSpec, sglang_ids) -> str:
-    """What the installed stock SGLang release would have captured for the ids it passes (sglang_releases.py's
+    """What the installed stock SGLang release would have captured for the ids it passes (the sglang_releases package's
     model of that release; a release it does not model says so)."""
     version = internals.current().version
     try:

@@ -1,5 +1,5 @@
 """``doctor check``: the taps a draft was trained on against what stock SGLang (the release assumed: given, else
-the installed one, else the newest modelled; every release 0.5.8 - 0.5.23 is modelled in sglang_releases.py) or
+the installed one, else the newest modelled; every release 0.5.8 - 0.5.23 is modelled in sglang_releases/) or
 stock vLLM (``--engine vllm``, vllm_rules.py) and this project's plugin capture, what changes on other SGLang
 releases, every inconsistency of the configs, the server-flag traps, and -- when both dumps are given -- the
 fingerprint of what a server really captured.
