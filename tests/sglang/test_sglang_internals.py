@@ -135,3 +135,24 @@ def test_info_names_the_release_and_the_adapter():
     i = _release()
     assert info["installed"] and info["version"] == i.version and info["adapter"] == i.adapter, info
     assert info["refusal"] is None and set(info["groups"]) >= {"taps", "final_boundary", "capture", "dump"}
+
+
+def test_the_documented_row_is_what_the_plugin_does_here():
+    """docs/sglang_releases.md's "The plugin on each release" row for the installed release is the plugin's own
+    summary, printed the way scripts/plugin_releases_table.py prints it (regenerate the table when this fails)."""
+    import importlib.util
+    import os
+
+    from eagle3_capture.sglang import plugin
+
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    spec = importlib.util.spec_from_file_location("plugin_releases_table",
+                                                  os.path.join(repo, "scripts", "plugin_releases_table.py"))
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    want = "| " + " | ".join(table.row(plugin.release_summary())) + " |"
+    doc = open(os.path.join(repo, "docs", "sglang_releases.md")).read()
+    section = doc.split("## The plugin on each release", 1)[1].split("\n## ", 1)[0]
+    version = _release().version
+    rows = [line for line in section.splitlines() if line.startswith(f"| {version} |")]
+    assert rows == [want], f"docs/sglang_releases.md's row for SGLang {version} differs from the plugin's"
