@@ -22,7 +22,14 @@ def _expected_groups(plugin):
     groups = [switches.TAPS, switches.FINAL_BOUNDARY, switches.CAPTURE, switches.SELFTEST]
     if draft.unavailable() is None:
         groups += [switches.DRAFT_FC, switches.GATHER]  # gather: its error poll around the draft extend
-    return groups
+    # A group the installed release cannot have (the fused capture before 0.5.23's packer slot(), the gather where
+    # the MLA draft's fc is unsharded) is left out naming the release; the taps and the self-test never are.
+    unavailable = {g: v["unavailable"] for g, v in plugin.release_summary()["groups"].items() if "hooks" not in v}
+    assert not set(unavailable) & {switches.TAPS, switches.FINAL_BOUNDARY, switches.SELFTEST}, unavailable
+    for g, why in unavailable.items():
+        assert g not in plugin.registered and plugin.skipped[g].startswith("not on SGLang "), (g, plugin.skipped)
+        assert why in plugin.skipped[g], (g, why, plugin.skipped[g])
+    return [g for g in groups if g not in unavailable]
 
 
 def test_load_plugins_puts_every_hook_in_place(sglang_plugin):
