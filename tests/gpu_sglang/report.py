@@ -11,7 +11,9 @@ import re
 from typing import Dict, List, Optional
 
 # the plugin's promised log lines (tests/engine/test_engine.py checks the same on the CPU)
-STARTUP = "eagle3_capture: DeepseekV3ForCausalLM: taps [Embedding, LayerOutput(0), LayerOutput(3)]"
+# the plugin's startup line: "eagle3_capture: [SGLang <release> (adapter ...): ]DeepseekV3ForCausalLM: taps [...] ..."
+# (since 8dfdcfe it names the release and adapter first)
+STARTUP = "DeepseekV3ForCausalLM: taps [Embedding, LayerOutput(0), LayerOutput(3)]"
 SELFTEST_OK = "capture self-test passed"
 SELFTEST_FAILED = "capture self-test FAILED"
 GRAPH_LINE = re.compile(r"[Cc]apture.*(cuda|CUDA) ?graph", re.I)
@@ -71,14 +73,18 @@ def accept_figures(rows: List[dict]) -> dict:
             "correct_drafts_histogram": hist}
 
 
+def _is_startup(line: str) -> bool:
+    return "eagle3_capture: " in line and "DeepseekV3ForCausalLM: taps [" in line
+
+
 def log_checks(log: str) -> dict:
     """The plugin's lines and SGLang's graph-capture lines in a server's log."""
     lines = log.splitlines()
     graph_lines = [ln.strip()[-200:] for ln in lines if GRAPH_LINE.search(ln)]
-    startup = [ln.strip()[-400:] for ln in lines if "eagle3_capture: DeepseekV3ForCausalLM" in ln]
+    startup = [ln.strip()[-400:] for ln in lines if _is_startup(ln)]
     return {
         "startup_line": startup[:1],
-        "startup_line_as_expected": any(STARTUP in ln for ln in lines),
+        "startup_line_as_expected": any(_is_startup(ln) and STARTUP in ln for ln in lines),
         "taps_on": any("taps=on" in ln for ln in lines),
         "selftest_passed": sum(SELFTEST_OK in ln for ln in lines),
         "selftest_failed": sum(SELFTEST_FAILED in ln for ln in lines),

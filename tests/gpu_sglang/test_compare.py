@@ -63,6 +63,13 @@ def test_log_checks_reads_the_plugin_and_graph_lines():
     assert (c["selftest_passed"], c["selftest_failed"], c["graph_capture_line_count"], c["tracebacks"]) == (1, 0, 2, 1)
     bad = report.log_checks("eagle3_capture: capture self-test FAILED: slot 0 should hold Embedding")
     assert bad["selftest_failed"] == 1 and not bad["startup_line_as_expected"]
+    # the startup line as the plugin writes it since it names the release and adapter first
+    now = report.log_checks("[x] eagle3_capture: SGLang 0.5.23 (adapter packer+layer-boundary): DeepseekV3ForCausalLM: "
+                            "taps [Embedding, LayerOutput(0), LayerOutput(3)] | draft ids [-1, 0, 3]; hooks: taps=on")
+    assert now["startup_line_as_expected"] and now["startup_line"] and now["taps_on"]
+    other = report.log_checks("[x] eagle3_capture: SGLang 0.5.23 (adapter packer): DeepseekV3ForCausalLM: taps "
+                              "[Embedding, LayerOutput(1)] | hooks: taps=on")
+    assert other["startup_line"] and not other["startup_line_as_expected"]
 
 
 def _v2(ids, mode, graph=False, rids=("r0",)):
