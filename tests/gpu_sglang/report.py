@@ -96,6 +96,9 @@ def log_checks(log: str) -> dict:
     }
 
 
+CURRENT_VERSION = 3  # the dump format's version the plugin writes (eagle3_capture.dump_format.FORMAT)
+
+
 def dump_index(dump_dir: str, prompts: List[List[int]], windows: Optional[dict] = None) -> dict:
     """What the plugin's capture dump holds, each file read and checked by the dump format's one reader
     (eagle3_capture.dump_format): per file the format version, the forward mode, whether it was replayed from a CUDA
@@ -137,7 +140,8 @@ def dump_index(dump_dir: str, prompts: List[List[int]], windows: Optional[dict] 
     out["with_served_prompts"] = sum(1 for r in recs if r["served_prompts"])
     out["modes"] = sorted({r["forward_mode"] for r in recs if r.get("forward_mode")})
     out["replayed_from_graph"] = sum(1 for r in recs if r.get("graph"))
-    out["not_v2"] = sum(1 for r in recs if r.get("version") != 2)
+    # the plugin under test writes the current format (version 3: with the writing process)
+    out["not_current"] = sum(1 for r in recs if r.get("version") != CURRENT_VERSION)
     # SGLang's warm-up / capture batches carry no request ids (a served ForwardBatch has every request's rid); an
     # extend need not hold a whole prompt (prefix cache, chunked prefill), so that is counted, not required
     out["not_served"] = sum(1 for r in recs if not r["requests"] or r["rids_missing"])
@@ -153,8 +157,8 @@ def dump_problems(name: str, d: dict) -> List[str]:
     bad = []
     if d.get("errors"):
         bad.append(f"{name}: {d['errors']} dump files do not load or break the dump format")
-    if d.get("not_v2"):
-        bad.append(f"{name}: {d['not_v2']} dump files are not format v2")
+    if d.get("not_current"):
+        bad.append(f"{name}: {d['not_current']} dump files are not format v{CURRENT_VERSION}")
     if d.get("not_served"):
         bad.append(f"{name}: {d['not_served']} of {d['files']} dumped forwards are not served traffic (warm-up or "
                    "capture passes)")

@@ -223,7 +223,8 @@ def _register() -> None:
         dropped = settings.all_off and bool(dump_dir)
         for group in GROUPS:
             skipped[group] = (f"turned off by {switches.ENV_DISABLE}" if group != DUMP else
-                              f"turned off by {switches.ENV_DISABLE}=all" if dropped else f"{switches.ENV_DUMP} not set")
+                              f"turned off by {switches.ENV_DISABLE}=all" if dropped else
+                              f"{switches.ENV_DUMP} not set")
         line = (f"eagle3_capture: taps hook off ({switches.ENV_DISABLE}): SGLang's own layer-id rule applies; every "
                 f"hook off ({switches.ENV_DISABLE}=all): stock SGLang serves")
         if dropped:
