@@ -200,3 +200,48 @@ def test_reading_files(tmp_path):
     with pytest.raises(df.DumpError, match="no such file or directory"):
         df.dump_files(str(tmp_path / "nowhere"))
 
+
+def _record(path, **change):
+    rec = {**small_v2(), **change}
+    torch.save(rec, path)
+    return path
+
+
+def test_inventory_names_each_declaration_and_its_writers(tmp_path):
+    """Issue 32, kind 1: replicas sharing a directory. Records of two servers with two capture declarations are two
+    groups, each naming its writers and records; the caller's expected layer inputs tag the one that differs."""
+    a, b = "aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb"
+    for seq in range(3):
+        _record(tmp_path / df.file_name("h", a, 0, seq), server=a, host="h", pid=6)
+        _record(tmp_path / df.file_name("h", b, 0, seq), server=b, host="h", pid=6, layers_to_capture=[1, 2, 3],
+                declared=["LayerOutput(0)", "LayerOutput(1)", "LayerOutput(2)"], draft_ids=[0, 1, 2])
+    recs = df.DumpReader(str(tmp_path)).refresh()
+    inv = df.inventory(recs, expected=[0, 1, 2], expected_source="the draft config")
+    assert inv.several_declarations and inv.several_writers and inv.records == 6 and inv.note() is None
+    line = inv.mixed()
+    assert line.startswith("the records come from 2 capture declarations") and "\n" not in line
+    assert ("(1) no declared taps, captured at layer inputs [0, 1, 2] -- the layer inputs the draft config declares: "
+            f"3 record(s) (eagle3_capture_h_{a}_tp0_000000.pt, eagle3_capture_h_{a}_tp0_000001.pt, ...) by server "
+            f"{a} (host h, pid 6)") in line
+    assert ("(2) declared [LayerOutput(0), LayerOutput(1), LayerOutput(2)] (draft ids [0, 1, 2]), captured at layer "
+            "inputs [1, 2, 3] -- NOT the layer inputs the draft config declares: 3 record(s)") in line
+    assert f"by server {b} (host h, pid 6)" in line
+    j = inv.to_json()
+    assert [d["servers"] for d in j["declarations"]] == [[a], [b]] and [d["expected"] for d in j["declarations"]] \
+        == [True, False]
+    # one declaration, two writers (two replicas or DP groups): a note, no finding
+    inv = df.inventory([r for r in recs if r.server == a] + [df.read_record({**small_v2(), "server": b}, "x")])
+    assert inv.mixed() is None and inv.note().startswith("the records come from 2 writing processes with one capture "
+                                                         "declaration")
+    # one writer: nothing to say
+    assert df.inventory(r for r in recs if r.server == a).note() is None
+
+
+def test_inventory_of_version_2_records_says_their_pid_is_not_an_identity(tmp_path):
+    v2 = as_v2(small_v2())
+    torch.save(v2, tmp_path / "eagle3_capture_pid6_tp0_000000.pt")
+    torch.save({**v2, "layers_to_capture": [0, 1, 3]}, tmp_path / "eagle3_capture_pid6_tp0_000001.pt")
+    inv = df.inventory(df.DumpReader(str(tmp_path)).refresh())
+    assert len(inv.writers) == 1 and inv.several_declarations
+    assert "a version-2 writer with pid 6 in its file names (no server id: replicas in separate PID namespaces " \
+           "share pids)" in inv.mixed()

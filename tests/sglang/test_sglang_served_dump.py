@@ -291,7 +291,7 @@ def test_two_servers_with_one_pid_sharing_a_directory_lose_no_record(harness, ta
     pid, and the second replaced the first's without a word. Now each record and its name carry the process's
     random id (and host), and a name is never replaced: a file already there is left alone and the record takes
     another name, said in one WARNING line."""
-    from eagle3_capture.dump_format import file_name
+    from eagle3_capture.dump_format import file_name, inventory, load_record
     from eagle3_capture.sglang import dump
     from eagle3_capture.sglang.dump_record import this_process
 
@@ -311,6 +311,8 @@ def test_two_servers_with_one_pid_sharing_a_directory_lose_no_record(harness, ta
     assert {x["requests"][0]["rid"] for x in recs} == {"replica-a", "replica-b"}
     assert {x["pid"] for x in recs} == {6} and {x["server"] for x in recs} == {p.server for p in servers}
     assert len({p.server for p in servers}) == 2
+    inv = inventory(load_record(f) for f in sorted(glob.glob(os.path.join(str(d), "*.pt"))))
+    assert len(inv.writers) == 2 and not inv.several_declarations and "2 writing processes" in inv.note()
 
     # a file already under the name the next record takes (a stale file, or a writer that drew the same id)
     plugin_env(EAGLE3_CAPTURE_DUMP=d)
