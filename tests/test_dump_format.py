@@ -43,7 +43,8 @@ def test_a_good_record_passes_and_round_trips_through_torch_save(tmp_path):
         df.validate_record(back)
         assert df.record_problems(as_v2(rec)) == []  # version 2 is still read
     assert p.name == "eagle3_capture_node-7.example_0123456789abcdef_tp0_000007.pt" and df.FILE_RE.match(p.name)
-    assert df.file_name("pod_a/b c", "0123456789abcdef", 1, 2) == "eagle3_capture_pod-a-b-c_0123456789abcdef_tp1_000002.pt"
+    assert df.file_name("pod_a/b c", "0123456789abcdef", 1, 2) == \
+        "eagle3_capture_pod-a-b-c_0123456789abcdef_tp1_000002.pt"
     assert df.FILE_RE.match(df.file_name("ü" * 200, "0123456789abcdef", 0, 0))
     assert df.FILE_RE.match(df.file_name("", "0123456789abcdef", 0, 0))
     with pytest.raises(ValueError, match="16 lower-case hex"):

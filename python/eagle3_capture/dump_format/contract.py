@@ -9,11 +9,11 @@ the writing process's random id (:data:`SERVER_RE`), also in the record, and ``<
 a file name): replicas that share a directory, even in PID namespaces where both are pid 6, never share a name. The
 bytes go to ``<name>.tmp``, created exclusively, and reach ``<name>`` by a hard link, which fails rather than replace
 a file of that name; the writer then takes another name, with a fresh random id in place of ``<server>`` (the
-record's ``server`` key still names its process: the key, not the name, is what readers group by). A reader never sees a partial file (readers ignore
-``*.tmp``). Version-2 files (``eagle3_capture_pid<pid>_tp<tp_rank>_<seq:06d>.pt``: named by the process id alone,
-which two replicas in separate PID namespaces share) and version-1 files (``eagle3_capture_pid<pid>_<n:04d>.pt``, no
-``format`` key) are what the plugin wrote before; both are still read (version 2 by :func:`record_problems`, version 1
-by :func:`v1_record_problems`).
+record's ``server`` key still names its process: the key, not the name, is what readers group by). A reader never
+sees a partial file (readers ignore ``*.tmp``). Version-2 files (``eagle3_capture_pid<pid>_tp<tp_rank>_<seq:06d>.pt``:
+named by the process id alone, which two replicas in separate PID namespaces share) and version-1 files
+(``eagle3_capture_pid<pid>_<n:04d>.pt``, no ``format`` key) are what the plugin wrote before; both are still read
+(version 2 by :func:`record_problems`, version 1 by :func:`v1_record_problems`).
 
 A record holds one forward of the target as served (or the rows of it that belong to the requests the dump
 follows): its token ids, positions, request boundaries, the packed slots the target handed to the draft (``aux``),
