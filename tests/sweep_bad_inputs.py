@@ -439,6 +439,14 @@ def api_cases(tmp):
     return c
 
 
+def issue32_plugin_cases(tmp):
+    """Issue 32's plugin-side kinds, 32.1 (servers sharing one dump directory) and 32.6 (misspelt settings):
+    tests/sweep_issue32_plugin.py."""
+    from sweep_issue32_plugin import plugin_cases
+
+    return plugin_cases(tmp)
+
+
 def message_cases(demo, tmp):
     """Kind 8: messages that must name the right thing."""
     import torch
@@ -521,7 +529,7 @@ def message_cases(demo, tmp):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", type=int, action="append", help="run only this kind (repeatable)")
+    ap.add_argument("--only", action="append", help="run only this kind (repeatable; e.g. 2, or 32.2)")
     ap.add_argument("--timeout", type=float, default=90.0, help="seconds before a case counts as a hang")
     ap.add_argument("--demo", default="/tmp/eagle3_sweep_demo", help="the demo pair's directory (trained if absent)")
     ap.add_argument("--json", help="write every case's outcome here")
@@ -537,13 +545,17 @@ def main(argv=None):
                 4: lambda: [c for c in flag_cases(demo, tmp) if c.kind == 4],
                 5: lambda: [c for c in flag_cases(demo, os.path.join(tmp, "k5")) if c.kind == 5],
                 6: lambda: api_cases(tmp), 8: lambda: message_cases(demo, tmp)}
+    builders["32"] = lambda: issue32_plugin_cases(os.path.join(tmp, "i32p"))  # issue 32's plugin kinds: 32.1, 32.6
     os.makedirs(os.path.join(tmp, "k5"))
     results, t0 = [], time.time()
     try:
+        only = None if not args.only else set(args.only)
         for kind, build in builders.items():
-            if args.only and kind not in args.only:
+            if only and str(kind) not in only and not any(o.startswith(f"{kind}.") for o in only):
                 continue
             for case in build():
+                if only and str(case.kind) not in only and str(kind) not in only:
+                    continue
                 outcome, msg = run_forked(case.fn, args.timeout)
                 good = outcome in case.want and all(n in msg for n in case.needles)
                 results.append({"kind": case.kind, "case": case.name, "outcome": outcome, "want": sorted(case.want),
@@ -553,12 +565,12 @@ def main(argv=None):
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"\n{len(results)} cases in {time.time() - t0:.0f} s")
-    kinds = sorted({r["kind"] for r in results})
+    kinds = sorted({r["kind"] for r in results}, key=lambda k: [int(x) for x in str(k).split(".")])
     outcomes = [CLEAN, FINDING, OK, TRACEBACK, HANG, CRASH, MULTILINE]
     print(f"{'kind':>4}  {'cases':>5}  " + "  ".join(f"{o:>13}" for o in outcomes) + "  not as they must")
     for k in kinds:
         rs = [r for r in results if r["kind"] == k]
-        print(f"{k:>4}  {len(rs):>5}  " + "  ".join(f"{sum(r['outcome'] == o for r in rs):>13}" for o in outcomes)
+        print(f"{str(k):>4}  {len(rs):>5}  " + "  ".join(f"{sum(r['outcome'] == o for r in rs):>13}" for o in outcomes)
               + f"  {sum(not r['good'] for r in rs):>16}")
     if args.json:
         with open(args.json, "w") as f:

@@ -24,20 +24,33 @@ def good(T=5, K=3, H=8, L=6, stream=True):
         "stream_layer_inputs": list(range(L + 1)) if stream else None,
         "num_layers": L, "hidden_size": H, "model_class": "DeepseekV3ForCausalLM", "dtype": "torch.float32",
         "tp_rank": 0, "tp_size": 8, "attn_tp_rank": 0, "attn_tp_size": 8, "dp_rank": None,
-        "writer": "attn-TP rank 0 ...: writes",
+        "writer": "attn-TP rank 0 ...: writes", "server": "0123456789abcdef", "host": "node-7.example", "pid": 6,
     }
     return rec
+
+
+def as_v2(rec):
+    """The same record as the plugin wrote it before version 3 (no writing process)."""
+    return {**{k: v for k, v in rec.items() if k not in df.SERVER_FIELDS}, "format": df.FORMAT_V2}
 
 
 def test_a_good_record_passes_and_round_trips_through_torch_save(tmp_path):
     for rec in (good(), good(stream=False)):
         assert df.record_problems(rec) == []
-        p = tmp_path / df.file_name(123, 0, 7)
+        p = tmp_path / df.file_name(rec["host"], rec["server"], 0, 7)
         torch.save(rec, p)
         back = torch.load(p, weights_only=True)  # the reader's way: no pickled code
         df.validate_record(back)
-    assert df.FILE_RE.match("eagle3_capture_pid123_tp0_000007.pt")
-    assert not df.FILE_RE.match("eagle3_capture_pid123_tp0_000007.pt.tmp")
+        assert df.record_problems(as_v2(rec)) == []  # version 2 is still read
+    assert p.name == "eagle3_capture_node-7.example_0123456789abcdef_tp0_000007.pt" and df.FILE_RE.match(p.name)
+    assert df.file_name("pod_a/b c", "0123456789abcdef", 1, 2) == \
+        "eagle3_capture_pod-a-b-c_0123456789abcdef_tp1_000002.pt"
+    assert df.FILE_RE.match(df.file_name("ü" * 200, "0123456789abcdef", 0, 0))
+    assert df.FILE_RE.match(df.file_name("", "0123456789abcdef", 0, 0))
+    with pytest.raises(ValueError, match="16 lower-case hex"):
+        df.file_name("h", "pid6", 0, 0)
+    assert not df.FILE_RE.match(p.name + ".tmp")
+    assert df.V2_FILE_RE.match("eagle3_capture_pid123_tp0_000007.pt")
     assert df.V1_FILE_RE.match("eagle3_capture_pid123_0000.pt")
     assert df.is_doctor_rid("eagle3-doctor-run-1") and not df.is_doctor_rid("eagle3-doctorX") and \
         not df.is_doctor_rid(None)
@@ -69,6 +82,10 @@ BREAKS = [
     ("rank", lambda r: r.update(tp_rank=8), "tp_rank=8 is not below tp_size=8"),
     ("size", lambda r: r.update(attn_tp_size=0), "attn_tp_size must be an integer >= 1"),
     ("L", lambda r: r.update(num_layers=0), "num_layers must be an integer >= 1"),
+    ("server", lambda r: r.update(server="pid6"), "server must be the writing process's id"),
+    ("server missing", lambda r: r.pop("server"), "missing keys ['server']"),
+    ("host", lambda r: r.update(host=""), "host must be a non-empty string"),
+    ("pid", lambda r: r.update(pid=0), "pid must be an integer >= 1"),
 ]
 
 
@@ -78,8 +95,20 @@ def test_each_departure_is_named(name, breaks, says):
     breaks(rec)
     problems = df.record_problems(rec)
     assert any(says in p for p in problems), problems
-    with pytest.raises(df.DumpRecordError, match="not an eagle3-capture-dump/2 record"):
+    with pytest.raises(df.DumpRecordError, match="not an eagle3-capture-dump/3 record"):
         df.validate_record(rec, "x.pt")
+
+
+def test_a_version_2_record_is_checked_as_version_2():
+    """Version 2 has no writing process: its server fields are not asked for, and a version-2 record that breaks
+    the contract is named as one."""
+    rec = as_v2(good())
+    assert df.record_problems(rec) == []
+    rec["aux"] = rec["aux"][:4]
+    with pytest.raises(df.DumpRecordError, match="not an eagle3-capture-dump/2 record: aux has 4 rows"):
+        df.validate_record(rec, "x.pt")
+    assert any("missing keys ['server', 'host', 'pid']" in p
+               for p in df.record_problems({**as_v2(good()), "format": df.FORMAT}))
 
 
 VALUES = st.one_of(st.none(), st.booleans(), st.integers(-3, 10), st.text(max_size=8),
@@ -117,15 +146,20 @@ READER_BREAKS = [({"positions": torch.arange(3)}, "positions"), ({"aux": torch.z
                  ({"requests": [{"rid": "r", "row_start": 0, "row_end": 5, "prefix_len": 0}]}, "requests"),
                  ({"requests": [{"rid": 3, "row_start": 0, "row_end": 4, "prefix_len": 0}]}, "rid"),
                  ({"input_ids": torch.zeros(4)}, "input_ids"), ({"hidden_size": 0}, "hidden_size"),
-                 ({"format": "eagle3-capture-dump/3"}, "format 'eagle3-capture-dump/3'; this reader reads")]
+                 ({"format": "eagle3-capture-dump/4"}, "format 'eagle3-capture-dump/4'; this reader reads"),
+                 ({"format": ["eagle3-capture-dump/3"]}, "format ['eagle3-capture-dump/3']; this reader reads"),
+                 ({"server": "ABC"}, "server must be")]
 
 
 @pytest.mark.parametrize("change,needle", READER_BREAKS, ids=[n for _, n in READER_BREAKS])
 def test_the_reader_checks_each_record_with_the_contract(change, needle):
     """The reader's record (what the doctor reads) passes only what the contract passes, naming the field."""
     rec = df.read_record(small_v2(), "x")
-    assert (rec.version, rec.rows, rec.layers_to_capture, rec.stream_layer_inputs, rec.graph) == (2, 4, [0, 1, 2],
+    assert (rec.version, rec.rows, rec.layers_to_capture, rec.stream_layer_inputs, rec.graph) == (3, 4, [0, 1, 2],
                                                                                                    [0, 1], False)
+    assert (rec.server, rec.host, rec.pid) == ("0123456789abcdef", "node-7.example", 6)
+    old = df.read_record(as_v2(small_v2()), "x")
+    assert (old.version, old.server, old.host, old.pid, old.rows) == (2, None, None, None, 4)
     assert [(r.rid, r.row_start, r.row_end, r.prefix_len) for r in rec.requests] == [("r", 0, 4, 0)]
     with pytest.raises(df.DumpRecordError, match=r"^dump x: .*" + needle.replace("[", r"\[").replace("]", r"\]")):
         df.read_record({**small_v2(), **change}, "x")
@@ -155,14 +189,60 @@ def test_version_1_records_are_read_and_checked(change, needle):
 
 
 def test_reading_files(tmp_path):
-    p = tmp_path / df.file_name(1, 0, 0)
+    p = tmp_path / df.file_name("h", "0123456789abcdef", 0, 0)
     torch.save(small_v2(), p)
-    (tmp_path / "eagle3_capture_pid1_tp0_000001.pt.tmp").write_bytes(b"in flight")
+    (tmp_path / (df.file_name("h", "0123456789abcdef", 0, 1) + ".tmp")).write_bytes(b"in flight")
     reader = df.DumpReader(str(tmp_path))
     assert [r.path for r in reader.refresh()] == [str(p)]
-    bad = tmp_path / df.file_name(1, 0, 2)
+    bad = tmp_path / df.file_name("h", "0123456789abcdef", 0, 2)
     bad.write_bytes(b"not a torch file")
     with pytest.raises(df.DumpError, match="not a readable dump record"):
         reader.refresh()
     with pytest.raises(df.DumpError, match="no such file or directory"):
         df.dump_files(str(tmp_path / "nowhere"))
+
+
+def _record(path, **change):
+    rec = {**small_v2(), **change}
+    torch.save(rec, path)
+    return path
+
+
+def test_inventory_names_each_declaration_and_its_writers(tmp_path):
+    """Issue 32, kind 1: replicas sharing a directory. Records of two servers with two capture declarations are two
+    groups, each naming its writers and records; the caller's expected layer inputs tag the one that differs."""
+    a, b = "aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb"
+    for seq in range(3):
+        _record(tmp_path / df.file_name("h", a, 0, seq), server=a, host="h", pid=6)
+        _record(tmp_path / df.file_name("h", b, 0, seq), server=b, host="h", pid=6, layers_to_capture=[1, 2, 3],
+                declared=["LayerOutput(0)", "LayerOutput(1)", "LayerOutput(2)"], draft_ids=[0, 1, 2])
+    recs = df.DumpReader(str(tmp_path)).refresh()
+    inv = df.inventory(recs, expected=[0, 1, 2], expected_source="the draft config")
+    assert inv.several_declarations and inv.several_writers and inv.records == 6 and inv.note() is None
+    line = inv.mixed()
+    assert line.startswith("the records come from 2 capture declarations") and "\n" not in line
+    assert ("(1) no declared taps, captured at layer inputs [0, 1, 2] -- the layer inputs the draft config declares: "
+            f"3 record(s) (eagle3_capture_h_{a}_tp0_000000.pt, eagle3_capture_h_{a}_tp0_000001.pt, ...) by server "
+            f"{a} (host h, pid 6)") in line
+    assert ("(2) declared [LayerOutput(0), LayerOutput(1), LayerOutput(2)] (draft ids [0, 1, 2]), captured at layer "
+            "inputs [1, 2, 3] -- NOT the layer inputs the draft config declares: 3 record(s)") in line
+    assert f"by server {b} (host h, pid 6)" in line
+    j = inv.to_json()
+    assert [d["servers"] for d in j["declarations"]] == [[a], [b]] and [d["expected"] for d in j["declarations"]] \
+        == [True, False]
+    # one declaration, two writers (two replicas or DP groups): a note, no finding
+    inv = df.inventory([r for r in recs if r.server == a] + [df.read_record({**small_v2(), "server": b}, "x")])
+    assert inv.mixed() is None and inv.note().startswith("the records come from 2 writing processes with one capture "
+                                                         "declaration")
+    # one writer: nothing to say
+    assert df.inventory(r for r in recs if r.server == a).note() is None
+
+
+def test_inventory_of_version_2_records_says_their_pid_is_not_an_identity(tmp_path):
+    v2 = as_v2(small_v2())
+    torch.save(v2, tmp_path / "eagle3_capture_pid6_tp0_000000.pt")
+    torch.save({**v2, "layers_to_capture": [0, 1, 3]}, tmp_path / "eagle3_capture_pid6_tp0_000001.pt")
+    inv = df.inventory(df.DumpReader(str(tmp_path)).refresh())
+    assert len(inv.writers) == 1 and inv.several_declarations
+    assert "a version-2 writer with pid 6 in its file names (no server id: replicas in separate PID namespaces " \
+           "share pids)" in inv.mixed()

@@ -11,7 +11,9 @@ import re
 from typing import Dict, List, Optional
 
 # the plugin's promised log lines (tests/engine/test_engine.py checks the same on the CPU)
-STARTUP = "eagle3_capture: DeepseekV3ForCausalLM: taps [Embedding, LayerOutput(0), LayerOutput(3)]"
+# the plugin's startup line: "eagle3_capture: [SGLang <release> (adapter ...): ]DeepseekV3ForCausalLM: taps [...] ..."
+# (since 8dfdcfe it names the release and adapter first)
+STARTUP = "DeepseekV3ForCausalLM: taps [Embedding, LayerOutput(0), LayerOutput(3)]"
 SELFTEST_OK = "capture self-test passed"
 SELFTEST_FAILED = "capture self-test FAILED"
 GRAPH_LINE = re.compile(r"[Cc]apture.*(cuda|CUDA) ?graph", re.I)
@@ -71,14 +73,18 @@ def accept_figures(rows: List[dict]) -> dict:
             "correct_drafts_histogram": hist}
 
 
+def _is_startup(line: str) -> bool:
+    return "eagle3_capture: " in line and "DeepseekV3ForCausalLM: taps [" in line
+
+
 def log_checks(log: str) -> dict:
     """The plugin's lines and SGLang's graph-capture lines in a server's log."""
     lines = log.splitlines()
     graph_lines = [ln.strip()[-200:] for ln in lines if GRAPH_LINE.search(ln)]
-    startup = [ln.strip()[-400:] for ln in lines if "eagle3_capture: DeepseekV3ForCausalLM" in ln]
+    startup = [ln.strip()[-400:] for ln in lines if _is_startup(ln)]
     return {
         "startup_line": startup[:1],
-        "startup_line_as_expected": any(STARTUP in ln for ln in lines),
+        "startup_line_as_expected": any(_is_startup(ln) and STARTUP in ln for ln in lines),
         "taps_on": any("taps=on" in ln for ln in lines),
         "selftest_passed": sum(SELFTEST_OK in ln for ln in lines),
         "selftest_failed": sum(SELFTEST_FAILED in ln for ln in lines),
@@ -88,6 +94,9 @@ def log_checks(log: str) -> dict:
         "graph_capture_line_count": len(graph_lines),
         "tracebacks": log.count("Traceback (most recent call last)"),
     }
+
+
+CURRENT_VERSION = 3  # the dump format's version the plugin writes (eagle3_capture.dump_format.FORMAT)
 
 
 def dump_index(dump_dir: str, prompts: List[List[int]], windows: Optional[dict] = None) -> dict:
@@ -131,7 +140,8 @@ def dump_index(dump_dir: str, prompts: List[List[int]], windows: Optional[dict] 
     out["with_served_prompts"] = sum(1 for r in recs if r["served_prompts"])
     out["modes"] = sorted({r["forward_mode"] for r in recs if r.get("forward_mode")})
     out["replayed_from_graph"] = sum(1 for r in recs if r.get("graph"))
-    out["not_v2"] = sum(1 for r in recs if r.get("version") != 2)
+    # the plugin under test writes the current format (version 3: with the writing process)
+    out["not_current"] = sum(1 for r in recs if r.get("version") != CURRENT_VERSION)
     # SGLang's warm-up / capture batches carry no request ids (a served ForwardBatch has every request's rid); an
     # extend need not hold a whole prompt (prefix cache, chunked prefill), so that is counted, not required
     out["not_served"] = sum(1 for r in recs if not r["requests"] or r["rids_missing"])
@@ -147,8 +157,8 @@ def dump_problems(name: str, d: dict) -> List[str]:
     bad = []
     if d.get("errors"):
         bad.append(f"{name}: {d['errors']} dump files do not load or break the dump format")
-    if d.get("not_v2"):
-        bad.append(f"{name}: {d['not_v2']} dump files are not format v2")
+    if d.get("not_current"):
+        bad.append(f"{name}: {d['not_current']} dump files are not format v{CURRENT_VERSION}")
     if d.get("not_served"):
         bad.append(f"{name}: {d['not_served']} of {d['files']} dumped forwards are not served traffic (warm-up or "
                    "capture passes)")

@@ -63,10 +63,18 @@ def test_log_checks_reads_the_plugin_and_graph_lines():
     assert (c["selftest_passed"], c["selftest_failed"], c["graph_capture_line_count"], c["tracebacks"]) == (1, 0, 2, 1)
     bad = report.log_checks("eagle3_capture: capture self-test FAILED: slot 0 should hold Embedding")
     assert bad["selftest_failed"] == 1 and not bad["startup_line_as_expected"]
+    # the startup line as the plugin writes it since it names the release and adapter first
+    now = report.log_checks("[x] eagle3_capture: SGLang 0.5.23 (adapter packer+layer-boundary): DeepseekV3ForCausalLM: "
+                            "taps [Embedding, LayerOutput(0), LayerOutput(3)] | draft ids [-1, 0, 3]; hooks: taps=on")
+    assert now["startup_line_as_expected"] and now["startup_line"] and now["taps_on"]
+    other = report.log_checks("[x] eagle3_capture: SGLang 0.5.23 (adapter packer): DeepseekV3ForCausalLM: taps "
+                              "[Embedding, LayerOutput(1)] | hooks: taps=on")
+    assert other["startup_line"] and not other["startup_line_as_expected"]
 
 
 def _v2(ids, mode, graph=False, rids=("r0",)):
-    """A dump record as the plugin writes it (format v2, every key), its rows split evenly between `rids`."""
+    """A dump record as the plugin wrote it before version 3 (format v2, every key), its rows split evenly between
+    `rids`."""
     n, k = len(ids), len(rids)
     reqs = [{"rid": r, "row_start": i * n // k, "row_end": (i + 1) * n // k, "prefix_len": None}
             for i, r in enumerate(rids)]
@@ -78,11 +86,23 @@ def _v2(ids, mode, graph=False, rids=("r0",)):
             "attn_tp_rank": 0, "attn_tp_size": 1, "dp_rank": None, "writer": "test"}
 
 
+def _v3(ids, mode, **kw):
+    """A dump record as the plugin writes it now (format v3: v2 and the writing process)."""
+    return {**_v2(ids, mode, **kw), "format": "eagle3-capture-dump/3", "server": "0123456789abcdef", "host": "h",
+            "pid": 6}
+
+
+def test_the_report_knows_the_dump_formats_version():
+    from eagle3_capture.dump_format import FORMAT, FORMATS
+
+    assert FORMATS[FORMAT] == report.CURRENT_VERSION
+
+
 def test_dump_index_tells_served_prompts_from_warmups(tmp_path):
     prompts = [[7, 8, 9, 10], [20, 21, 22, 23]]
     recs = [(_v2([0, 7, 8, 9, 10, 3], "EXTEND"), 100.0),
             (_v2([1, 1, 1, 1], "TARGET_VERIFY", graph=True, rids=("a", "b")), 200.0),
-            (_v2([20, 21, 22, 23, 7, 8, 9, 10], "EXTEND", rids=("c", "d")), 300.0),
+            (_v3([20, 21, 22, 23, 7, 8, 9, 10], "EXTEND", rids=("c", "d")), 300.0),
             (_v2([1, 1, 1, 1], "EXTEND", rids=(None,)), 310.0),  # warm-up-like: no rid
             (_v2([9, 10], "EXTEND", rids=("e",)), 315.0),  # a prefix-cached extend: served, no whole prompt
             ({"input_ids": torch.tensor([7, 8, 9, 10]), "positions": torch.arange(4), "aux": torch.randn(4, 6),
@@ -99,7 +119,7 @@ def test_dump_index_tells_served_prompts_from_warmups(tmp_path):
     idx = report.dump_index(str(tmp_path), prompts, {"engine start": (0, 150), "round2": (250, 350)})
     assert idx["files"] == 8 and idx["with_served_prompts"] == 3
     assert idx["modes"] == ["EXTEND", "TARGET_VERIFY"]
-    assert (idx["replayed_from_graph"], idx["not_v2"], idx["errors"]) == (1, 1, 2)
+    assert (idx["replayed_from_graph"], idx["not_current"], idx["errors"]) == (1, 5, 2)  # 4 v2 + 1 v1
     assert idx["not_served"] == 2, "the rid-less extend and the v1 record (no requests)"
     served = [r.get("served_prompts") for r in idx["records"]]
     assert served[:6] == [1, 0, 2, 0, 0, 1] and "error" in idx["records"][6]
@@ -108,7 +128,7 @@ def test_dump_index_tells_served_prompts_from_warmups(tmp_path):
     assert idx["written_in_round2"] == 4
     assert report.dump_index(str(tmp_path / "none"), prompts)["files"] == 0
     bad = "\n".join(report.dump_problems("plugin_graphs", idx))
-    assert "2 dump files do not load or break the dump format" in bad and "1 dump files are not format v2" in bad
+    assert "2 dump files do not load or break the dump format" in bad and "5 dump files are not format v3" in bad
     assert "2 of 8 dumped forwards are not served traffic" in bad
     assert report.dump_problems("x", {"files": 0}) == ["x: the capture dump is empty"]
 
@@ -271,9 +291,10 @@ def test_rejudge_reads_finished_runs_and_keeps_where_they_were_served(tmp_path):
         (d / "server.log").write_text(log)
         if n.startswith("plugin"):
             (out / "dumps" / n).mkdir(parents=True)
-            torch.save(_v2([5, 6], "EXTEND"), out / "dumps" / n / "eagle3_capture_pid1_tp0_000000.pt")
-            torch.save(_v2([5, 1, 2, 9], "TARGET_VERIFY", graph=True),
-                       out / "dumps" / n / "eagle3_capture_pid1_tp0_000001.pt")
+            # as the plugin under test writes them (format v3; a run made with an older plugin is refused)
+            torch.save(_v3([5, 6], "EXTEND"), out / "dumps" / n / "eagle3_capture_h_0123456789abcdef_tp0_000000.pt")
+            torch.save(_v3([5, 1, 2, 9], "TARGET_VERIFY", graph=True),
+                       out / "dumps" / n / "eagle3_capture_h_0123456789abcdef_tp0_000001.pt")
     (out / "gpu_sglang.json").write_text(json.dumps({"machine": {"gpu": "NVIDIA H200"}}))
     res = tmp_path / "result.json"
     assert compare.main(["--pair", str(pair), "--out", str(out), "--rejudge", "--result", str(res)]) == 0

@@ -267,8 +267,8 @@ def _settings(cases_path: str, out_path: str) -> None:
         cases = json.load(f)
     results = []
     for env in cases:
-        for k in list(os.environ):
-            if k.startswith("EAGLE3_CAPTURE_"):
+        for k in list(os.environ):  # misspelt names too (any case, any separators): one case's must not leak
+            if k.upper().replace("_", "").replace("-", "").startswith("EAGLE3CAPTURE"):
                 del os.environ[k]
         os.environ.update(env)
         grab.lines.clear()
@@ -290,6 +290,7 @@ def _settings(cases_path: str, out_path: str) -> None:
             "executed": any("Executed general plugin: eagle3_capture" in m for _, _, m in grab.lines),
             "errors": [m for n, lv, m in grab.lines if lv == "ERROR" and n.startswith("eagle3_capture")],
             "refusal": switches.current().refusal, "dump": switches.current().dump is not None,
+            "lines": [f"{lv} {m}" for n, lv, m in grab.lines if n.startswith("eagle3_capture")],
         })
     with open(out_path, "w") as f:
         json.dump(results, f)

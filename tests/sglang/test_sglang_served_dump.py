@@ -285,6 +285,52 @@ def test_a_failing_disk_gives_one_error_line_and_serving_goes_on(harness, target
     assert os.listdir(d2) == []
 
 
+def test_two_servers_with_one_pid_sharing_a_directory_lose_no_record(harness, target, plugin_env, tmp_path,
+                                                                     monkeypatch, caplog):
+    """Issue 32, kind 1: two replicas in separate PID namespaces were both pid 6, their records were named by the
+    pid, and the second replaced the first's without a word. Now each record and its name carry the process's
+    random id (and host), and a name is never replaced: a file already there is left alone and the record takes
+    another name, said in one WARNING line."""
+    from eagle3_capture.dump_format import file_name, inventory, load_record
+    from eagle3_capture.sglang import dump
+    from eagle3_capture.sglang.dump_record import this_process
+
+    model, cfg = target["model"], target["cfg"]
+    monkeypatch.setattr(os, "getpid", lambda: 6)
+    d = tmp_path / "shared"
+    servers = []
+    for rid in ("replica-a", "replica-b"):
+        plugin_env(EAGLE3_CAPTURE_DUMP=d)  # a fresh dump state and identity: another server, its seq from 0 again
+        r = harness.ServedRunner(model, cfg, rid=rid)
+        r.forward(harness.PROMPT)
+        r.forward([harness.DECODE_TOKEN])
+        assert dump.flush(60)
+        servers.append(this_process())
+    recs = _records(d)
+    assert len(recs) == 4 and sorted(x["seq"] for x in recs) == [0, 0, 1, 1], [x["seq"] for x in recs]
+    assert {x["requests"][0]["rid"] for x in recs} == {"replica-a", "replica-b"}
+    assert {x["pid"] for x in recs} == {6} and {x["server"] for x in recs} == {p.server for p in servers}
+    assert len({p.server for p in servers}) == 2
+    inv = inventory(load_record(f) for f in sorted(glob.glob(os.path.join(str(d), "*.pt"))))
+    assert len(inv.writers) == 2 and not inv.several_declarations and "2 writing processes" in inv.note()
+
+    # a file already under the name the next record takes (a stale file, or a writer that drew the same id)
+    plugin_env(EAGLE3_CAPTURE_DUMP=d)
+    proc = this_process()
+    taken = d / file_name(proc.host, proc.server, 0, 0)
+    taken.write_bytes(b"someone else's")
+    with caplog.at_level(logging.INFO, logger="eagle3_capture.sglang"):
+        harness.ServedRunner(model, cfg, rid="replica-c").forward(harness.PROMPT)
+        assert dump.flush(60)
+    assert taken.read_bytes() == b"someone else's"
+    taken.unlink()
+    recs = _records(d)
+    assert len(recs) == 5 and [x for x in recs if x["requests"][0]["rid"] == "replica-c"][0]["server"] == proc.server
+    warned = [m for m in caplog.messages if "already in" in m]
+    assert len(warned) == 1 and taken.name in warned[0] and "not replaced" in warned[0], caplog.messages
+    assert not [m for m in caplog.messages if "capture dump stopped" in m]
+
+
 def test_with_the_selftest_done_and_the_dump_off_the_hook_touches_nothing(plugin_env, fresh_selftest):
     """Nothing extra on the hot path: with the self-test done and no dump, the model runner hook reads neither the
     runner nor the batch (here: objects on which any attribute read would fail) before calling SGLang."""

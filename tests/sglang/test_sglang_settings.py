@@ -64,6 +64,70 @@ def test_a_malformed_dump_setting_is_one_error_line_and_the_dump_is_off(tmp_path
     assert len(s.errors) == 1 and "ignored (EAGLE3_CAPTURE_DUMP is not set: no dump)" in s.errors[0]
 
 
+@pytest.mark.parametrize("name,value,closest,outcome", [
+    ("EAGLE3_CAPTURE_SELFTST", "raise", "EAGLE3_CAPTURE_SELFTEST", "refused"),
+    ("EAGLE3_CAPTURE_SELF_TEST", "raise", "EAGLE3_CAPTURE_SELFTEST", "refused"),
+    ("eagle3_capture_selftest", "raise", "EAGLE3_CAPTURE_SELFTEST", "refused"),
+    ("EAGLE3_CAPTURE_DISABLED", "all", "EAGLE3_CAPTURE_DISABLE", "refused"),
+    ("EAGLE3_CAPTURE_DISBALE", "selftest", "EAGLE3_CAPTURE_DISABLE", "refused"),
+    ("EAGLE3CAPTURE_DISABLE", "taps", "EAGLE3_CAPTURE_DISABLE", "refused"),
+    ("EAGLE3_CAPTURE_DUMPDIR", "/tmp/x", "EAGLE3_CAPTURE_DUMP", "dump off"),
+    ("EAGLE3_CAPTURE_DUMP_DIR", "/tmp/x", "EAGLE3_CAPTURE_DUMP", "dump off"),
+    ("EAGLE3_CAPTURE_DUMPMAX", "3", "EAGLE3_CAPTURE_DUMP_MAX", "dump off"),
+    ("EAGLE3_CAPTURE_GATHER_BACKEN", "nccl", "EAGLE3_CAPTURE_GATHER_BACKEND", "ignored"),
+    ("EAGLE3_CAPTURE_ENABLE", "0", "EAGLE3_CAPTURE_DISABLE", "ignored"),
+])
+def test_a_misspelt_name_is_one_line_naming_the_closest_and_a_guards_refuses(tmp_path, name, value, closest,
+                                                                             outcome):
+    """Issue 32, kind 6: a name that looks like the package's but is none of its variables was ignored without a
+    word (only EAGLE3_CAPTURE_DUMP_* names were checked): a misspelt EAGLE3_CAPTURE_SELFTEST=raise logged a broken
+    capture instead of stopping the server."""
+    from eagle3_capture.sglang.switches import read_settings
+
+    d = str(tmp_path / "d")
+    s = read_settings({"EAGLE3_CAPTURE_DUMP": d, name: value})
+    if outcome == "refused":
+        assert s.refusal is not None and s.errors == (), s
+        assert s.refusal.startswith(f"eagle3_capture: refusing to serve: {name}={value!r} is not a setting of the "
+                                    f"plugin; it looks like a misspelt {closest}, which ")
+        assert "\n" not in s.refusal
+        return
+    assert s.refusal is None and len(s.errors) == 1, s
+    assert name in s.errors[0] and f"closest known name: {closest}" in s.errors[0] and "\n" not in s.errors[0]
+    if outcome == "dump off":  # a dump setting misspelt: no dump rather than one bounded otherwise than asked
+        assert s.dump is None and s.errors[0].endswith("ignored: the capture dump is off in this process (the "
+                                                       "rest of the plugin is on)")
+    else:
+        assert s.dump is not None and s.errors[0].endswith("; ignored")
+
+
+def test_the_packages_other_variables_are_known():
+    """Every EAGLE3_CAPTURE_* name the package or its build reads (a string in its code, docstrings aside: they
+    quote misspelt names) is a known one: none of them is ever reported, let alone refused, as a misspelt
+    setting."""
+    import ast
+    import re
+
+    from eagle3_capture.sglang.setting_names import OTHER_VARIABLES
+    from eagle3_capture.sglang.switches import SETTINGS, read_settings
+
+    def names(path):
+        tree = ast.parse(open(path).read())
+        docs = {id(n.body[0].value) for n in ast.walk(tree) if isinstance(n, (ast.Module, ast.ClassDef,
+                                                                               ast.FunctionDef))
+                and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        return {m for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                and id(n) not in docs for m in re.findall(r"EAGLE3_CAPTURE_[A-Z0-9_]*[A-Z0-9]", n.value)}
+
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    found = names(os.path.join(repo, "setup.py"))
+    for root, _, files in os.walk(os.path.join(repo, "python", "eagle3_capture")):
+        found |= {m for f in files if f.endswith(".py") for m in names(os.path.join(root, f))}
+    assert found == set(SETTINGS) | set(OTHER_VARIABLES), found ^ (set(SETTINGS) | set(OTHER_VARIABLES))
+    s = read_settings({v: "1" for v in OTHER_VARIABLES})
+    assert s.errors == () and s.refusal is None
+
+
 def test_a_dump_directory_that_cannot_be_used(tmp_path):
     from eagle3_capture.sglang.switches import read_settings
 
@@ -121,6 +185,9 @@ def _check_outcome(plugin, env, calls, lines):
         assert calls == [plugin.LOAD_MODEL_PATH] and errors == list(s.errors) + [s.refusal]
         return "refused"
     assert errors == list(s.errors)
+    if s.all_off:
+        assert calls == []
+        return "clean"
     assert "sglang.srt.models.deepseek_v2.DeepseekV2ForCausalLM.set_eagle3_layers_to_capture" in calls or \
         "taps" in s.disabled
     from eagle3_capture.sglang import internals
@@ -133,6 +200,24 @@ SAFE_TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blackli
 VALUE = st.one_of(SAFE_TEXT, st.integers(-10 ** 15, 10 ** 15).map(str),
                   st.sampled_from(["", " ", "all", "taps", "log", "raise", "declared", "4G", "0", "8", "1e3",
                                    "selftest,taps", "ALL", "gather,", "1_000"]))
+
+
+def test_disable_all_turns_the_dump_off_too_and_says_so_in_the_one_startup_line(sglang_plugin, spy, tmp_path):
+    """Issue 32, kind 6: EAGLE3_CAPTURE_DISABLE=all with EAGLE3_CAPTURE_DUMP=dir still registered the dump's 9 hooks
+    (and created the directory), though `all` means the whole plugin."""
+    d = tmp_path / "dump"
+    calls, lines = spy({"EAGLE3_CAPTURE_DISABLE": "all", "EAGLE3_CAPTURE_DUMP": str(d)})
+    assert calls == [] and not d.exists(), calls
+    assert len(lines) == 1 and lines[0][0] == "warning", lines
+    assert "every hook off (EAGLE3_CAPTURE_DISABLE=all): stock SGLang serves" in lines[0][1]
+    assert f"EAGLE3_CAPTURE_DUMP={str(d)!r} is not used either" in lines[0][1]
+    assert sglang_plugin.registered == {} and "EAGLE3_CAPTURE_DISABLE=all" in sglang_plugin.skipped["dump"]
+    # without the dump: the one startup line as before; every hook named (not `all`) with the dump: the dump serves
+    calls, lines = spy({"EAGLE3_CAPTURE_DISABLE": "all"})
+    assert calls == [] and [lv for lv, _ in lines] == ["info"] and "is not used" not in lines[0][1]
+    calls, lines = spy({"EAGLE3_CAPTURE_DISABLE": "taps,final_boundary,capture,draft_fc,gather,selftest",
+                        "EAGLE3_CAPTURE_DUMP": str(d)})
+    assert sorted(sglang_plugin.registered) == ["dump"] and d.is_dir()
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -166,6 +251,9 @@ def _fuzzed_cases(tmp_path, n=6, seed=1234):
         return "".join(rng.choice("abcXYZ019 ,._-/ü€\t") for _ in range(rng.randint(0, 10)))
 
     cases = [{}, {"EAGLE3_CAPTURE_DISABLE": "selftets"}, {"EAGLE3_CAPTURE_SELFTEST": "on"},
+             {"EAGLE3_CAPTURE_SELFTST": "raise"}, {"EAGLE3_CAPTURE_DISABLED": "all"},
+             {"EAGLE3_CAPTURE_DUMPDIR": str(tmp_path / "typo")},
+             {"EAGLE3_CAPTURE_DISABLE": "all", "EAGLE3_CAPTURE_DUMP": str(tmp_path / "off")},
              {"EAGLE3_CAPTURE_DUMP": str(tmp_path / "ok")},
              {"EAGLE3_CAPTURE_DUMP": str(tmp_path / "ok"), "EAGLE3_CAPTURE_DUMP_MAX": "lots"},
              {"EAGLE3_CAPTURE_DUMP": str(tmp_path / "file")}]
@@ -195,9 +283,27 @@ def test_load_plugins_fuzzed_settings_never_serve_stock_silently(harness, tmp_pa
             seen.add("refused")
             assert r["load"] == s.refusal and r["registered"] == ["refusal"], r  # the model load stops, one line
             assert s.refusal in r["errors"]
+        elif s.all_off:
+            assert r["load"].startswith("went ahead") and r["registered"] == [] and not r["dump"], r
         else:
             seen.add("ignored" if s.errors else "clean")
             assert r["load"].startswith("went ahead"), r
             assert "taps" in r["registered"] and ("dump" in r["registered"]) == (s.dump is not None), r
             assert [e for e in r["errors"] if e in s.errors] == list(s.errors), r
     assert seen == {"refused", "ignored", "clean"}, seen
+    # issue 32, kind 6, through SGLang's own load_plugins(): a misspelt guard stops the model load with its line, a
+    # misspelt dump directory is one ERROR line naming EAGLE3_CAPTURE_DUMP, `all` registers nothing
+    by_env = {json.dumps(r["env"], sort_keys=True): r for r in results}
+
+    def result(env):
+        return by_env[json.dumps(env, sort_keys=True)]
+
+    for env, closest in (({"EAGLE3_CAPTURE_SELFTST": "raise"}, "EAGLE3_CAPTURE_SELFTEST"),
+                         ({"EAGLE3_CAPTURE_DISABLED": "all"}, "EAGLE3_CAPTURE_DISABLE")):
+        r = result(env)
+        assert r["registered"] == ["refusal"] and f"looks like a misspelt {closest}" in r["load"], r
+    r = result({"EAGLE3_CAPTURE_DUMPDIR": str(tmp_path / "typo")})
+    assert r["load"].startswith("went ahead") and len(r["errors"]) == 1, r
+    assert "closest known name: EAGLE3_CAPTURE_DUMP" in r["errors"][0]
+    r = result({"EAGLE3_CAPTURE_DISABLE": "all", "EAGLE3_CAPTURE_DUMP": str(tmp_path / "off")})
+    assert r["registered"] == [] and not (tmp_path / "off").exists(), r

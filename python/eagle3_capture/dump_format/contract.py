@@ -4,14 +4,21 @@ reads it (the doctor, the tests, the GPU report) checks, through :func:`record_p
 Engine-free (torch only, no SGLang): the plugin's writer (sglang/dump*.py) and the reader (:mod:`.reader`) share
 these names.
 
-Files: ``<dir>/eagle3_capture_pid<pid>_tp<tp_rank>_<seq:06d>.pt`` (``torch.save`` of a dict, written as
-``*.pt.tmp`` and renamed, so a reader never sees a partial file; readers ignore ``*.tmp``). Version-1 files
-(``eagle3_capture_pid<pid>_<n:04d>.pt``, no ``format`` key) are what the plugin wrote before; they are still read,
-checked by :func:`v1_record_problems`.
+Files: ``<dir>/eagle3_capture_<host>_<server>_tp<tp_rank>_<seq:06d>.pt`` (``torch.save`` of a dict). ``<server>`` is
+the writing process's random id (:data:`SERVER_RE`), also in the record, and ``<host>`` its host name (made safe for
+a file name): replicas that share a directory, even in PID namespaces where both are pid 6, never share a name. The
+bytes go to ``<name>.tmp``, created exclusively, and reach ``<name>`` by a hard link, which fails rather than replace
+a file of that name; the writer then takes another name, with a fresh random id in place of ``<server>`` (the
+record's ``server`` key still names its process: the key, not the name, is what readers group by). A reader never
+sees a partial file (readers ignore ``*.tmp``). Version-2 files (``eagle3_capture_pid<pid>_tp<tp_rank>_<seq:06d>.pt``:
+named by the process id alone, which two replicas in separate PID namespaces share) and version-1 files
+(``eagle3_capture_pid<pid>_<n:04d>.pt``, no ``format`` key) are what the plugin wrote before; both are still read
+(version 2 by :func:`record_problems`, version 1 by :func:`v1_record_problems`).
 
 A record holds one forward of the target as served (or the rows of it that belong to the requests the dump
 follows): its token ids, positions, request boundaries, the packed slots the target handed to the draft (``aux``),
-the taps in force, who wrote it, and, for forwards that contain one of the doctor's own requests (``rid`` starting
+the taps in force, who wrote it (its ranks, and from version 3 its process: ``server``, ``host``, ``pid``), and, for
+forwards that contain one of the doctor's own requests (``rid`` starting
 with :data:`DOCTOR_RID_PREFIX`), the residual stream at more layer inputs (``stream``). The table of keys is
 :data:`FIELDS`; docs/dump_format.md says what each holds.
 """
@@ -22,10 +29,14 @@ from typing import Any, List, Optional
 
 import torch
 
-FORMAT = "eagle3-capture-dump/2"
+FORMAT = "eagle3-capture-dump/3"
+FORMAT_V2 = "eagle3-capture-dump/2"
+FORMATS = {FORMAT: 3, FORMAT_V2: 2}   # the formats with a key, and their version
 DOCTOR_RID_PREFIX = "eagle3-doctor-"
 TMP_SUFFIX = ".tmp"
-FILE_RE = re.compile(r"^eagle3_capture_pid(\d+)_tp(\d+)_(\d{6,})\.pt$")
+SERVER_RE = re.compile(r"^[0-9a-f]{16}$")   # a writing process's id: 64 random bits, lower-case hex
+FILE_RE = re.compile(r"^eagle3_capture_([A-Za-z0-9.-]{1,63})_([0-9a-f]{16})_tp(\d+)_(\d{6,})\.pt$")
+V2_FILE_RE = re.compile(r"^eagle3_capture_pid(\d+)_tp(\d+)_(\d{6,})\.pt$")
 V1_FILE_RE = re.compile(r"^eagle3_capture_pid(\d+)_(\d{4,})\.pt$")
 
 # EAGLE3_CAPTURE_DUMP_STREAM values: which layer inputs a doctor forward's stream holds
@@ -40,8 +51,10 @@ FIELDS = (
     "format", "seq", "forward_mode", "graph", "input_ids", "positions", "requests", "aux", "layers_to_capture",
     "draft_ids", "declared", "declared_convention", "describe", "stream", "stream_layer_inputs", "num_layers",
     "hidden_size", "model_class", "dtype", "tp_rank", "tp_size", "attn_tp_rank", "attn_tp_size", "dp_rank",
-    "writer",
+    "writer", "server", "host", "pid",
 )
+SERVER_FIELDS = ("server", "host", "pid")  # new in version 3: the writing process
+FIELDS_V2 = tuple(k for k in FIELDS if k not in SERVER_FIELDS)
 REQUEST_FIELDS = ("rid", "row_start", "row_end", "prefix_len")
 RANK_FIELDS = ("tp_rank", "tp_size", "attn_tp_rank", "attn_tp_size", "dp_rank")
 
@@ -58,8 +71,18 @@ class DumpRecordError(DumpError):
     """A record that does not follow the contract; the message names every offending key."""
 
 
-def file_name(pid: int, tp_rank: int, seq: int) -> str:
-    return f"eagle3_capture_pid{int(pid)}_tp{int(tp_rank)}_{int(seq):06d}.pt"
+def host_in_name(host: str) -> str:
+    """A host name as it goes into a file name: letters, digits, '.' and '-' (anything else becomes '-'), at most 63
+    characters ('host' when nothing is left)."""
+    out = re.sub(r"[^A-Za-z0-9.-]", "-", str(host))[:63].strip(".")
+    return out or "host"
+
+
+def file_name(host: str, server: str, tp_rank: int, seq: int) -> str:
+    """The name of a record: its writer's host and id, its TP rank and its number in that process."""
+    if not SERVER_RE.match(server):
+        raise ValueError(f"server id {server!r}: expected 16 lower-case hex digits")
+    return f"eagle3_capture_{host_in_name(host)}_{server}_tp{int(tp_rank)}_{int(seq):06d}.pt"
 
 
 def is_doctor_rid(rid: Any) -> bool:
@@ -83,16 +106,20 @@ def _int_list(v: Any) -> bool:
 
 
 def record_problems(rec: Any) -> List[str]:
-    """Every way `rec` departs from the version-2 contract (empty: it follows it). Pure: reads, never converts."""
+    """Every way `rec` departs from the contract of its version, 3 (:data:`FORMAT`) or 2 (:data:`FORMAT_V2`, no
+    ``server``, ``host``, ``pid``); empty: it follows it. Pure: reads, never converts."""
     if not isinstance(rec, dict):
         return [f"a record is a dict, got {type(rec).__name__}"]
     out: List[str] = []
-    missing = [k for k in FIELDS if k not in rec]
+    g = rec.get
+    version = FORMATS.get(g("format")) if isinstance(g("format"), str) else None
+    missing = [k for k in (FIELDS_V2 if version == 2 else FIELDS) if k not in rec]
     if missing:
         out.append(f"missing keys {missing}")
-    g = rec.get
-    if "format" in rec and g("format") != FORMAT:
-        out.append(f"format is {_shown(g('format'))}, expected {FORMAT!r}")
+    if "format" in rec and version is None:
+        out.append(f"format is {_shown(g('format'))}, expected {FORMAT!r} (or {FORMAT_V2!r})")
+    if version != 2:
+        out += _server_problems(rec)
     if "seq" in rec and not (_is_int(g("seq")) and g("seq") >= 0):
         out.append(f"seq must be an integer >= 0, got {_shown(g('seq'))}")
     if "forward_mode" in rec and not (isinstance(g("forward_mode"), str) and g("forward_mode")):
@@ -161,6 +188,17 @@ def record_problems(rec: Any) -> List[str]:
 
     out += _stream_problems(g("stream"), g("stream_layer_inputs"), T, H, L, aux)
     out += _rank_problems(rec)
+    return out
+
+
+def _server_problems(rec: dict) -> List[str]:
+    out = []
+    if "server" in rec and not (isinstance(rec["server"], str) and SERVER_RE.match(rec["server"])):
+        out.append(f"server must be the writing process's id, 16 lower-case hex digits, got {_shown(rec['server'])}")
+    if "host" in rec and not (isinstance(rec["host"], str) and rec["host"]):
+        out.append(f"host must be a non-empty string, got {_shown(rec['host'])}")
+    if "pid" in rec and not (_is_int(rec["pid"]) and rec["pid"] >= 1):
+        out.append(f"pid must be an integer >= 1, got {_shown(rec['pid'])}")
     return out
 
 
@@ -307,10 +345,12 @@ def validate_record(rec: Any, where: str = "record") -> None:
     """Raise :class:`DumpRecordError` naming every problem of `rec` (see :func:`record_problems`)."""
     problems = record_problems(rec)
     if problems:
-        raise DumpRecordError(f"{where}: not an {FORMAT} record: " + "; ".join(problems))
+        fmt = rec.get("format") if isinstance(rec, dict) and isinstance(rec.get("format"), str) and \
+            rec.get("format") in FORMATS else FORMAT
+        raise DumpRecordError(f"{where}: not an {fmt} record: " + "; ".join(problems))
 
 
-__all__ = ["FORMAT", "DOCTOR_RID_PREFIX", "TMP_SUFFIX", "FILE_RE", "V1_FILE_RE", "STREAM_DECLARED", "STREAM_ALL",
-           "STREAM_MODES", "CONVENTIONS", "FIELDS", "REQUEST_FIELDS", "RANK_FIELDS", "DumpError",
-           "DumpRecordError", "file_name", "is_doctor_rid", "record_problems", "v1_record_problems",
-           "validate_record"]
+__all__ = ["FORMAT", "FORMAT_V2", "FORMATS", "DOCTOR_RID_PREFIX", "TMP_SUFFIX", "SERVER_RE", "FILE_RE", "V2_FILE_RE",
+           "V1_FILE_RE", "STREAM_DECLARED", "STREAM_ALL", "STREAM_MODES", "CONVENTIONS", "FIELDS", "FIELDS_V2",
+           "SERVER_FIELDS", "REQUEST_FIELDS", "RANK_FIELDS", "DumpError", "DumpRecordError", "host_in_name",
+           "file_name", "is_doctor_rid", "record_problems", "v1_record_problems", "validate_record"]

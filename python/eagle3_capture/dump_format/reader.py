@@ -2,12 +2,15 @@
 validator) into a :class:`DumpRecord`, a directory read as a live server fills it (:class:`DumpReader`), and one
 request's rows stitched across records.
 
-Version 2 (``format`` = ``eagle3-capture-dump/2``; files ``eagle3_capture_pid<pid>_tp<rank>_<seq>.pt``) carries the
-request boundaries (``requests``: rid, rows, prefix length), the served slots (``aux``, at ``layers_to_capture``) and,
-for forwards holding one of the doctor's own requests (rid prefix ``eagle3-doctor-``), the residual stream
-(``stream`` [S, T, H] at the layer inputs ``stream_layer_inputs``: 0 = the embedding output, i = the input of layer
-i, L = the final boundary before the final norm). Version 1 (``eagle3_capture_pid<pid>_<n>.pt``, no ``format`` key)
-carries ``aux``, ``input_ids``, ``positions`` and ``layers_to_capture`` only: no request ids, no stream.
+Version 3 (``format`` = ``eagle3-capture-dump/3``; files ``eagle3_capture_<host>_<server>_tp<rank>_<seq>.pt``) is
+version 2 plus the writing process (``server``: its random id, ``host``, ``pid``), so that the records of replicas
+sharing one directory are told apart (``inventory.py``). Version 2 (``eagle3-capture-dump/2``; files
+``eagle3_capture_pid<pid>_tp<rank>_<seq>.pt``) carries the request boundaries (``requests``: rid, rows, prefix
+length), the served slots (``aux``, at ``layers_to_capture``) and, for forwards holding one of the doctor's own
+requests (rid prefix ``eagle3-doctor-``), the residual stream (``stream`` [S, T, H] at the layer inputs
+``stream_layer_inputs``: 0 = the embedding output, i = the input of layer i, L = the final boundary before the final
+norm). Version 1 (``eagle3_capture_pid<pid>_<n>.pt``, no ``format`` key) carries ``aux``, ``input_ids``,
+``positions`` and ``layers_to_capture`` only: no request ids, no stream.
 
 Rows of one request may be split over several records (chunked prefill); :func:`doctor_requests` stitches them by
 ``positions`` and refuses rows that disagree. ``*.tmp`` files are in flight and never read. Every problem is a
@@ -22,7 +25,7 @@ from typing import Any, Dict, Iterable, List, Optional
 
 import torch
 
-from .contract import (DOCTOR_RID_PREFIX, FORMAT, DumpError, DumpRecordError, int_values, record_problems,
+from .contract import (DOCTOR_RID_PREFIX, FORMAT, FORMATS, DumpError, DumpRecordError, int_values, record_problems,
                        v1_record_problems)
 
 # forwards whose rows are the request's own tokens (a verify's rows are draft tokens, a decode's one new token)
@@ -59,6 +62,9 @@ class DumpRecord:
     declared: Optional[List[str]]
     declared_convention: Optional[str]
     graph: Optional[bool] = None             # v2: replayed from a CUDA graph
+    server: Optional[str] = None             # v3: the writing process's random id
+    host: Optional[str] = None               # v3: its host name
+    pid: Optional[int] = None                # v3: its process id (in its own PID namespace)
 
     @property
     def rows(self) -> int:
@@ -96,22 +102,22 @@ def read_record(d: Any, path: str) -> DumpRecord:
     if not isinstance(d, dict):
         raise DumpRecordError(f"{what}: expected the plugin's dump (a dict), got {type(d).__name__}")
     fmt = d.get("format")
-    if fmt is not None and fmt != FORMAT:
-        raise DumpRecordError(f"{what}: format {fmt!r}; this reader reads {FORMAT!r} (and version 1, which has no "
-                              "format key)")
-    version = 2 if fmt is not None else 1
-    problems = record_problems(d) if version == 2 else v1_record_problems(d)
+    if fmt is not None and not (isinstance(fmt, str) and fmt in FORMATS):
+        raise DumpRecordError(f"{what}: format {fmt!r}; this reader reads {' and '.join(map(repr, FORMATS))} (and "
+                              "version 1, which has no format key)")
+    version = FORMATS[fmt] if fmt is not None else 1
+    problems = record_problems(d) if version >= 2 else v1_record_problems(d)
     if problems:
-        kind = f"an {FORMAT} record" if version == 2 else "a version-1 dump record"
+        kind = f"an {fmt} record" if version >= 2 else "a version-1 dump record"
         raise DumpRecordError(f"{what}: not {kind}: " + "; ".join(problems))
     reqs = None
-    if version == 2:
+    if version >= 2:
         reqs = [RequestRows(r["rid"], r["row_start"], r["row_end"], r["prefix_len"]) for r in d["requests"]]
     return DumpRecord(path, version, d.get("forward_mode") or "?", _ids(d["input_ids"]), _ids(d["positions"]),
                       d.get("aux"), _ints(d.get("layers_to_capture")), reqs, d.get("stream"),
                       _ints(d.get("stream_layer_inputs")), _count(d.get("num_layers")), _count(d.get("hidden_size")),
                       d.get("model_class"), d.get("dtype"), _ints(d.get("draft_ids")), d.get("declared"),
-                      d.get("declared_convention"), d.get("graph"))
+                      d.get("declared_convention"), d.get("graph"), d.get("server"), d.get("host"), d.get("pid"))
 
 
 def load_record(path: str) -> DumpRecord:
@@ -271,11 +277,11 @@ class RequestParts:
 
 
 def doctor_requests(records: Iterable[DumpRecord], rid_prefix: str = DOCTOR_RID_PREFIX) -> Dict[str, RequestParts]:
-    """rid -> where the request's prefill rows are, for the requests of version-2 records whose rid starts with
+    """rid -> where the request's prefill rows are, for the requests of version-2 or -3 records whose rid starts with
     ``rid_prefix`` (nothing is read until :meth:`RequestParts.load`)."""
     parts: Dict[str, RequestParts] = {}
     for rec in records:
-        if rec.version != 2 or rec.forward_mode not in PREFILL_MODES:
+        if rec.version < 2 or rec.forward_mode not in PREFILL_MODES:
             continue
         for rq in rec.requests or []:
             if rq.rid is not None and rq.rid.startswith(rid_prefix) and rq.row_end > rq.row_start:

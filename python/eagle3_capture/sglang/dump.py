@@ -1,5 +1,5 @@
 """The capture dump: what the target handed its draft in served forwards, written for ``doctor fingerprint`` and the
-doctor's server-side replay (record format: eagle3_capture/dump_format/contract.py, version 2).
+doctor's server-side replay (record format: eagle3_capture/dump_format/contract.py, version 3).
 
 Switched on by ``EAGLE3_CAPTURE_DUMP=<dir>`` (switches.py: settings validated when SGLang loads the plugin). It runs
 around the model runner's forward (served.py), after the forward returned, so it sees every served forward --
@@ -22,6 +22,10 @@ WARNING line).
 
 Only attention-TP rank 0 of each group writes (the residual stream is replicated across attention-TP ranks); every
 rank still makes the same stream decisions, since a wider capture may gather rows across ranks.
+
+Every record carries its writing process (a random id, the host, the pid: dump_record.this_process) and so does its
+file name, written create-exclusive (dump_writer.py): servers sharing one directory never replace each other's
+records, and the doctor tells them apart.
 """
 from __future__ import annotations
 
@@ -33,7 +37,8 @@ import torch
 
 from ..dump_format import FORMAT, file_name, is_doctor_rid
 from . import switches
-from .dump_record import BatchRows, Ranks, ranks, spec_fields, stream_layers
+from .dump_record import (BatchRows, Ranks, forget_process, new_server_id, ranks, spec_fields, stream_layers,
+                          this_process)
 from .dump_writer import Job, Writer, to_host
 from .stream import StreamRequest, columns
 from .switches import DumpSettings, announce
@@ -75,17 +80,25 @@ def _get() -> Optional[_State]:
 
 
 def reset() -> None:
-    """Forget the budgets spent and the sequence number (tests; the writer's queue is flushed first)."""
+    """Forget the budgets spent, the sequence number and the process's identity (tests: what follows is written as
+    by another server; the writer's queue is flushed first)."""
     global _state
     if _state is not None and _state.writer is not None:
         _state.writer.flush(30.0)
     _state = None
+    forget_process()
 
 
 def flush(timeout: Optional[float] = None) -> bool:
     """Wait until every record staged so far is on disk (or dropped)."""
     st = _state
     return True if st is None or st.writer is None else st.writer.flush(timeout)
+
+
+def written() -> int:
+    """How many records this process's dump has put on disk so far (0 with the dump off or nothing written)."""
+    st = _state
+    return 0 if st is None or st.writer is None else st.writer.written
 
 
 def wants(forward_batch) -> bool:
@@ -248,16 +261,23 @@ def record(model, inner, spec, forward_batch, rows: BatchRows, aux, graph: bool,
     for rid, s0, e, p in keep:
         requests.append({"rid": rid, "row_start": start, "row_end": start + (e - s0), "prefix_len": p})
         start += e - s0
+    proc = this_process()
     meta = {"format": FORMAT, "seq": seq, "forward_mode": rows.mode, "graph": bool(graph), "requests": requests,
             **fields, "stream": None, "stream_layer_inputs": None, "model_class": type(model).__name__,
-            "dtype": str(aux.dtype), **r.as_fields(), "writer": r.writer_line()}
+            "dtype": str(aux.dtype), **r.as_fields(), "writer": r.writer_line(), **proc.as_fields()}
     assemble = None
     if streamed:
         meta["stream_layer_inputs"] = list(req.layers)
         assemble = _assembler(columns(req, req.served), columns(req, req.layers), H)
-    path = os.path.join(s.directory, file_name(os.getpid(), r.tp_rank or 0, seq))
-    st.writer.submit(Job(path, meta, host, nbytes, event, assemble))
-    return path
+    tp = r.tp_rank or 0
+
+    def name(server: str) -> str:
+        return os.path.join(s.directory, file_name(proc.host, server, tp, seq))
+
+    # a name found taken (a stale file, or a writer with this id) gets a fresh random id; the record keeps its server
+    st.writer.submit(Job(name(proc.server), meta, host, nbytes, event, assemble,
+                         rename=lambda: name(new_server_id())))
+    return name(proc.server)
 
 
 def _health_check_prefix() -> str:
@@ -323,4 +343,4 @@ def _assembler(served_cols: List[int], stream_cols: List[int], H: int):
     return assemble
 
 
-__all__ = ["wants", "forces_eager", "want_stream", "record", "reset", "flush", "fail"]
+__all__ = ["wants", "forces_eager", "want_stream", "record", "reset", "flush", "written", "fail"]

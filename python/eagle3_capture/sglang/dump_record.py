@@ -1,11 +1,14 @@
 """What a dump record says about its forward, read from SGLang's objects on the host (no device sync): the batch's
-real rows and request boundaries, the taps in force, and which rank writes.
+real rows and request boundaries, the taps in force, which rank writes, and which process (:func:`this_process`).
 
 Rows: a forward's real rows come from the batch's host metadata (extend: ``extend_seq_lens_cpu``; decode: one per
 request; verify: ``draft_token_num`` per request), so rows a CUDA graph or DP padding appends are never dumped.
 """
 from __future__ import annotations
 
+import os
+import secrets
+import socket
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
@@ -171,4 +174,43 @@ def ranks() -> Ranks:
         return Ranks(0, 1, 0, 1, None, False)
 
 
-__all__ = ["BatchRows", "batch_rows", "spec_fields", "stream_layers", "Ranks", "ranks"]
+# ----------------------------------------------------------------------------------------------------------------
+# which process
+# ----------------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Process:
+    """The writing process: a random id drawn once per process (replicas in separate PID namespaces share pids, and
+    may share host names), its host name and pid. In every record and in every file name."""
+
+    server: str
+    host: str
+    pid: int
+
+    def as_fields(self) -> dict:
+        return {"server": self.server, "host": self.host, "pid": self.pid}
+
+
+_process: Optional[Process] = None
+
+
+def new_server_id() -> str:
+    return secrets.token_hex(8)
+
+
+def this_process() -> Process:
+    """This process's identity, drawn at its first record (a forked child draws its own)."""
+    global _process
+    if _process is None or _process.pid != os.getpid():
+        _process = Process(new_server_id(), socket.gethostname() or "localhost", os.getpid())
+    return _process
+
+
+def forget_process() -> None:
+    """Draw a new identity at the next record (tests: one process standing in for a second server)."""
+    global _process
+    _process = None
+
+
+__all__ = ["BatchRows", "batch_rows", "spec_fields", "stream_layers", "Ranks", "ranks", "Process", "this_process",
+           "forget_process", "new_server_id"]

@@ -9,7 +9,12 @@ on a background thread.
   one more synchronisation.)
 * Writing (background thread): waits for the record's event, assembles the record (cutting the aux and stream out
   of a widened capture happens here, on the host), serializes it with ``torch.save`` into memory and writes the
-  bytes to ``<name>.pt.tmp`` in one call, then renames it to ``<name>.pt``: a reader never sees a partial file.
+  bytes to ``<name>.pt.tmp`` in one call, then publishes it as ``<name>.pt``: a reader never sees a partial file.
+  Both names are taken create-exclusive, never overwritten (several servers may share one directory: replicas behind
+  one balancer, in PID namespaces where each is pid 6): the temporary file with ``O_EXCL``, the record by a hard
+  link, which fails when the name exists. A name found taken is retried under a fresh random one (one WARNING line
+  the first time). Where the filesystem has no hard links, the record is renamed into place after checking that its
+  name is free (not atomic against another writer; names carry a 64-bit random id, so two writers never aim at one).
   The writer shares the serving process's GIL, and a serving thread that wants the GIL waits for it: ``torch.save``
   to a path writes the zip record by record with the GIL held (about 430 us for a small record on the CPU
   machine), into memory takes about 90 us, and the one file write releases the GIL. (It still contends: measured
@@ -21,6 +26,7 @@ on a background thread.
 from __future__ import annotations
 
 import atexit
+import errno
 import io
 import os
 import queue
@@ -30,9 +36,13 @@ from typing import Callable, Dict, Optional
 
 import torch
 
+from ..dump_format import TMP_SUFFIX
 from .switches import announce
 
 MAX_INFLIGHT_BYTES = 1 << 30  # host memory held by records waiting for the disk
+NAME_ATTEMPTS = 4             # names tried for one record before the writer stops (each a fresh random id)
+# os.link's errors that mean "no hard links on this filesystem" (then: rename after an existence check)
+_NO_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK}
 
 
 @dataclass
@@ -46,6 +56,7 @@ class Job:
     event: Optional[object] = None  # torch.cuda.Event recorded after the copies
     assemble: Optional[Callable[[dict, Dict[str, torch.Tensor]], dict]] = None
     done: threading.Event = field(default_factory=threading.Event)
+    rename: Optional[Callable[[], str]] = None  # another name for the record when `path` is taken
 
 
 def to_host(tensors: Dict[str, torch.Tensor]):
@@ -68,9 +79,56 @@ def to_host(tensors: Dict[str, torch.Tensor]):
 
 
 def write_bytes(path: str, data) -> None:
-    """One write of a whole record (the GIL is released while the bytes go to the file)."""
-    with open(path, "wb") as f:
+    """One write of a whole record into a new file `path`, created exclusively (FileExistsError when it exists; the
+    GIL is released while the bytes go to the file)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+    with os.fdopen(fd, "wb") as f:
         f.write(data)
+
+
+def publish(tmp: str, path: str) -> bool:
+    """Give the finished file `tmp` the name `path` unless that name exists; True when it did (and `tmp` is gone)."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        return False
+    except OSError as e:
+        if e.errno not in _NO_LINKS:
+            raise
+        if os.path.lexists(path):
+            return False
+        os.rename(tmp, path)
+        return True
+    os.unlink(tmp)
+    return True
+
+
+def write_exclusive(path: str, data) -> bool:
+    """Write a whole record as `path`, never replacing a file: False (nothing written) when `path` or its temporary
+    name is taken. Raises OSError on any other failure, leaving no file of its own behind."""
+    tmp = path + TMP_SUFFIX
+    try:
+        write_bytes(tmp, data)
+    except FileExistsError:
+        return False
+    except BaseException:
+        _unlink(tmp)  # ours: created before the write failed
+        raise
+    try:
+        if publish(tmp, path):
+            return True
+    except BaseException:
+        _unlink(tmp)
+        raise
+    _unlink(tmp)
+    return False
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 class Writer:
@@ -83,6 +141,7 @@ class Writer:
         self.bytes_written = 0
         self._inflight = 0
         self._dropped_logged = False
+        self._collision_logged = False
         self._lock = threading.Lock()
         self._queue: "queue.Queue[Optional[Job]]" = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="eagle3_capture-dump", daemon=True)
@@ -124,26 +183,35 @@ class Writer:
                 job.done.set()
 
     def _write(self, job: Job) -> None:
-        tmp = job.path + ".tmp"
         try:
             if job.event is not None:
                 job.event.synchronize()
             rec = job.assemble(job.fields, job.tensors) if job.assemble else {**job.fields, **job.tensors}
             buf = io.BytesIO()
             torch.save(rec, buf)
-            write_bytes(tmp, buf.getbuffer())
-            os.replace(tmp, job.path)
+            path = job.path
+            for _ in range(NAME_ATTEMPTS):
+                if write_exclusive(path, buf.getbuffer()):
+                    break
+                taken, path = path, (job.rename() if job.rename is not None else None)
+                if path is None:
+                    raise FileExistsError(errno.EEXIST, "a file of that name exists (not replaced)", taken)
+                if not self._collision_logged:
+                    self._collision_logged = True
+                    announce("warning", f"eagle3_capture: the capture dump found {os.path.basename(taken)} already "
+                                        f"in {self.directory} (another process's record, or a stale file): not "
+                                        f"replaced; this record is written as {os.path.basename(path)}")
+            else:
+                raise FileExistsError(errno.EEXIST, f"{NAME_ATTEMPTS} names tried, each taken (not replaced)",
+                                      job.path)
             self.written += 1
             self.bytes_written += job.nbytes
         except Exception as e:  # a full disk, a removed directory, ...: one line, and serving goes on
             with self._lock:
                 self.stopped = f"{type(e).__name__}: {e}"
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
             announce("error", f"eagle3_capture: the capture dump stopped: writing {job.path} failed "
                               f"({self.stopped}); serving goes on, nothing more is dumped by this process")
 
 
-__all__ = ["Job", "Writer", "to_host", "write_bytes", "MAX_INFLIGHT_BYTES"]
+__all__ = ["Job", "Writer", "to_host", "write_bytes", "write_exclusive", "publish", "MAX_INFLIGHT_BYTES",
+           "NAME_ATTEMPTS"]

@@ -216,13 +216,22 @@ def _register() -> None:
         _refuse(settings.refusal, from_settings=True)
         return
     disabled = settings.disabled
-    if disabled >= frozenset(switches.HOOKS) and settings.dump is None:
+    if settings.all_off or (disabled >= frozenset(switches.HOOKS) and settings.dump is None):
+        # EAGLE3_CAPTURE_DISABLE=all (or every hook named, no dump): nothing of the plugin, not even a look at
+        # SGLang's internals; this is the startup line. `all` leaves the dump off too, and says so when it was set.
+        dump_dir = (settings.source.get(switches.ENV_DUMP) or "").strip()
+        dropped = settings.all_off and bool(dump_dir)
         for group in GROUPS:
-            skipped[group] = f"turned off by {switches.ENV_DISABLE}" if group != DUMP else f"{switches.ENV_DUMP} not set"
-        # EAGLE3_CAPTURE_DISABLE=all: nothing of the plugin, not even a look at SGLang's internals; this is the
-        # startup line
-        switches.announce("info", f"eagle3_capture: taps hook off ({switches.ENV_DISABLE}): SGLang's own layer-id rule "
-                                  f"applies; every hook off ({switches.ENV_DISABLE}=all): stock SGLang serves")
+            skipped[group] = (f"turned off by {switches.ENV_DISABLE}" if group != DUMP else
+                              f"turned off by {switches.ENV_DISABLE}=all" if dropped else
+                              f"{switches.ENV_DUMP} not set")
+        line = (f"eagle3_capture: taps hook off ({switches.ENV_DISABLE}): SGLang's own layer-id rule applies; every "
+                f"hook off ({switches.ENV_DISABLE}=all): stock SGLang serves")
+        if dropped:
+            line += (f"; {switches.ENV_DUMP}={dump_dir!r} is not used either: {switches.ENV_DISABLE}=all turns the "
+                     f"whole plugin off, the dump included (to dump a stock deployment, name the hooks: "
+                     f"{switches.ENV_DISABLE}={','.join(switches.HOOKS)})")
+        switches.announce("warning" if dropped else "info", line)
         return
     _release = internals.current()
     table, why_not = hook_table(_release)

@@ -21,6 +21,13 @@ setting                                   default     a malformed value
 ``EAGLE3_CAPTURE_DUMP_STREAM_TOKENS`` n   4096        ERROR line, dump off: rows of doctor forwards given a stream
 ========================================  ==========  ==============================================================
 
+A name of the environment that looks like one of the package's (``EAGLE3_CAPTURE_SELFTST``,
+``EAGLE3_CAPTURE_DUMPDIR``, ``eagle3_capture_disable``; setting_names.py finds them) but is none of its variables is
+said in one line naming the closest known name: a typo of ``EAGLE3_CAPTURE_SELFTEST`` or ``EAGLE3_CAPTURE_DISABLE``
+refuses (read as unset, it would serve the opposite of what the operator chose); a name closest to a setting of the
+dump turns the dump off with an ERROR line (a misspelt bound must never write more than asked); any other is ignored
+with an ERROR line.
+
 ``EAGLE3_CAPTURE_DISABLE``: comma-separated hooks to leave out; empty or unset installs every hook.
 
 =================  =================================================================================================
@@ -36,7 +43,8 @@ name               what it turns off
 ``gather``         the project's gatherer (``tp.PackedGatherer``) for the draft fc's column shards at TP > 1
                    (SGLang's ``_fc_gatherer`` is used instead); has no effect when ``draft_fc`` is off
 ``selftest``       the capture self-test on the first served forward that captures (selftest.py)
-``all``            every hook: the plugin registers nothing (same as ``SGLANG_PLUGINS`` without it)
+``all``            the whole plugin, the dump included: it registers nothing (same as ``SGLANG_PLUGINS`` without it);
+                   an ``EAGLE3_CAPTURE_DUMP`` set beside it is said in the startup line and not used
 =================  =================================================================================================
 
 Sizes (``EAGLE3_CAPTURE_DUMP_BYTES``) are an integer number of bytes with an optional binary suffix: ``K``, ``M``,
@@ -54,6 +62,7 @@ from dataclasses import dataclass, field
 from typing import FrozenSet, List, Mapping, Optional, Tuple
 
 from ..dump_format import STREAM_DECLARED, STREAM_MODES
+from .setting_names import unknown_names
 
 ENV_DISABLE = "EAGLE3_CAPTURE_DISABLE"
 ENV_SELFTEST = "EAGLE3_CAPTURE_SELFTEST"
@@ -71,6 +80,9 @@ DEFAULT_DUMP_BYTES = 4 << 30
 SETTINGS = (ENV_DISABLE, ENV_SELFTEST, ENV_DUMP, ENV_DUMP_MAX, ENV_DUMP_REQUESTS, ENV_DUMP_TOKENS, ENV_DUMP_BYTES,
             ENV_DUMP_STREAM, ENV_DUMP_STREAM_TOKENS)
 _DUMP_PREFIX = ENV_DUMP + "_"
+# the settings whose misspelt name refuses to serve, and what the operator chose with each
+GUARDS = {ENV_SELFTEST: "chooses whether a failed capture self-test stops the server",
+          ENV_DISABLE: "chooses which hooks are off"}
 MAX_COUNT = 10 ** 12  # far beyond any budget a process can spend; refuses a typo of many digits
 
 TAPS = "taps"
@@ -112,10 +124,14 @@ def _env(environ: Optional[Mapping[str, str]]) -> Mapping[str, str]:
     return os.environ if environ is None else environ
 
 
+def _disable_names(raw: str) -> List[str]:
+    return [n.strip().lower() for n in raw.split(",") if n.strip()]
+
+
 def disabled_hooks(environ: Optional[Mapping[str, str]] = None) -> FrozenSet[str]:
     """The hooks ``EAGLE3_CAPTURE_DISABLE`` turns off. Raises ValueError on a name it does not know."""
     raw = _env(environ).get(ENV_DISABLE, "")
-    names = [n.strip().lower() for n in raw.split(",") if n.strip()]
+    names = _disable_names(raw)
     unknown = [n for n in names if n not in HOOKS and n != ALL]
     if unknown:
         raise ValueError(f"{ENV_DISABLE}={raw!r}: unknown hook name(s) {unknown}; expected a comma-separated "
@@ -203,6 +219,7 @@ class Settings:
     errors: Tuple[str, ...] = ()
     refusal: Optional[str] = None
     source: dict = field(default_factory=dict, compare=False)  # the raw values read (for the log)
+    all_off: bool = False  # EAGLE3_CAPTURE_DISABLE=all: nothing of the plugin, the dump included
 
 
 def read_settings(environ: Optional[Mapping[str, str]] = None, *, prepare_dir: bool = True) -> Settings:
@@ -217,24 +234,40 @@ def read_settings(environ: Optional[Mapping[str, str]] = None, *, prepare_dir: b
     except ValueError as e:
         refusals.append(str(e))
         disabled = frozenset(HOOKS)
+    all_off = ALL in _disable_names(env.get(ENV_DISABLE, "")) and not refusals
     try:
         selftest_raise = _selftest_raise(env.get(ENV_SELFTEST, ""))
     except ValueError as e:
         refusals.append(str(e))
         selftest_raise = False
-    dump, dump_errors = _read_dump(env, prepare_dir)
+    unknown = unknown_names(env, SETTINGS, GUARDS)
+    for u in unknown:
+        if u.guard:
+            refusals.append(f"{u.shown()} is not a setting of the plugin; it looks like a misspelt {u.closest}, "
+                            f"which {GUARDS[u.closest]}: serving with it unread would guess that choice")
+        elif not _of_the_dump(u):
+            errors.append(f"eagle3_capture: {u.name} is not a variable of eagle3-capture ({u.near()}); ignored")
+    dump, dump_errors = _read_dump(env, prepare_dir and not all_off, [u for u in unknown if _of_the_dump(u)],
+                                   all_off)
     errors += dump_errors
     refusal = None
     if refusals:
         refusal = ("eagle3_capture: refusing to serve: " + "; ".join(refusals) + f" (fix or unset it; "
                    f"{ENV_DISABLE}=all turns the plugin off)")
-    return Settings(disabled, selftest_raise, dump, tuple(errors), refusal, raw)
+    return Settings(disabled, selftest_raise, None if all_off else dump, tuple(errors), refusal, raw, all_off)
 
 
-def _read_dump(env: Mapping[str, str], prepare_dir: bool) -> Tuple[Optional[DumpSettings], List[str]]:
+def _of_the_dump(u) -> bool:
+    """An unknown name meant for the dump: one of its settings is the closest known name, or it starts like them."""
+    return u.closest in SETTINGS[2:] or u.name.upper().startswith(_DUMP_PREFIX)
+
+
+def _read_dump(env: Mapping[str, str], prepare_dir: bool, unknown=(), all_off: bool = False
+               ) -> Tuple[Optional[DumpSettings], List[str]]:
     directory = env.get(ENV_DUMP, "").strip()
-    on = bool(directory)
+    on = bool(directory) and not all_off
     tail = ("ignored: the capture dump is off in this process (the rest of the plugin is on)" if on
+            else f"ignored ({ENV_DISABLE}=all: no dump)" if all_off
             else f"ignored ({ENV_DUMP} is not set: no dump)")
     problems: List[str] = []
     values = {}
@@ -255,9 +288,8 @@ def _read_dump(env: Mapping[str, str], prepare_dir: bool) -> Tuple[Optional[Dump
         values["stream"] = _stream_mode(env.get(ENV_DUMP_STREAM, ""))
     except ValueError as e:
         problems.append(str(e))
-    for name in sorted(env):
-        if name.startswith(_DUMP_PREFIX) and name not in SETTINGS:
-            problems.append(f"{name} is not a setting of the plugin (known: {', '.join(SETTINGS[2:])})")
+    for u in unknown:
+        problems.append(f"{u.name} is not a setting of the plugin ({u.near()})")
     if on and not problems and prepare_dir:
         try:
             directory = prepare_dump_dir(directory)
@@ -311,4 +343,4 @@ __all__ = ["ENV_DISABLE", "ENV_SELFTEST", "ENV_DUMP", "ENV_DUMP_MAX", "ENV_DUMP_
            "ENV_DUMP_BYTES", "ENV_DUMP_STREAM", "ENV_DUMP_STREAM_TOKENS", "SETTINGS", "HOOKS", "ALL", "TAPS",
            "FINAL_BOUNDARY", "CAPTURE", "DRAFT_FC", "GATHER", "SELFTEST", "DumpSettings", "Settings",
            "read_settings", "configure", "current", "enabled", "selftest_raises", "dump_settings",
-           "disabled_hooks", "parse_size", "prepare_dump_dir", "announce", "logger"]
+           "disabled_hooks", "parse_size", "prepare_dump_dir", "announce", "logger", "GUARDS"]
