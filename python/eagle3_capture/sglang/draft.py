@@ -366,7 +366,7 @@ def gather_columns(model, fc, y: torch.Tensor) -> torch.Tensor:
     fc_gatherer = getattr(model, "_fc_gatherer", None)
     if fc_gatherer is None:  # 0.5.12-0.5.16: the fc is a replicated nn.Linear, its output already whole
         return y
-    group = getattr(fc, "tp_group", None)
+    group = _fc_group(fc)
     world = int(getattr(group, "world_size", 1) or 1)
     if world <= 1 or not switches.enabled(switches.GATHER) or y.dim() != 2:
         return fc_gatherer(y)
@@ -381,6 +381,23 @@ def gather_columns(model, fc, y: torch.Tensor) -> torch.Tensor:
     if y.shape[0] == 0:
         return y.new_empty((0, state.hidden_size))
     return state.gather(y if y.stride(-1) == 1 else y.contiguous())
+
+
+def _fc_group(fc):
+    """The group the fc's columns are sharded over: its own ``tp_group`` (0.5.22+), else SGLang's TP group, which
+    ColumnParallelLinear shards over on 0.5.16-0.5.21 (it keeps only tp_size / tp_rank there); None -- SGLang's
+    ``_fc_gatherer`` then gathers -- where that group is not set up or its size is not the fc's tp_size."""
+    group = getattr(fc, "tp_group", None)
+    if group is not None:
+        return group
+    try:
+        from sglang.srt.distributed import get_tp_group
+
+        group = get_tp_group()
+    except Exception:  # no TP group in this process (a single-process load): nothing to gather
+        return None
+    same = int(getattr(group, "world_size", 1) or 1) == int(getattr(fc, "tp_size", 1) or 1)
+    return group if same else None
 
 
 def _dist_timeout_s() -> float:

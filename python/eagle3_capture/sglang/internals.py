@@ -202,8 +202,11 @@ def detect() -> Internals:
     version = str(getattr(sglang, "__version__", "unknown"))
     missing: Dict[str, str] = {}
     adapter, final = _capture_adapter(missing)
-    if resolve(RESOLVE_AUX_IDS_PATH) is not None:
-        declaration = RESOLVE_AUX_IDS_PATH
+    resolver = resolve(RESOLVE_AUX_IDS_PATH)
+    if resolver is not None and "config.draft_model_config =" in _source(_unwrapped(resolver)):
+        declaration = RESOLVE_AUX_IDS_PATH  # 0.5.22+: it keeps the draft's ModelConfig on the config it returns
+    elif resolver is not None and "is_draft_model" in _params(resolve(FROM_SERVER_ARGS_PATH) or (lambda: None)):
+        declaration = FROM_SERVER_ARGS_PATH  # 0.5.16-0.5.21: it builds the draft's ModelConfig and drops it
     elif "is_draft_model" in _params(resolve(BUILD_MODEL_CONFIG_PATH) or (lambda: None)):
         declaration = BUILD_MODEL_CONFIG_PATH
     elif "is_draft_model" in _params(resolve(FROM_SERVER_ARGS_PATH) or (lambda: None)):

@@ -5,9 +5,10 @@ release from 0.5.12 through 0.5.23.
 Hook points (AROUND hooks through SGLang's HookRegistry, switch ``taps``) and why these:
 
 * Where the target process reads the draft config: ``spec_aux_hidden_state._resolve_eagle_aux_hidden_state``
-  (0.5.16+), else ``ModelRunner._build_model_config(..., is_draft_model=True)`` (0.5.12, 0.5.14, 0.5.15) or
-  ``ModelConfig.from_server_args(..., is_draft_model=True)`` (0.5.13), where ``ModelRunner.__init__`` builds the
-  draft's config and reads ``eagle_config`` right after. The hook calls SGLang
+  (0.5.22+, which keeps the draft's ModelConfig), else ``ModelRunner._build_model_config(..., is_draft_model=True)``
+  (0.5.12, 0.5.14, 0.5.15) or ``ModelConfig.from_server_args(..., is_draft_model=True)`` (0.5.13, where
+  ``ModelRunner.__init__`` builds the draft's config, and 0.5.16 - 0.5.21, where the resolver builds and drops it);
+  ``eagle_config`` is read right after. The hook calls SGLang
   unchanged, then reads the same draft config with :func:`eagle3_capture.configs.read_draft_config` and keeps the
   declaration (ids, where they were found, their convention key ``eagle_config.eagle_aux_hidden_state_convention``)
   for the next hook. It changes nothing SGLang sees, and never raises here: a problem is kept and raised by the
@@ -68,7 +69,8 @@ def _keep_declaration(sglang_ids, hf_config, source) -> None:
 
 
 def resolve_eagle_aux_hidden_state_hook(original, *args, **kwargs):
-    """AROUND ``_resolve_eagle_aux_hidden_state`` (0.5.16+): run it, then keep the draft config's declaration."""
+    """AROUND ``_resolve_eagle_aux_hidden_state`` (0.5.22+, where it keeps ``config.draft_model_config``): run it, then
+    keep the draft config's declaration."""
     result = original(*args, **kwargs)
     config = kwargs.get("config", args[0] if args else None)
     try:
@@ -96,7 +98,8 @@ def build_model_config_hook(original, self, *args, **kwargs):
 
 def from_server_args_hook(original, server_args, *args, **kwargs):
     """AROUND the staticmethod ``ModelConfig.from_server_args(server_args, model_path, model_revision,
-    is_draft_model)`` (0.5.13, whose ``ModelRunner.__init__`` calls it for the draft directly)."""
+    is_draft_model)`` (0.5.13, whose ``ModelRunner.__init__`` calls it for the draft directly; 0.5.16 - 0.5.21,
+    whose ``_resolve_eagle_aux_hidden_state`` calls it and keeps only the ids)."""
     result = original(server_args, *args, **kwargs)
     if kwargs.get("is_draft_model", args[2] if len(args) > 2 else False):
         _keep_model_config_declaration(result, kwargs.get("model_path", args[0] if args else None))
