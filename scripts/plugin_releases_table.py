@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.join(REPO, "python"))
 from sglang_release_dirs import sglang_importable  # noqa: E402
 
 GROUPS = ("taps", "final_boundary", "capture", "draft_fc", "gather", "selftest", "dump")
-HEADER = ["release", "adapter", "final boundary from"] + list(GROUPS)
+HEADER = ["SGLang", "adapter", "final boundary from"] + list(GROUPS)
 
 
 def short(path: str) -> str:

@@ -248,7 +248,7 @@ def _rand(shape, dtype, seed):
     return t.to(dtype) if dtype.is_floating_point else t.round().to(dtype)
 
 
-@settings(max_examples=fuzz_examples(120), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=fuzz_examples(120), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.data())
 def test_fuzz_checkpoint_contents(tmp_path, data):
     n, k, h = data.draw(st.sampled_from([(8, 2, 8), (12, 3, 4), (130, 1, 136)]))

@@ -231,7 +231,10 @@ def test_the_mla_draft_chain_equals_transformers_step_by_step():
         for t in range(T):
             want = reference_chain_one_anchor(draft, hf, rot, taps, tokens, t, S)
             for j in range(S):
-                assert torch.allclose(got[j][0, t], want[j], rtol=1e-10, atol=1e-10), (t, j)
+                # float64 throughout except the rope tables: transformers' rotary embedding (and the draft's, as
+                # SGLang's) takes cos/sin of float32 angles, rounded differently at some positions (up to ~4e-7
+                # in these logits); a chain or KV-cache error is orders of magnitude larger
+                assert torch.allclose(got[j][0, t], want[j], rtol=1e-6, atol=1e-6), (t, j)
 
 
 

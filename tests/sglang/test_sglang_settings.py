@@ -220,7 +220,7 @@ def test_disable_all_turns_the_dump_off_too_and_says_so_in_the_one_startup_line(
     assert sorted(sglang_plugin.registered) == ["dump"] and d.is_dir()
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(name=st.sampled_from(["EAGLE3_CAPTURE_DISABLE", "EAGLE3_CAPTURE_SELFTEST"] + DUMP_VARS), value=VALUE)
 def test_fuzz_register_never_raises_and_keeps_its_promise(sglang_plugin, spy, tmp_path, name, value):
     env = {"EAGLE3_CAPTURE_DUMP": str(tmp_path / "dump"), name: value}
@@ -230,7 +230,7 @@ def test_fuzz_register_never_raises_and_keeps_its_promise(sglang_plugin, spy, tm
         assert outcome != "refused"
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(sub=SAFE_TEXT.filter(lambda t: "/" not in t and t not in ("", ".", "..")))
 def test_fuzz_the_dump_directory(sglang_plugin, spy, tmp_path, sub):
     env = {"EAGLE3_CAPTURE_DUMP": str(tmp_path / "d" / sub)}
