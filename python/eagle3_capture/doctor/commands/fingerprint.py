@@ -58,7 +58,7 @@ class FingerprintReport:
             return not any(f.severity == "error" for f in r.findings)
         if self.kind == "stream":
             return r.mismatch is None
-        return r.same_as_served
+        return r.ok
 
 
 def _draft_ids(draft_config: Optional[str]) -> Optional[List[int]]:

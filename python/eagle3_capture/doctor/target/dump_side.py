@@ -85,6 +85,11 @@ class StreamTarget(TargetSide):
     def info(self) -> TargetInfo:
         return self._info
 
+    def prompt_name(self, i: int) -> str:
+        sp = self.streamed[i] if i < len(self.streamed) else None
+        rid = sp.parts.rid if sp is not None else None
+        return f"prompt {i}" + (f" (dumped request {rid})" if rid else "")
+
     def batch(self, prompts: Sequence[List[int]], members: List[int], continuation: int,
               wanted: List[int]) -> TargetBatch:
         P = len(prompts[members[0]])
