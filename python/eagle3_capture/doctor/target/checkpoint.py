@@ -85,8 +85,13 @@ def open_checkpoint(path: str) -> CheckpointTensors:
         if not isinstance(wm, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
             raise DoctorError(f"shard index {indexes[0]}: expected an object with 'weight_map' {{tensor name: file "
                               "name}}")
+        from ...weights import shard_path
+
         for k, v in wm.items():
-            where[k] = os.path.join(path, v)
+            try:
+                where[k] = shard_path(path, v, indexes[0])
+            except ValueError as e:
+                raise DoctorError(str(e)) from None
         return CheckpointTensors(path, where, indexes[0])
     files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if not files:
