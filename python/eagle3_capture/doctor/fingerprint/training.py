@@ -205,9 +205,19 @@ def training_fingerprint(samples: Sequence[TrainingSample], dump_dir: str, rids:
             raise DoctorError(f"--training-data {s.path}: aux_hidden_state is {s.aux.shape[1]} wide, not a multiple "
                               f"of the server's hidden size {H}: training data of another model")
         Kt = s.aux.shape[1] // H
+        if draft_ids is not None and Kt != len(draft_ids):
+            raise DoctorError(f"--training-data {s.path}: aux_hidden_state holds {Kt} slots of {H}, but the draft "
+                              f"(--draft-config) declares {len(draft_ids)} taps {list(draft_ids)}: training data of "
+                              "another draft")
+        if vs_served is not None and Kt != vs_served.K:
+            raise DoctorError(f"--training-data {s.path}: aux_hidden_state holds {Kt} slots of {H}, the samples "
+                              f"before it {vs_served.K}: samples of two different captures")
         if req.aux is None:
             raise DoctorError(f"{where}: the request holding {s.path}'s ids has no served slots (aux)")
         Ks = req.aux.shape[1] // H
+        if Ks != Kt and not any(n.startswith("the training samples hold") for n in notes):
+            notes.append(f"the training samples hold {Kt} slots, the server serves {Ks}: the server's draft cannot "
+                         "be the one trained on this data")
         served = req.layers_to_capture
         slots = req.aux[:n].reshape(n, Ks, H).permute(1, 0, 2)
         name = (lambda k: f"training slot {k}")
