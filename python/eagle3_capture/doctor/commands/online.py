@@ -212,6 +212,7 @@ def _run(opts: Options, device: str) -> OnlineReport:
     from ..replay.metrics import metrics
     from ..sglang_model.flag_rules import SpecResolution, not_eagle3
     from ..sglang_model.http import generate, server_flags
+    from ..sglang_model.request_guard import check_outputs, check_request, server_limits
     from ..sglang_model.responses import has_histograms, verdict_of
     from ..sglang_model.server_args import parse_server_args
     from ..sglang_model.server_url import is_url as url_like
@@ -265,10 +266,14 @@ def _run(opts: Options, device: str) -> OnlineReport:
                 check_speculative(*early, draft_vocab, "server flags")
             steps = early[0]
         check_positions(positions, prompts, new_tokens, steps, "--new-tokens")
+        limits = server_limits(server, min(timeout, 30.0), vocab, "the target's config")
+        for i, p in enumerate(prompts):  # nothing goes out before every request is known to be safe
+            check_request(p, new_tokens, limits, f"prompt {i}")
         responses = generate(server, prompts, new_tokens, timeout, opts.concurrency, progress)
     else:
         from_server = None
         responses, new_tokens = _recorded(server, prompts, opts.prompts, new_tokens)
+    check_outputs(responses, vocab, server)
     short = [i for i, r in enumerate(responses) if r.served.completion_tokens != new_tokens]
     if short:
         r = responses[short[0]]
@@ -282,6 +287,10 @@ def _run(opts: Options, device: str) -> OnlineReport:
     check_positions(positions, prompts, new_tokens, S,
                     "--new-tokens" if is_url or new_tokens_given else f"completion_tokens of --server {server}")
     if target_path is None:
+        if is_url:  # the teacher-forced pass sends prompt + outputs (+ S + 1 tokens of the extension)
+            for i, (p, r) in enumerate(zip(prompts, responses)):
+                check_request(list(p) + list(r.output_ids), S + 1, limits,
+                              f"prompt {i}'s teacher-forced request (the prompt + the server's {new_tokens} tokens)")
         forcing = TeacherForcing(server, prompts, [r.output_ids for r in responses], S, timeout,
                                  opts.concurrency) if is_url else None
         opened = open_target(None, ck, device=device, progress=progress, dump=dump, dump_flag="--dump",

@@ -23,6 +23,7 @@ from ...pipelines import HF_READING, SGLANG_READING, Readings, readings_of
 from ..bad_rows import BLAME, BadRows, grouped, summary
 from ..common import DoctorError
 from ..sglang_model.http import post_json
+from ..sglang_model.request_guard import RequestLimits, check_request
 from ..target.training_data import TrainingSample, load_sample, training_files
 from .stream_match import SlotMatch, StreamMatcher, layer_name, render_matches
 
@@ -105,9 +106,13 @@ class TrainingFingerprint:
                 "bad_rows": [b.to_json() for b in self.bad_rows], "notes": self.notes}
 
 
-def send_samples(url: str, samples: Sequence[TrainingSample], timeout: float, post=post_json) -> List[str]:
+def send_samples(url: str, samples: Sequence[TrainingSample], timeout: float, post=post_json,
+                 limits: Optional[RequestLimits] = None) -> List[str]:
     """Each sample's ids as one of the doctor's teacher-forced requests (the plugin dumps their stream); ``post``:
-    the HTTP client (a test hands in a stand-in for the server)."""
+    the HTTP client (a test hands in a stand-in for the server). Every sample is checked against ``limits`` (the
+    target's vocabulary, the server's context) before the first is sent; without limits nothing is sent."""
+    for s in samples:
+        check_request(s.input_ids.tolist(), 1, limits or RequestLimits(None), f"--training-data {s.path}")
     run = uuid.uuid4().hex[:12]
     rids = []
     for i, s in enumerate(samples):

@@ -97,6 +97,11 @@ class ServerTarget(StreamTarget):
             if not isinstance(ext, list) or len(ext) != steps + 1:
                 raise DoctorError(f"--server {base}, prompt {i}: the extension by {steps + 1} tokens returned "
                                   f"{str(ext)[:80]!r} (a context limit?)")
+            bad = next((v for v in ext if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < vocab_size),
+                       None) if vocab_size else None
+            if bad is not None:  # never sent back in the teacher-forced request: it would kill the scheduler
+                raise DoctorError(f"--server {base}, prompt {i}: the extension returned token id {bad!r}, outside "
+                                  f"the target's vocabulary ({vocab_size}): the server runs another model")
             return ids + ext
 
         def force(i: int, ids: List[int]) -> torch.Tensor:
