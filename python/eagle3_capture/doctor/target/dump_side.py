@@ -14,6 +14,7 @@ server's own labels.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
@@ -21,7 +22,7 @@ import torch
 
 from ... import configs
 from ...dump_format.reader import DumpReader, RequestParts, doctor_requests, v1_sequences
-from ..common import DoctorError
+from ..common import DeploymentFinding, DoctorError
 from .side import TargetBatch, TargetInfo, TargetSide, info_from_config
 
 V1_TRUST = ("version-1 dump (no residual stream): the taps were read from the served slots, where the server's own "
@@ -60,15 +61,35 @@ def taps_of(parts: RequestParts, wanted: List[int], rows: int, notes: List[str])
                           "dumps it for eagle3-doctor- requests: is the dump from an older plugin?)")
     absent = [i for i in wanted if i not in head.stream_layer_inputs]
     if absent:
-        raise DoctorError(f"dump {head.path}: its stream holds layer inputs {head.stream_layer_inputs}; the draft "
-                          f"declares {wanted} ({absent} missing): the server ran with another draft's declaration; "
-                          + STREAM_HINT)
+        raise DeploymentFinding(another_declaration(parts, wanted, absent))
     req = parts.load(layers=wanted, with_aux=False)
     if req.first_position != 0:
         raise DoctorError(f"dump {head.path}: request {parts.rid} starts at position {req.first_position}, not 0: "
                           "part of it came from the prefix cache (send it with logprob_start_len 0)")
     K, T, H = req.stream.shape
     return req.stream[:, :rows].permute(1, 0, 2).reshape(min(rows, T), K * H)
+
+
+def another_declaration(parts: RequestParts, wanted: List[int], absent: List[int]) -> str:
+    """The finding when the server's dumped stream lacks layers the draft declares: the server ran with another
+    draft's declaration. Names both declarations and what each served slot holds, as far as the stream tells."""
+    from ..fingerprint.stream import fingerprint_requests
+    from ..fingerprint.stream_match import layer_name
+
+    head = parts.parts[0][0]
+    L = head.num_layers
+    server = head.declared or [layer_name(i, L) for i in head.layers_to_capture or []]
+    try:
+        fp = fingerprint_requests([parts], L, None)
+        holds = [f"slot {m.slot}: {layer_name(m.best, L)}" if m.verdict in ("exact", "clear") else
+                 f"slot {m.slot}: not one layer of the stream ({m.verdict})" for m in fp.matches]
+    except (DoctorError, ValueError):  # no stream rows to tell: the server's own labels
+        holds = []
+    slots = ("; its served slots hold " + ", ".join(holds)) if holds else \
+        f"; its served slots are labelled layer inputs {head.layers_to_capture}"
+    return (f"dump {head.path}: the server runs another draft's declaration: the server declares {server}, the "
+            f"draft given declares {[layer_name(i, L) for i in wanted]}{slots}. The dumped stream holds layer "
+            f"inputs {head.stream_layer_inputs}, not {absent}: for the full prediction, {STREAM_HINT}")
 
 
 class StreamTarget(TargetSide):
@@ -97,12 +118,15 @@ class StreamTarget(TargetSide):
         seqs, greedy, rows = [], [], []
         for i in members:
             sp = self.streamed[i]
-            if sp.seq.numel() < T or bool((sp.greedy[P - 1:T] < 0).any()):
-                raise DoctorError(f"prompt {i}: the dumped request holds {sp.seq.numel()} tokens with the target's "
-                                  f"greedy token known up to position "
-                                  f"{int((sp.greedy >= 0).nonzero().max()) if (sp.greedy >= 0).any() else -1}; the "
-                                  f"replay needs {T} ({P} prompt + {continuation}: the new tokens and the draft steps "
-                                  "past them)")
+            if sp.seq.numel() < T:
+                raise DoctorError(f"prompt {i}: the dumped request holds {sp.seq.numel()} tokens; the replay needs "
+                                  f"{T} ({P} prompt + {continuation}: the new tokens and the draft steps past them)")
+            unknown = (sp.greedy[P - 1:T] < 0).nonzero()
+            if unknown.numel():
+                raise DoctorError(f"prompt {i}: the target's greedy token after position {P - 1 + int(unknown[0])} is "
+                                  f"not in the dumped request; the replay needs it after every position {P - 1} to "
+                                  f"{T - 1} ({P} prompt + {continuation}: the new tokens and the draft steps past "
+                                  "them)")
             seqs.append(sp.seq[:T])
             greedy.append(sp.greedy[:T])
             rows.append(taps_of(sp.parts, wanted, T, self.notes))
@@ -140,6 +164,15 @@ def info_from_dump(parts: Sequence[RequestParts], where: str, checkpoint_config:
         return info_from_config(cfg, vocab_size)
     d = {"num_hidden_layers": L, "hidden_size": H, "architectures": [cls] if cls else []}
     return info_from_config(configs.read_target_config(d), vocab_size)
+
+
+def written_at(parts: RequestParts) -> float:
+    """When the request's last record was written (its file's modification time): record names say nothing of the
+    order of two servers' or two runs' records."""
+    try:
+        return max(os.path.getmtime(rec.path) for rec, _, _ in parts.parts)
+    except OSError:  # removed since it was read: the oldest
+        return 0.0
 
 
 class DumpTarget(StreamTarget):
@@ -194,10 +227,10 @@ class DumpTarget(StreamTarget):
                 raise DoctorError(f"{self.flag} {self.path}: prompt {i}'s dumped request holds {got} tokens "
                                   f"after the prompt; the replay needs {need + 1} (--new-tokens plus num-steps plus "
                                   "one); give fewer --new-tokens")
-            if len({tuple(x.tolist()) for _, x in long}) > 1:
-                self.notes.append(f"prompt {i}: {len(long)} dumped requests begin with it; the last written is "
-                                  "used")
-            r, x = long[-1]
+            r, x = max(long, key=lambda rx: written_at(rx[0]))
+            if len(long) > 1:  # several doctor runs (or prompts sharing a beginning): say which one is read
+                self.notes.append(f"prompt {i}: {len(long)} dumped requests begin with it (several doctor runs?); "
+                                  f"the newest written is used (rid {r.rid}, {os.path.basename(r.parts[-1][0].path)})")
             greedy = torch.full_like(x, -1)
             greedy[P - 1:-1] = x[P:]  # the continuation is the target's greedy one: its next token
             out.append(StreamedPrompt(x, greedy, r))
