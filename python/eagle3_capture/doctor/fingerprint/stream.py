@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import torch
 
@@ -66,12 +66,17 @@ class StreamFingerprint:
     notes: List[str] = field(default_factory=list)
     requests: int = 0
     bad_rows: List[BadRows] = field(default_factory=list)
+    mixed: List[str] = field(default_factory=list)  # one line per declaration when a directory holds several
 
     @property
     def tap_problems(self) -> Optional[str]:
         """One line naming what the served slots hold that the draft does not declare, judged on the rows that carry
         data (None: nothing found)."""
         out = []
+        if self.mixed:
+            out.append(f"the directory holds the records of {len(self.mixed)} declarations (several servers, or a "
+                       f"restart with another draft, write it): {'; '.join(self.mixed)} -- give each server its own "
+                       "EAGLE3_CAPTURE_DUMP directory")
         for m in self.matches:
             if m.verdict == NO_ROWS:
                 out.append(f"served slot {m.slot}: no row of it can be compared (every one is bad data)")
@@ -120,7 +125,8 @@ class StreamFingerprint:
         return {"num_layers": self.L, "served_layer_inputs": self.served, "stream_layer_inputs": self.stream_layers,
                 "requests": self.requests, "slots": [m.to_json(self.L) for m in self.matches],
                 "embedding": [e.__dict__ | {"ok": e.ok} for e in self.embedding], "mismatch": self.mismatch,
-                "bad_rows": [b.to_json() for b in self.bad_rows], "notes": self.notes}
+                "bad_rows": [b.to_json() for b in self.bad_rows], "mixed_declarations": self.mixed,
+                "notes": self.notes}
 
 
 def fingerprint_requests(requests: Sequence[RequestParts], L: Optional[int], expected: Optional[List[int]],
@@ -202,13 +208,38 @@ def dump_fingerprint(path: str, expected: Optional[List[int]], ck=None, checkpoi
                           + "; the plugin dumps the stream of eagle3-doctor- requests (doctor online --dump, or "
                           "doctor fingerprint --server URL --training-data)")
     info = info_from_dump(reqs, f"--captured {path}", checkpoint_config)
-    if expected is None:
-        expected = _declared_from_records(reqs, info.num_layers)
-    fp = fingerprint_requests(reqs, info.num_layers, expected, ck, info if ck is not None else None, progress,
-                              min_cos)
+    groups = by_declaration(reqs)
+    fps = []
+    for group in groups.values():  # each server's declaration judged on its own requests, against its own taps
+        exp = expected if expected is not None else _declared_from_records(group, info.num_layers)
+        fps.append(fingerprint_requests(group, info.num_layers, exp, ck, info if ck is not None else None,
+                                        progress, min_cos))
+    fp = fps[0]
+    if len(groups) > 1:
+        fp.mixed = [f"{declaration_name(key)}: {len(g)} request(s), "
+                    + (sub.tap_problems or "every served slot holds the declared tap").replace("the fingerprint: ", "")
+                    for (key, g), sub in zip(groups.items(), fps)]
     if not fp.matches and not fp.embedding:
         raise DoctorError(f"--captured {path}: its doctor requests carry no served slots (aux) to fingerprint")
     return fp
+
+
+def by_declaration(reqs: Sequence[RequestParts]) -> Dict[tuple, List[RequestParts]]:
+    """The requests grouped by the declaration of the server that wrote them (its draft's declared taps and the
+    layer inputs it served), in the order first seen: one group per server configuration in a shared directory."""
+    groups: Dict[tuple, List[RequestParts]] = {}
+    for r in reqs:
+        head = r.parts[0][0]
+        key = (tuple(head.declared) if head.declared else None,
+               tuple(head.layers_to_capture) if head.layers_to_capture else None)
+        groups.setdefault(key, []).append(r)
+    return groups
+
+
+def declaration_name(key: tuple) -> str:
+    declared, served = key
+    return (f"declaration {list(declared)}" if declared else "no declaration") + \
+        (f" (served layer inputs {list(served)})" if served else "")
 
 
 def _declared_from_records(reqs: Sequence[RequestParts], L: int) -> Optional[List[int]]:
@@ -231,4 +262,4 @@ def _declared_from_records(reqs: Sequence[RequestParts], L: int) -> Optional[Lis
 
 
 __all__ = ["EmbeddingCheck", "embedding_check", "StreamFingerprint", "fingerprint_requests", "served_fingerprint",
-           "dump_fingerprint"]
+           "dump_fingerprint", "by_declaration", "declaration_name"]
