@@ -121,3 +121,43 @@ def test_an_answer_outside_the_vocabulary_is_not_called_not_lossless(tf, tmp_pat
                          "--dump", d, "--server-args", FLAGS, "--no-progress", "--device", "cpu", "--threads", 1)
     assert_clean_error(code, out, err, "prompt 1: output token id 100000 is outside the target's vocabulary (256)")
     assert "lossless" not in out + err
+
+
+def _v1_dump(tf, d, with_shape=False):
+    """Version-1 records (the plugin's older dump: no format, no rid, no stream) of the teacher-forced requests, the
+    served slots at the declared layer inputs; as that plugin wrote them, without num_layers / hidden_size."""
+    os.makedirs(d)
+    t = tf["t"]
+    for i, (ids, stack) in enumerate(zip(t.sent, t.stack)):
+        T = ids.numel()
+        rec = {"aux": stack[:, [0, 1, 4]].reshape(T, -1).contiguous(), "input_ids": ids, "positions": torch.arange(T),
+               "forward_mode": "EXTEND", "layers_to_capture": [0, 1, 4]}
+        if with_shape:
+            rec.update(num_layers=8, hidden_size=64)
+        torch.save(rec, os.path.join(d, f"eagle3_capture_pid1_{i:04d}.pt"))
+    return d
+
+
+def test_a_version_1_dump_is_read_with_the_checkpoints_config(tf, tmp_path):
+    """Before: every version-1 dump was refused for a missing num_layers / hidden_size (its reading path was
+    unreachable). Now --target-checkpoint's config gives them, and the replay equals the version-2 dump's."""
+    from dump_helpers import write_checkpoint
+
+    v1 = _v1_dump(tf, str(tmp_path / "v1"))
+    args = ("--prompts", tf["prompts"], "--draft", tf["draft"], "--server-args", FLAGS, "--no-progress", "--device",
+            "cpu", "--threads", 1)
+    code, out, err = cli("doctor", "accept", "--hidden-states", v1, *args)
+    assert_clean_error(code, out, err, "version-1 records never do", "--target-checkpoint")
+    m = tf["t"].side.target.model
+    ck = write_checkpoint(str(tmp_path / "ck"), {"model.embed_tokens.weight": m.get_input_embeddings().weight.detach()},
+                          tf["t"].side.target.config_dict, 1)
+    code, out, err = cli("doctor", "accept", "--hidden-states", v1, "--target-checkpoint", ck, *args,
+                         "--json", tmp_path / "v1.json")
+    assert code == 0, out + err
+    v2 = str(tmp_path / "v2")
+    tf["t"].write_dump(v2, [0, 1, 4], list(range(9)), declared=DECL)
+    code, out, err = cli("doctor", "accept", "--hidden-states", v2, *args, "--json", tmp_path / "v2.json")
+    assert code == 0, out + err
+    a, b = json.load(open(tmp_path / "v1.json")), json.load(open(tmp_path / "v2.json"))
+    assert a["metrics"] == b["metrics"] and a["served"] == b["served"]
+    assert any("version-1 dump" in n for n in a["notes"])

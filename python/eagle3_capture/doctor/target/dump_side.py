@@ -148,9 +148,23 @@ def info_from_dump(parts: Sequence[RequestParts], where: str, checkpoint_config:
     if len(Ls) > 1 or len(Hs) > 1:
         raise DoctorError(f"{where}: records from different models (num_layers {sorted(Ls)}, hidden_size "
                           f"{sorted(Hs)})")
-    if not Ls or not Hs:
-        raise DoctorError(f"{where}: the records do not say the target's num_layers / hidden_size")
+    if (not Ls or not Hs) and checkpoint_config is None:
+        v1 = any(r.version == 1 for r in recs)
+        raise DoctorError(f"{where}: the records do not say the target's num_layers / hidden_size"
+                          + (" (version-1 records never do)" if v1 else "")
+                          + ": give --target-checkpoint, whose config.json says them")
+    if not Ls or not Hs:  # version-1 records: the checkpoint's config says them (checked below against the rows)
+        try:
+            cfg = configs.read_target_config(checkpoint_config)
+        except ValueError as e:
+            raise DoctorError(f"--target-checkpoint config: {e}") from None
+        Ls, Hs = Ls or {cfg.num_layers}, Hs or {cfg.hidden_size}
     L, H = Ls.pop(), Hs.pop()
+    widths = {r.aux.shape[-1] // len(r.layers_to_capture) for r in recs
+              if r.version == 1 and r.aux is not None and r.layers_to_capture}
+    if widths and widths != {H}:
+        raise DoctorError(f"{where}: the records' served slots are {sorted(widths)} wide; the target's hidden size "
+                          f"is {H}: a dump from another model")
     cls = next((r.model_class for r in recs if r.model_class), None)
     if checkpoint_config is not None:
         try:
