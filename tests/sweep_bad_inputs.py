@@ -8,7 +8,8 @@ Not a pytest module (no test_ prefix): it takes minutes. Run it from the reposit
     PYTHONPATH=$PWD/python python tests/sweep_bad_inputs.py [--only KIND] [--timeout S] [--json OUT]
 
 Kinds: 1 online's recorded figures, 2 partly random targets, 4 sizes, 5 inputs that printed tracebacks, 6 the
-Python API, 8 messages that must name the right thing. (Kind 7, the gather's exit after an agreement error, needs
+Python API, 8 messages that must name the right thing; 32.2 ... 32.8: issue 32's doctor kinds
+(tests/sweep_issue32_doctor.py). (Kind 7, the gather's exit after an agreement error, needs
 two processes per run: tests/test_gather_agreement.py repeats it.) The demo pair is trained once into
 /tmp/eagle3_sweep_demo (a `doctor demo --fast` in a subprocess) unless --demo names one.
 """
@@ -519,9 +520,15 @@ def message_cases(demo, tmp):
     return c
 
 
+def issue32_doctor_cases(demo, tmp):
+    from sweep_issue32_doctor import doctor_cases
+
+    return doctor_cases(demo, tmp)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", type=int, action="append", help="run only this kind (repeatable)")
+    ap.add_argument("--only", action="append", help="run only this kind (repeatable; e.g. 2, or 32.2)")
     ap.add_argument("--timeout", type=float, default=90.0, help="seconds before a case counts as a hang")
     ap.add_argument("--demo", default="/tmp/eagle3_sweep_demo", help="the demo pair's directory (trained if absent)")
     ap.add_argument("--json", help="write every case's outcome here")
@@ -536,14 +543,18 @@ def main(argv=None):
     builders = {1: lambda: online_cases(demo, tmp, rng), 2: lambda: target_cases(demo, tmp),
                 4: lambda: [c for c in flag_cases(demo, tmp) if c.kind == 4],
                 5: lambda: [c for c in flag_cases(demo, os.path.join(tmp, "k5")) if c.kind == 5],
-                6: lambda: api_cases(tmp), 8: lambda: message_cases(demo, tmp)}
+                6: lambda: api_cases(tmp), 8: lambda: message_cases(demo, tmp),
+                32: lambda: issue32_doctor_cases(demo, os.path.join(tmp, "i32"))}
     os.makedirs(os.path.join(tmp, "k5"))
     results, t0 = [], time.time()
     try:
+        only = None if not args.only else set(args.only)
         for kind, build in builders.items():
-            if args.only and kind not in args.only:
+            if only and str(kind) not in only and not any(o.startswith(f"{kind}.") for o in only):
                 continue
             for case in build():
+                if only and str(case.kind) not in only and str(kind) not in only:
+                    continue
                 outcome, msg = run_forked(case.fn, args.timeout)
                 good = outcome in case.want and all(n in msg for n in case.needles)
                 results.append({"kind": case.kind, "case": case.name, "outcome": outcome, "want": sorted(case.want),
@@ -553,12 +564,12 @@ def main(argv=None):
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"\n{len(results)} cases in {time.time() - t0:.0f} s")
-    kinds = sorted({r["kind"] for r in results})
+    kinds = sorted({r["kind"] for r in results}, key=lambda k: [int(x) for x in str(k).split(".")])
     outcomes = [CLEAN, FINDING, OK, TRACEBACK, HANG, CRASH, MULTILINE]
     print(f"{'kind':>4}  {'cases':>5}  " + "  ".join(f"{o:>13}" for o in outcomes) + "  not as they must")
     for k in kinds:
         rs = [r for r in results if r["kind"] == k]
-        print(f"{k:>4}  {len(rs):>5}  " + "  ".join(f"{sum(r['outcome'] == o for r in rs):>13}" for o in outcomes)
+        print(f"{str(k):>4}  {len(rs):>5}  " + "  ".join(f"{sum(r['outcome'] == o for r in rs):>13}" for o in outcomes)
               + f"  {sum(not r['good'] for r in rs):>16}")
     if args.json:
         with open(args.json, "w") as f:
