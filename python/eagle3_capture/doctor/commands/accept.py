@@ -206,7 +206,13 @@ def _run(opts: Options, device: str) -> AcceptReport:
     target_model = getattr(getattr(side, "target", None), "model", None)
     if target_model is not None:
         check_positions(target_model, prompts, new_tokens, S, "--new-tokens")
-    runs = evaluate(side, ds.draft, prompts, spec, S, new_tokens, res, opts.batch_size, progress)
+    from ..fingerprint.stream import with_slot_holdings
+    from ..target.dump_side import AnotherDeclaration
+
+    try:
+        runs = evaluate(side, ds.draft, prompts, spec, S, new_tokens, res, opts.batch_size, progress)
+    except AnotherDeclaration as e:  # the server runs another declaration: what do its slots hold?
+        raise with_slot_holdings(e) from None
     notes += side.notes
     bad = [r.bad for r in runs if r.bad is not None]
     kept = usable_runs(runs, f"--hidden-states {opts.hidden_states}" if opts.hidden_states else

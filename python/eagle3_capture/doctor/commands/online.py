@@ -304,7 +304,13 @@ def _run(opts: Options, device: str) -> OnlineReport:
         ds = load_draft_side(draft_path, side.info, opts.taps, device, torch_dtype, opened.embed, opened.lm_head)
     res = SpecResolution(S, k, D, requested=flags)
     notes += ds.notes
-    runs = evaluate(side, ds.draft, prompts, ds.taps, S, new_tokens, res, opts.batch_size, progress, desc="offline")
+    from ..fingerprint.stream import with_slot_holdings
+    from ..target.dump_side import AnotherDeclaration
+
+    try:
+        runs = evaluate(side, ds.draft, prompts, ds.taps, S, new_tokens, res, opts.batch_size, progress, desc="offline")
+    except AnotherDeclaration as e:  # the server runs another declaration: what do its slots hold?
+        raise with_slot_holdings(e) from None
     notes += side.notes
     left_out = [r.bad for r in runs if r.bad is not None]
     kept = usable_runs(runs, f"--target {target_path}" if target_path else f"--dump {dump}")

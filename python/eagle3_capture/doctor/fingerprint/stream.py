@@ -17,7 +17,7 @@ import torch
 
 from ...dump_format.reader import DumpReader, RequestParts, doctor_requests
 from ..bad_rows import BLAME, BadRows, grouped, row_flags, summary
-from ..common import DoctorError
+from ..common import DeploymentFinding, DoctorError
 from ..progress import bar as progress_bar
 from .stream_match import NO_ROWS, SlotMatch, StreamMatcher, layer_name, render_matches
 
@@ -242,6 +242,24 @@ def declaration_name(key: tuple) -> str:
         (f" (served layer inputs {list(served)})" if served else "")
 
 
+def slot_holdings(parts: RequestParts) -> List[str]:
+    """What each served slot of one dumped request holds, as far as its stream tells ([]: it cannot tell)."""
+    L = parts.parts[0][0].num_layers
+    try:
+        fp = fingerprint_requests([parts], L, None)
+    except (DoctorError, ValueError):  # no usable stream rows
+        return []
+    return [f"slot {m.slot}: {layer_name(m.best, L)}" if m.verdict in ("exact", "clear") else
+            f"slot {m.slot}: not one layer of the stream ({m.verdict})" for m in fp.matches]
+
+
+def with_slot_holdings(e) -> DeploymentFinding:
+    """An :class:`~..target.dump_side.AnotherDeclaration` finding, told what each served slot holds."""
+    from ..target.dump_side import another_declaration
+
+    return DeploymentFinding(another_declaration(e.parts, e.wanted, e.absent, slot_holdings(e.parts)))
+
+
 def _declared_from_records(reqs: Sequence[RequestParts], L: int) -> Optional[List[int]]:
     """The layer inputs the server's draft declared, from the records' ``declared`` taps (canonical reprs)."""
     import re
@@ -262,4 +280,5 @@ def _declared_from_records(reqs: Sequence[RequestParts], L: int) -> Optional[Lis
 
 
 __all__ = ["EmbeddingCheck", "embedding_check", "StreamFingerprint", "fingerprint_requests", "served_fingerprint",
-           "dump_fingerprint", "by_declaration", "declaration_name"]
+           "dump_fingerprint", "by_declaration", "declaration_name", "slot_holdings",
+           "with_slot_holdings"]

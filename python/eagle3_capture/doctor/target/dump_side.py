@@ -61,7 +61,7 @@ def taps_of(parts: RequestParts, wanted: List[int], rows: int, notes: List[str])
                           "dumps it for eagle3-doctor- requests: is the dump from an older plugin?)")
     absent = [i for i in wanted if i not in head.stream_layer_inputs]
     if absent:
-        raise DeploymentFinding(another_declaration(parts, wanted, absent))
+        raise AnotherDeclaration(parts, wanted, absent)
     req = parts.load(layers=wanted, with_aux=False)
     if req.first_position != 0:
         raise DoctorError(f"dump {head.path}: request {parts.rid} starts at position {req.first_position}, not 0: "
@@ -70,26 +70,31 @@ def taps_of(parts: RequestParts, wanted: List[int], rows: int, notes: List[str])
     return req.stream[:, :rows].permute(1, 0, 2).reshape(min(rows, T), K * H)
 
 
-def another_declaration(parts: RequestParts, wanted: List[int], absent: List[int]) -> str:
-    """The finding when the server's dumped stream lacks layers the draft declares: the server ran with another
-    draft's declaration. Names both declarations and what each served slot holds, as far as the stream tells."""
-    from ..fingerprint.stream import fingerprint_requests
-    from ..fingerprint.stream_match import layer_name
+def _layer(i: int) -> str:
+    return "Embedding" if i == 0 else f"LayerOutput({i - 1})"
 
+
+def another_declaration(parts: RequestParts, wanted: List[int], absent: List[int],
+                        holds: Optional[List[str]] = None) -> str:
+    """The finding when the server's dumped stream lacks layers the draft declares: the server ran with another
+    draft's declaration. Names both declarations and, with ``holds`` (what each served slot holds, from the
+    fingerprint of its stream), what the server feeds its draft; without, the server's own labels."""
     head = parts.parts[0][0]
-    L = head.num_layers
-    server = head.declared or [layer_name(i, L) for i in head.layers_to_capture or []]
-    try:
-        fp = fingerprint_requests([parts], L, None)
-        holds = [f"slot {m.slot}: {layer_name(m.best, L)}" if m.verdict in ("exact", "clear") else
-                 f"slot {m.slot}: not one layer of the stream ({m.verdict})" for m in fp.matches]
-    except (DoctorError, ValueError):  # no stream rows to tell: the server's own labels
-        holds = []
+    server = head.declared or [_layer(i) for i in head.layers_to_capture or []]
     slots = ("; its served slots hold " + ", ".join(holds)) if holds else \
         f"; its served slots are labelled layer inputs {head.layers_to_capture}"
     return (f"dump {head.path}: the server runs another draft's declaration: the server declares {server}, the "
-            f"draft given declares {[layer_name(i, L) for i in wanted]}{slots}. The dumped stream holds layer "
-            f"inputs {head.stream_layer_inputs}, not {absent}: for the full prediction, {STREAM_HINT}")
+            f"draft given declares {[_layer(i) for i in wanted]}{slots}. The dumped stream holds layer inputs "
+            f"{head.stream_layer_inputs}, not {absent}: for the full prediction, {STREAM_HINT}")
+
+
+class AnotherDeclaration(DeploymentFinding):
+    """The server's stream lacks layers the draft declares (a finding, exit 1); ``parts`` / ``wanted`` /
+    ``absent`` let a command that can fingerprint the stream say what each served slot holds."""
+
+    def __init__(self, parts: RequestParts, wanted: List[int], absent: List[int]):
+        self.parts, self.wanted, self.absent = parts, wanted, absent
+        super().__init__(another_declaration(parts, wanted, absent))
 
 
 class StreamTarget(TargetSide):
