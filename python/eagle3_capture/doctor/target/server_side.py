@@ -18,6 +18,7 @@ so it must see the server's filesystem.
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 import uuid
@@ -33,8 +34,8 @@ from ..progress import bar as progress_bar
 from ..sglang_model.http import post_json
 from .dump_side import StreamedPrompt, StreamTarget, info_from_dump
 
-# seconds without a new record, once the server has answered every teacher-forced request, before the wait gives up
-# (the plugin's writer is a moment behind the answers: a record per batch, written in the background)
+# seconds without a new record or a file growing in the directory, once the server has answered every teacher-forced
+# request, before the wait gives up (the plugin's writer is a moment behind the answers, in the background)
 STALL_S = 30.0
 
 
@@ -153,6 +154,21 @@ def _has(parts: Optional[RequestParts], n: int) -> bool:
         return False
 
 
+def _bytes_in(d: str) -> int:
+    """The bytes of every file in the directory (a record being written grows before it is listed)."""
+    total = 0
+    try:
+        with os.scandir(d) as it:
+            for e in it:
+                try:
+                    total += e.stat().st_size if e.is_file() else 0
+                except OSError:  # renamed or removed meanwhile
+                    pass
+    except OSError:
+        return -1
+    return total
+
+
 def _gap(parts: Optional[RequestParts]) -> Optional[str]:
     """What is wrong with a request that is in the dump with a gap in its positions (None: no such gap)."""
     if parts is None:
@@ -171,7 +187,7 @@ def wait_for_requests(dump_dir: str, rids: List[str], seqs: List[torch.Tensor], 
     moment behind at most). ``progress``: say on stderr what it waits for."""
     reader = DumpReader(dump_dir)
     deadline = time.time() + timeout
-    seen, changed = -1, time.time()
+    seen, changed = None, time.time()
     if progress:
         print(f"waiting up to {timeout:g} s for the plugin's records of {len(rids)} teacher-forced request(s) (rid "
               f"{rids[0].rsplit('-', 1)[0]}-*) in {dump_dir}; giving up after {STALL_S:g} s without a new record",
@@ -189,8 +205,9 @@ def wait_for_requests(dump_dir: str, rids: List[str], seqs: List[torch.Tensor], 
             if all(h is not None for h in hits):
                 return hits
         now = time.time()
-        if len(records) != seen:
-            seen, changed = len(records), now
+        activity = (len(records), _bytes_in(dump_dir))  # a large record still being written counts as progress
+        if activity != seen:
+            seen, changed = activity, now
         stalled = now - changed > STALL_S  # the server answered every request; nothing new since
         if now > deadline or stalled:
             missing = [(r, p) for r, p, ok in zip(rids, found, complete) if not ok]
