@@ -8,7 +8,8 @@ Not a pytest module (no test_ prefix): it takes minutes. Run it from the reposit
     PYTHONPATH=$PWD/python python tests/sweep_bad_inputs.py [--only KIND] [--timeout S] [--json OUT]
 
 Kinds: 1 online's recorded figures, 2 partly random targets, 4 sizes, 5 inputs that printed tracebacks, 6 the
-Python API, 8 messages that must name the right thing. (Kind 7, the gather's exit after an agreement error, needs
+Python API, 8 messages that must name the right thing; 32.2 ... 32.8: issue 32's doctor kinds
+(tests/sweep_issue32_doctor.py). (Kind 7, the gather's exit after an agreement error, needs
 two processes per run: tests/test_gather_agreement.py repeats it.) The demo pair is trained once into
 /tmp/eagle3_sweep_demo (a `doctor demo --fast` in a subprocess) unless --demo names one.
 """
@@ -527,6 +528,12 @@ def message_cases(demo, tmp):
     return c
 
 
+def issue32_doctor_cases(demo, tmp):
+    from sweep_issue32_doctor import doctor_cases
+
+    return doctor_cases(demo, tmp)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", action="append", help="run only this kind (repeatable; e.g. 2, or 32.2)")
@@ -544,7 +551,8 @@ def main(argv=None):
     builders = {1: lambda: online_cases(demo, tmp, rng), 2: lambda: target_cases(demo, tmp),
                 4: lambda: [c for c in flag_cases(demo, tmp) if c.kind == 4],
                 5: lambda: [c for c in flag_cases(demo, os.path.join(tmp, "k5")) if c.kind == 5],
-                6: lambda: api_cases(tmp), 8: lambda: message_cases(demo, tmp)}
+                6: lambda: api_cases(tmp), 8: lambda: message_cases(demo, tmp),
+                32: lambda: issue32_doctor_cases(demo, os.path.join(tmp, "i32"))}
     builders["32"] = lambda: issue32_plugin_cases(os.path.join(tmp, "i32p"))  # issue 32's plugin kinds: 32.1, 32.6
     os.makedirs(os.path.join(tmp, "k5"))
     results, t0 = [], time.time()

@@ -107,6 +107,18 @@ def _index_file(d: str) -> Optional[str]:
     return found[0] if found else None
 
 
+def shard_path(directory: str, name: str, index: str) -> str:
+    """The path of the shard file ``name`` that the shard index ``index`` (in ``directory``) names: ValueError when
+    the name leaves the directory (an absolute path, or one that climbs out with ``..``). The directory is the one
+    the user gave; the file that names the shards is not trusted to send the reader elsewhere. Checked on the name,
+    not through links: a Hugging Face cache's shards are links into its blob store."""
+    norm = os.path.normpath(name)
+    if os.path.isabs(name) or norm == os.pardir or norm.startswith(os.pardir + os.sep) or not norm or norm == ".":
+        raise ValueError(f"shard index {index}: weight_map names {name!r}, which is not a file inside "
+                         f"{directory}: an index may only name files beside it")
+    return os.path.join(directory, norm)
+
+
 def checkpoint_files(path: str) -> List[str]:
     """The safetensors files of a checkpoint directory that hold its tensors: those its shard index names (each
     must exist), else every ``*.safetensors`` in it."""
@@ -120,7 +132,7 @@ def checkpoint_files(path: str) -> List[str]:
         raise ValueError(f"shard index {index}: expected an object with 'weight_map' ({e})") from None
     if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
         raise ValueError(f"shard index {index}: expected an object with 'weight_map' {{tensor name: file name}}")
-    files = sorted({os.path.join(path, v) for v in wm.values()})
+    files = sorted({shard_path(path, v, index) for v in wm.values()})
     missing = [f for f in files if not os.path.isfile(f)]
     if missing:
         raise FileNotFoundError(f"shard index {index} names a file that is missing: {os.path.basename(missing[0])}")
@@ -144,6 +156,8 @@ def _from_index(index: str) -> Dict[str, Tuple[str, str]]:
     if not isinstance(wm, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
         raise ValueError(f"shard index {index}: expected an object with 'weight_map' {{tensor name: file name}}, got "
                          f"{str(data)[:80]!r}")
+    for v in set(wm.values()):
+        shard_path(d, v, index)
     missing = sorted({v for v in wm.values() if not os.path.isfile(os.path.join(d, v))})
     if missing:
         names = [k for k, v in wm.items() if v == missing[0]]

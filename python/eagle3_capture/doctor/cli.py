@@ -17,7 +17,7 @@ from typing import Optional
 
 from . import arg_types as at
 from .bounds import MAX_TIMEOUT_S
-from .common import EXIT_BAD_INPUT, DoctorError, write_json
+from .common import EXIT_BAD_INPUT, EXIT_FINDINGS, DeploymentFinding, DoctorError, write_json
 
 SERVER_ARGS_HELP = ("SGLang launch flags, quoted as one string (e.g. \"--speculative-algorithm EAGLE3 "
                     "--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4\"); a whole "
@@ -308,6 +308,9 @@ def run(args) -> int:
     except Exception as e:
         if not bad_input(e):
             raise
+        if isinstance(e, DeploymentFinding):  # the input was right: what it found is about the deployment
+            print(f"eagle3-capture doctor {args.doctor_command}: finding: {e}")
+            return EXIT_FINDINGS
         # one line, whatever the message holds (a value quoted from a file may have had line breaks)
         message = " ".join(str(e).split())
         print(f"eagle3-capture doctor {args.doctor_command}: error: {message}", file=sys.stderr)

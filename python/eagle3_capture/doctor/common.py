@@ -20,6 +20,12 @@ class DoctorError(Exception):
     """A problem with the user's input: printed as ``eagle3-capture doctor: error: <message>``, exit code 2."""
 
 
+class DeploymentFinding(DoctorError):
+    """A finding about the deployment that ends a command before its report (the server runs another draft's
+    declaration, say): printed on stdout as ``finding: <message>``, exit code 1 (:data:`EXIT_FINDINGS`), not 2 --
+    the input was right, the deployment is not."""
+
+
 def shown(v: Any, limit: int = 80) -> str:
     """A value from a user's file, for a one-line message: a tensor by its dtype and shape, anything else by its
     repr on one line, cut at `limit` characters."""

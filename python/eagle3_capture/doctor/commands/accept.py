@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
 
 from ...spec import TapSpec
-from ..common import EXIT_OK, DoctorError
+from ..bad_rows import BLAME, BadRows
+from ..common import EXIT_FINDINGS, EXIT_OK, DoctorError
 from ..replay.metrics import SERVED_MEANS, TAU_MEANS, Metrics
 from ..sglang_model.serving import Served, total
 
@@ -66,6 +67,8 @@ class AcceptReport:
     served: List[Served]           # per prompt, in the prompts file's order; empty when not predicted
     unserved: Optional[str] = None  # why there is no served figure
     notes: List[str] = field(default_factory=list)
+    bad: List[BadRows] = field(default_factory=list)  # prompts left out: their taps hold bad rows
+    prompt_ids: Optional[List[int]] = None  # which prompts of the file ``served`` is for (None: all, in order)
 
     @property
     def tau(self) -> float:
@@ -79,7 +82,8 @@ class AcceptReport:
         tot = self.served_total
         served = None if tot is None else {
             **tot.to_json(), "max_new_tokens": self.new_tokens,
-            "per_prompt": [{"prompt": i, **s.to_json()} for i, s in enumerate(self.served)]}
+            "per_prompt": [{"prompt": i, **s.to_json()} for i, s in zip(self.prompt_ids or range(len(self.served)),
+                                                                           self.served)]}
         return {"target": self.target, "draft": self.draft, "taps": [repr(t) for t in self.taps.taps],
                 "declared": None if self.declared is None else [repr(t) for t in self.declared.taps],
                 "server_args": self.flags_text,
@@ -87,13 +91,13 @@ class AcceptReport:
                            "error": self.flag_error},
                 "served": served, "tau": round(self.tau, 6),
                 "metrics": self.metrics.to_json(), "prompts": self.prompts, "tokens": self.tokens,
-                "notes": self.notes}
+                "notes": self.notes, "left_out": [b.to_json() for b in self.bad]}
 
 
-def render_served(served: Sequence[Served], label: str = "prompt") -> List[str]:
-    """The per-prompt table and the total line, as SGLang reports them."""
+def render_served(served: Sequence[Served], label: str = "prompt", ids: Optional[Sequence[int]] = None) -> List[str]:
+    """The per-prompt table and the total line, as SGLang reports them (``ids``: the prompts' numbers)."""
     lines = [f"{label:>6}  tokens  verifies  accept length  accepted drafts per verify (0, 1, ...)"]
-    for i, s in enumerate(served):
+    for i, s in zip(ids or range(len(served)), served):
         lines.append(f"{i:>6}  {s.completion_tokens:>6}  {s.verify_ct:>8}  {s.served_accept_length:>13.3f}  "
                      f"{s.histogram}")
     tot = total(served)
@@ -123,7 +127,7 @@ def render(rep: AcceptReport) -> str:
         lines.append(f"{src}: num-steps {rep.steps}, eagle-topk {rep.topk}, num-draft-tokens {rep.draft_tokens}"
                      + (" (a tree)" if rep.topk > 1 else " (a chain)"))
         lines += ["", "SGLang's loop replayed (what each response's meta_info reports):"]
-        lines += ["  " + ln for ln in render_served(rep.served)]
+        lines += ["  " + ln for ln in render_served(rep.served, ids=rep.prompt_ids)]
         tot = rep.served_total
         lines += ["", f"served accept length = {tot.completion_tokens} / {tot.verify_ct} = "
                       f"{tot.served_accept_length:.3f}   <- compare with the server's spec_accept_length",
@@ -131,6 +135,10 @@ def render(rep: AcceptReport) -> str:
                   + (" (top-1 chain; the tree's tau is not computed)" if rep.topk > 1 else ""),
                   f"  {SERVED_MEANS}", f"  {TAU_MEANS}"]
     lines += [f"note: {n}" for n in rep.notes]
+    if rep.bad:
+        lines += ["", f"{len(rep.bad)} prompt(s) left out of every figure above, their taps holding bad rows:"]
+        lines += [f"  {b.line()}" for b in rep.bad]
+        lines.append(f"  ({BLAME})")
     return "\n".join(lines)
 
 
@@ -148,7 +156,7 @@ def _run(opts: Options, device: str) -> AcceptReport:
     from ..bounds import check_positions, check_speculative, check_steps
     from ..common import read_prompts, save_safetensors
     from ..draft.side import draft_dtype, load_draft_side
-    from ..replay.evaluate import evaluate, served_walks, unserved_reason
+    from ..replay.evaluate import evaluate, served_walks, unserved_reason, usable_runs
     from ..replay.metrics import metrics
     from ..sglang_model.flag_rules import not_eagle3, resolve_speculative
     from ..sglang_model.serving import chain_accepted
@@ -198,16 +206,27 @@ def _run(opts: Options, device: str) -> AcceptReport:
     target_model = getattr(getattr(side, "target", None), "model", None)
     if target_model is not None:
         check_positions(target_model, prompts, new_tokens, S, "--new-tokens")
-    runs = evaluate(side, ds.draft, prompts, spec, S, new_tokens, res, opts.batch_size, progress)
+    from ..fingerprint.stream import with_slot_holdings
+    from ..target.dump_side import AnotherDeclaration
+
+    try:
+        runs = evaluate(side, ds.draft, prompts, spec, S, new_tokens, res, opts.batch_size, progress)
+    except AnotherDeclaration as e:  # the server runs another declaration: what do its slots hold?
+        raise with_slot_holdings(e) from None
     notes += side.notes
+    bad = [r.bad for r in runs if r.bad is not None]
+    kept = usable_runs(runs, f"--hidden-states {opts.hidden_states}" if opts.hidden_states else
+                       f"--target {opts.target}")
+    runs = [runs[i] for i in kept]
     allc = torch.cat([r.correct for r in runs], 0)
     m = metrics(allc)
     topk = res.topk if res.topk is not None else 1
     rep = AcceptReport(side.source, opts.draft, spec, declared, flags.raw if flags else "",
                        res.steps if res.steps is not None else n_chain, topk,
                        res.draft_tokens if res.draft_tokens is not None else n_chain + 1, res.error, m,
-                       len(prompts), sum(int(r.seq.numel()) for r in runs), new_tokens,
-                       served_walks(runs, new_tokens), unserved_reason(res), notes)
+                       len(runs), sum(int(r.seq.numel()) for r in runs), new_tokens,
+                       served_walks(runs, new_tokens), unserved_reason(res), notes, bad,
+                       kept if bad else None)
     if opts.tensors:
         save_safetensors(opts.tensors, {"correct": allc.to(torch.uint8),
                                         "accepted": chain_accepted(allc, rep.steps)},
@@ -216,7 +235,8 @@ def _run(opts: Options, device: str) -> AcceptReport:
 
 
 def exit_code(rep: AcceptReport) -> int:
-    return EXIT_OK
+    """0, or 1 when prompts were left out for bad rows (the figures rest on the others; the data is broken)."""
+    return EXIT_FINDINGS if rep.bad else EXIT_OK
 
 
 __all__ = ["Options", "run", "AcceptReport", "render", "render_served", "exit_code"]

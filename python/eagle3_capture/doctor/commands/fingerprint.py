@@ -58,7 +58,7 @@ class FingerprintReport:
             return not any(f.severity == "error" for f in r.findings)
         if self.kind == "stream":
             return r.mismatch is None
-        return r.same_as_served
+        return r.ok
 
 
 def _draft_ids(draft_config: Optional[str]) -> Optional[List[int]]:
@@ -152,7 +152,16 @@ def run(opts: Options) -> FingerprintReport:
 
         H = configs.read_target_config(ck.config).hidden_size
     smp = load_samples(opts.training_data, opts.samples or DEFAULT_SAMPLES, opts.max_tokens or DEFAULT_MAX_TOKENS, H)
-    rids = send_samples(opts.server, smp, timeout=opts.timeout) if opts.server is not None else None
+    rids = None
+    if opts.server is not None:  # every sample checked against the target's vocabulary and the server first
+        from ..sglang_model.request_guard import server_limits
+        from ..target.checkpoint import config_vocab
+
+        vocab, src = ck.vocab_size, f"--target-checkpoint {opts.target_checkpoint}"
+        if vocab is None and opts.target_config is not None:
+            vocab, src = config_vocab(opts.target_config), f"--target-config {opts.target_config}"
+        limits = server_limits(opts.server, min(opts.timeout, 30.0), vocab, src)
+        rids = send_samples(opts.server, smp, timeout=opts.timeout, limits=limits)
     return FingerprintReport("training", training_fingerprint(smp, opts.captured, rids, _draft_ids(opts.draft_config),
                                                               opts.timeout, opts.min_cos))
 

@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from ..bad_rows import BLAME, BadRows, summary
 from ..common import EXIT_FINDINGS, EXIT_OK, DoctorError
 from ..replay.metrics import SERVED_MEANS
 from ..sglang_model.responses import Response, StepRow, check_counts, read_recorded
@@ -74,10 +75,16 @@ class OnlineReport:
     notes: List[str] = field(default_factory=list)
     fingerprint: Optional[dict] = None          # the served slots against the server's stream (no --target)
     fingerprint_lines: List[str] = field(default_factory=list)
+    left_out: List[BadRows] = field(default_factory=list)   # prompts whose taps hold bad rows
+    prompt_ids: Optional[List[int]] = None       # which prompts the rows are (None: all, in order)
 
     def to_json(self) -> dict:
         s, k, d = self.flags
         return {"fingerprint": self.fingerprint, **self._fields(s, k, d)}
+
+    @property
+    def _ids(self) -> List[int]:
+        return self.prompt_ids if self.prompt_ids is not None else list(range(len(self.online)))
 
     def _fields(self, s, k, d) -> dict:
         return {
@@ -85,9 +92,10 @@ class OnlineReport:
             "server_flags": {"num_steps": s, "eagle_topk": k, "num_draft_tokens": d}, "max_new_tokens": self.new_tokens,
             "verdict": self.verdict, "ok": self.ok, "tolerance": self.tolerance,
             "online": {**total(self.online).to_json(),
-                       "per_prompt": [{"prompt": i, **o.to_json()} for i, o in enumerate(self.online)]},
+                       "per_prompt": [{"prompt": i, **o.to_json()} for i, o in zip(self._ids, self.online)]},
             "predicted": {**total(self.predicted).to_json(),
-                          "per_prompt": [{"prompt": i, **o.to_json()} for i, o in enumerate(self.predicted)]},
+                          "per_prompt": [{"prompt": i, **o.to_json()} for i, o in zip(self._ids, self.predicted)]},
+            "left_out": [b.to_json() for b in self.left_out],
             "lossless": self.lossless, "first_difference": self.first_difference,
             "step_acceptance": [{"step": r.step, "online": _r(r.online), "offline": _r(r.offline),
                                  "offline_all_positions": _r(r.offline_all)} for r in self.steps],
@@ -135,11 +143,12 @@ def render(rep: OnlineReport) -> str:
     S, k, D = rep.flags
     on_tot, pr_tot = total(rep.online), total(rep.predicted)
     lines = [f"server {rep.server}", f"target {rep.target}", f"draft  {rep.draft} (taps {rep.taps})",
-             f"{len(rep.online)} prompts, max_new_tokens {rep.new_tokens}, num-steps {S}, eagle-topk {k}, "
+             f"{len(rep.online)} prompts" + (f" ({len(rep.left_out)} more left out: bad rows)" if rep.left_out else "")
+             + f", max_new_tokens {rep.new_tokens}, num-steps {S}, eagle-topk {k}, "
              f"num-draft-tokens {D}",
              f"outputs equal the target's greedy continuation: {sum(rep.lossless)} of {len(rep.lossless)} prompts",
              "", "prompt  tokens  verifies online / predicted  accept length online / predicted"]
-    for i, (o, p) in enumerate(zip(rep.online, rep.predicted)):
+    for i, o, p in zip(rep._ids, rep.online, rep.predicted):
         mark = "" if (o.verify_ct == p.verify_ct and o.histogram == p.histogram) else "   <- differs"
         lines.append(f"{i:>6}  {o.completion_tokens:>6}  {o.verify_ct:>8} / {p.verify_ct:<9}  "
                      f"{o.served_accept_length:>13.3f} / {p.served_accept_length:.3f}{mark}")
@@ -153,6 +162,9 @@ def render(rep: OnlineReport) -> str:
     if rep.fingerprint_lines:
         lines += [""] + rep.fingerprint_lines
     lines += [f"note: {n}" for n in rep.notes]
+    if rep.left_out:
+        lines += ["", f"{len(rep.left_out)} prompt(s) left out of every figure above, their taps holding bad rows:"]
+        lines += [f"  {b.line()}" for b in rep.left_out]
     lines += ["", f"verdict: {rep.verdict}"]
     return "\n".join(lines)
 
@@ -196,10 +208,11 @@ def _run(opts: Options, device: str) -> OnlineReport:
     from ..bounds import check_positions, check_speculative
     from ..common import read_prompts
     from ..draft.side import draft_dtype, draft_vocab_sizes, load_draft_side
-    from ..replay.evaluate import evaluate, served_walks
+    from ..replay.evaluate import evaluate, served_walks, usable_runs
     from ..replay.metrics import metrics
     from ..sglang_model.flag_rules import SpecResolution, not_eagle3
     from ..sglang_model.http import generate, server_flags
+    from ..sglang_model.request_guard import check_outputs, check_request, server_limits
     from ..sglang_model.responses import has_histograms, verdict_of
     from ..sglang_model.server_args import parse_server_args
     from ..sglang_model.server_url import is_url as url_like
@@ -253,10 +266,14 @@ def _run(opts: Options, device: str) -> OnlineReport:
                 check_speculative(*early, draft_vocab, "server flags")
             steps = early[0]
         check_positions(positions, prompts, new_tokens, steps, "--new-tokens")
+        limits = server_limits(server, min(timeout, 30.0), vocab, "the target's config")
+        for i, p in enumerate(prompts):  # nothing goes out before every request is known to be safe
+            check_request(p, new_tokens, limits, f"prompt {i}")
         responses = generate(server, prompts, new_tokens, timeout, opts.concurrency, progress)
     else:
         from_server = None
         responses, new_tokens = _recorded(server, prompts, opts.prompts, new_tokens)
+    check_outputs(responses, vocab, server)
     short = [i for i, r in enumerate(responses) if r.served.completion_tokens != new_tokens]
     if short:
         r = responses[short[0]]
@@ -270,6 +287,10 @@ def _run(opts: Options, device: str) -> OnlineReport:
     check_positions(positions, prompts, new_tokens, S,
                     "--new-tokens" if is_url or new_tokens_given else f"completion_tokens of --server {server}")
     if target_path is None:
+        if is_url:  # the teacher-forced pass sends prompt + outputs (+ S + 1 tokens of the extension)
+            for i, (p, r) in enumerate(zip(prompts, responses)):
+                check_request(list(p) + list(r.output_ids), S + 1, limits,
+                              f"prompt {i}'s teacher-forced request (the prompt + the server's {new_tokens} tokens)")
         forcing = TeacherForcing(server, prompts, [r.output_ids for r in responses], S, timeout,
                                  opts.concurrency) if is_url else None
         opened = open_target(None, ck, device=device, progress=progress, dump=dump, dump_flag="--dump",
@@ -283,8 +304,17 @@ def _run(opts: Options, device: str) -> OnlineReport:
         ds = load_draft_side(draft_path, side.info, opts.taps, device, torch_dtype, opened.embed, opened.lm_head)
     res = SpecResolution(S, k, D, requested=flags)
     notes += ds.notes
-    runs = evaluate(side, ds.draft, prompts, ds.taps, S, new_tokens, res, opts.batch_size, progress, desc="offline")
+    from ..fingerprint.stream import with_slot_holdings
+    from ..target.dump_side import AnotherDeclaration
+
+    try:
+        runs = evaluate(side, ds.draft, prompts, ds.taps, S, new_tokens, res, opts.batch_size, progress, desc="offline")
+    except AnotherDeclaration as e:  # the server runs another declaration: what do its slots hold?
+        raise with_slot_holdings(e) from None
     notes += side.notes
+    left_out = [r.bad for r in runs if r.bad is not None]
+    kept = usable_runs(runs, f"--target {target_path}" if target_path else f"--dump {dump}")
+    runs, responses = [runs[i] for i in kept], [responses[i] for i in kept]
     predicted = served_walks(runs, new_tokens)
     lossless, first = [], None
     for i, (run, resp) in enumerate(zip(runs, responses)):
@@ -295,7 +325,7 @@ def _run(opts: Options, device: str) -> OnlineReport:
         if not same and first is None:
             pos = next((j for j, (a, b) in enumerate(zip(want, resp.output_ids)) if a != b),
                        min(len(want), len(resp.output_ids)))
-            first = (i, pos)
+            first = (kept[i], pos)
     on_tot, pr_tot = total([r.served for r in responses]), total(predicted)
     m = metrics(torch.cat([r.correct for r in runs], 0))
     on_steps, pr_steps = step_acceptance(on_tot.histogram, S), step_acceptance(pr_tot.histogram, S)
@@ -306,21 +336,30 @@ def _run(opts: Options, device: str) -> OnlineReport:
     rows = [StepRow(j + 1, on_steps[j], pr_steps[j], m.conditional[j] if k == 1 else float("nan"))
             for j in range(S)]
     ok, verdict = verdict_of(lossless, first, rows, on_tot, pr_tot, opts.tolerance)
-    fp_json, fp_lines = None, []
+    fp_json, fp_lines, fp = None, [], None
     if target_path is None:
         from ..fingerprint.stream import served_fingerprint
 
         fp = served_fingerprint(side, ds, ck.tensors, progress)
         fp_json, fp_lines = fp.to_json(), fp.lines()
-        if fp.mismatch:
-            verdict = (verdict if not ok else "served accept length as predicted, but") + "; " + fp.mismatch
+        if fp.tap_problems:
+            verdict = (verdict if not ok else "served accept length as predicted, but") + "; " + fp.tap_problems
             ok = False
+    data = []  # bad rows: the data's fault, said before any verdict resting on the other rows
+    if left_out:
+        data.append(f"{len(left_out)} of {len(prompts)} prompt(s) left out, their taps holding bad rows "
+                    f"({summary(left_out)})")
+    if fp is not None and fp.bad_rows:
+        data.append(f"rows of the dump: {summary(fp.bad_rows)}")
+    if data:
+        verdict = f"bad data: {'; '.join(data)} -- {BLAME}; on the rest: {verdict}"
+        ok = False
     if k > 1:
         notes.append("eagle-topk > 1: the per-step shares are of the tree's accepted depth; 'all positions' is "
                      "given for chains only")
     rep = OnlineReport(server, side.source, draft_path, [repr(t) for t in ds.taps.taps], flags, new_tokens,
                        [r.served for r in responses], predicted, lossless, first, rows, opts.tolerance, verdict, ok,
-                       m.tau(S), notes, fp_json, fp_lines)
+                       m.tau(S), notes, fp_json, fp_lines, left_out, kept if left_out else None)
     return rep
 
 

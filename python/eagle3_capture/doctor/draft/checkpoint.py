@@ -14,6 +14,7 @@ from ...weights import canonical_name
 from ..common import DoctorError
 from .layers import rope_kind
 from .mla import MLA_DRAFT_ARCH
+from .validate import check_finite, check_weights, mla_rope_scaling, mla_sizes
 from .model import DRAFT_ARCH, DraftArch, Eagle3Draft
 
 
@@ -66,8 +67,7 @@ def arch_from_config(cfg: dict, label: str, num_aux: int, target_hidden: int, la
     if mla:
         if not cfg.get("q_lora_rank"):
             raise DoctorError(f"{label}: {MLA_DRAFT_ARCH} needs q_lora_rank (SGLang's Eagle3 MLA layer requires it)")
-        extra = {k: int(need(k)) for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
-                                            "v_head_dim")}
+        extra = mla_sizes(cfg, label)
         scaling = _rope_scaling(cfg)
         if scaling is not None and not isinstance(scaling, dict):
             raise DoctorError(f"{label}: rope_scaling must be an object, got {scaling!r}")
@@ -75,6 +75,8 @@ def arch_from_config(cfg: dict, label: str, num_aux: int, target_hidden: int, la
             scaling = None
         if scaling is not None and "factor" not in scaling:
             raise DoctorError(f"{label}: rope_scaling {scaling!r} has no 'factor'")
+        if scaling is not None:
+            mla_rope_scaling(scaling, rope_kind(scaling), label)
         extra.update(rope_scaling=scaling, rope_interleave=bool(cfg.get("rope_interleave", True)))
     return DraftArch(
         **extra,
@@ -149,12 +151,14 @@ def load_draft(path: str, target_embed=None, target_lm_head=None, device: str = 
         raise DoctorError(f"draft checkpoint {path}: {fp8[0]} is {state[fp8[0]].dtype}"
                           + (f" (and {len(fp8) - 1} more fp8 tensors)" if len(fp8) > 1 else "")
                           + "; doctor accept dequantizes only the fc weight: give it a checkpoint in bf16/fp16/fp32")
+    check_weights(state, path)
     state["fc.weight"] = fc.weight
     if fc.bias is not None:
         state["fc.bias"] = fc.bias
     if fc.norm_weight is not None:
         for k in range(fc.norm_weight.shape[0]):
             state[f"fc_norm.{k}.weight"] = fc.norm_weight[k]
+    borrowed = {k for k in ("embed_tokens.weight", "lm_head.weight") if k not in state}  # the target's
     if "embed_tokens.weight" not in state:
         if target_embed is None:
             raise DoctorError(f"draft checkpoint {path}: no embed_tokens.weight, and no target embedding given (SGLang "
@@ -167,6 +171,7 @@ def load_draft(path: str, target_embed=None, target_lm_head=None, device: str = 
     if "d2t" not in state:
         state["d2t"] = torch.zeros(arch.draft_vocab_size, dtype=torch.int64)
     state = {k: v for k, v in state.items() if k != "t2d"}
+    check_finite(state, path, skip=borrowed)
     own = model.state_dict()
     missing = [k for k in own if k not in state]
     if missing:

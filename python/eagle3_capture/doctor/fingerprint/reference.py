@@ -135,6 +135,7 @@ def fingerprint(reference: str, captured: str, declared: Optional[TapSpec] = Non
     K = None
     aligned: List[SlotRows] = []
     records, notes = [], []
+    decls = {}  # (draft ids, served layer inputs) -> the records of the server(s) that ran with them
     skipped = []
     served = None
     dcols = None if declared is None else _declared_columns(declared, ref)
@@ -161,6 +162,8 @@ def fingerprint(reference: str, captured: str, declared: Optional[TapSpec] = Non
             notes.append(f"{os.path.basename(cap.path)}: {note}")
         aligned.append(slot_rows(cap, start, K, H))
         records.append(cap.path)
+        decls.setdefault((tuple(cap.draft_ids) if cap.draft_ids else None,
+                          tuple(cap.layers_to_capture) if cap.layers_to_capture else None), []).append(cap.path)
         if declared is None:
             d, sv, src = _declared_from_record(cap, L, H)
             if d is not None:
@@ -195,6 +198,16 @@ def fingerprint(reference: str, captured: str, declared: Optional[TapSpec] = Non
                             declared, declared_source, served, matches, min_cos=min_cos,
                             rows_used=[int(table.used[m.slot, m.best]) for m in matches])
     res.findings = bad_rows + _findings(res, ambiguous)
+    if len(decls) > 1:  # the slots' cosines mix servers that capture different taps: no verdict on either
+        res.findings.insert(0, Finding(
+            "error", "fingerprint-mixed-declarations",
+            f"the captured records hold {len(decls)} declarations: "
+            + "; ".join(f"draft ids {None if d is None else list(d)}, served layer inputs "
+                        f"{None if sv is None else list(sv)} ({len(ps)} record(s), first "
+                        f"{os.path.basename(ps[0])})" for (d, sv), ps in decls.items())
+            + ": records of several servers (or of a restart with another draft) in one directory; every slot's "
+              "cosine mixes them",
+            "give each server its own EAGLE3_CAPTURE_DUMP directory, or fingerprint one server's records alone"))
     return res
 
 

@@ -11,14 +11,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import torch
 
 from ...dump_format.reader import DumpReader, RequestParts, doctor_requests
-from ..common import DoctorError
+from ..bad_rows import BLAME, BadRows, grouped, row_flags, summary
+from ..common import DeploymentFinding, DoctorError
 from ..progress import bar as progress_bar
-from .stream_match import StreamMatcher, SlotMatch, layer_name, render_matches
+from .stream_match import NO_ROWS, SlotMatch, StreamMatcher, layer_name, render_matches
 
 
 @dataclass
@@ -48,6 +49,8 @@ def embedding_check(ck, info, ids: torch.Tensor, rows: torch.Tensor, what: str) 
     if bad:
         raise DoctorError(f"token id {bad[0]} is outside the checkpoint's vocabulary ({info.vocab_size})")
     emb = read_embedding(ck, info.vocab_size, info.hidden_size, "cpu", rows=uniq.tolist())[inv].to(rows.dtype)
+    finite = ~row_flags(rows)[0]  # a NaN / Inf row is bad data (counted by the fingerprint), not a wrong embedding
+    emb, rows = emb[finite], rows[finite]
     diff = (emb.float() - rows.float()).abs().amax(-1)
     same = (emb == rows).all(-1)
     return EmbeddingCheck(what, int(rows.shape[0]), int((~same).sum()), float(diff.max()) if diff.numel() else 0.0)
@@ -62,13 +65,22 @@ class StreamFingerprint:
     embedding: List[EmbeddingCheck] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
     requests: int = 0
+    bad_rows: List[BadRows] = field(default_factory=list)
+    mixed: List[str] = field(default_factory=list)  # one line per declaration when a directory holds several
 
     @property
-    def mismatch(self) -> Optional[str]:
-        """One line naming what is wrong with the served slots (None: nothing found)."""
+    def tap_problems(self) -> Optional[str]:
+        """One line naming what the served slots hold that the draft does not declare, judged on the rows that carry
+        data (None: nothing found)."""
         out = []
+        if self.mixed:
+            out.append(f"the directory holds the records of {len(self.mixed)} declarations (several servers, or a "
+                       f"restart with another draft, write it): {'; '.join(self.mixed)} -- give each server its own "
+                       "EAGLE3_CAPTURE_DUMP directory")
         for m in self.matches:
-            if m.verdict == "none":
+            if m.verdict == NO_ROWS:
+                out.append(f"served slot {m.slot}: no row of it can be compared (every one is bad data)")
+            elif m.verdict == "none":
                 out.append(f"served slot {m.slot} is no layer of the server's stream (best {layer_name(m.best, self.L)}"
                            f", cos {m.best_cos:.4f})")
             elif m.expected is not None and m.verdict in ("exact", "clear") and m.best != m.expected:
@@ -77,6 +89,18 @@ class StreamFingerprint:
                            f"{layer_name(m.expected, self.L)}")
         out += [e.line() for e in self.embedding if not e.ok]
         return "the fingerprint: " + "; ".join(out) if out else None
+
+    @property
+    def mismatch(self) -> Optional[str]:
+        """One line naming what is wrong (None: nothing found): bad rows first -- the data's fault --, then what the
+        slots hold, judged on the other rows."""
+        taps = self.tap_problems
+        if not self.bad_rows:
+            return taps
+        rest = ("; on the other rows, " + taps if taps else
+                "; the other rows show each served slot holding what the draft declares"
+                if any(m.expected is not None for m in self.matches) else "")
+        return f"bad data: rows in the dump: {summary(self.bad_rows)} -- {BLAME}{rest}"
 
     def lines(self) -> List[str]:
         if not self.matches and not self.embedding:
@@ -88,6 +112,9 @@ class StreamFingerprint:
                  f"request(s); the server says its slots are layer inputs {self.served}):"]
         lines += ["  " + ln for ln in render_matches(self.matches, self.L, "slot")]
         lines += ["  " + e.line() for e in self.embedding]
+        lines += ["  bad rows: " + b.line() for b in grouped(self.bad_rows)]
+        if self.bad_rows:
+            lines.append(f"  ({BLAME})")
         if any(m.verdict == "ambiguous" for m in self.matches):
             lines.append("  ambiguous: the best and next best layers differ by less than two captures of one tap; "
                          "give more tokens")
@@ -98,6 +125,7 @@ class StreamFingerprint:
         return {"num_layers": self.L, "served_layer_inputs": self.served, "stream_layer_inputs": self.stream_layers,
                 "requests": self.requests, "slots": [m.to_json(self.L) for m in self.matches],
                 "embedding": [e.__dict__ | {"ok": e.ok} for e in self.embedding], "mismatch": self.mismatch,
+                "bad_rows": [b.to_json() for b in self.bad_rows], "mixed_declarations": self.mixed,
                 "notes": self.notes}
 
 
@@ -120,8 +148,10 @@ def fingerprint_requests(requests: Sequence[RequestParts], L: Optional[int], exp
                 fp.notes.append("the dump has no residual stream (a version-1 dump, or not a doctor request): the "
                                 "served slots cannot be named without a reference")
         else:
-            matcher = matcher or StreamMatcher(K, H)
-            matcher.add(req.aux, req.stream, req.stream_layer_inputs)
+            matcher = matcher or StreamMatcher(K, H, slot_name=lambda k: f"served slot {k}")
+            T = req.aux.shape[0]
+            matcher.add(req.aux, req.stream, req.stream_layer_inputs, f"request {req.rid}",
+                        torch.arange(req.first_position, req.first_position + T))
             fp.stream_layers = req.stream_layer_inputs
         fp.requests += 1
         if ck is not None and info is not None:
@@ -135,7 +165,12 @@ def fingerprint_requests(requests: Sequence[RequestParts], L: Optional[int], exp
         del req
     bar.close()
     if matcher is not None:
+        if not matcher.entries_usable():
+            raise DoctorError(f"the server's residual stream in the dump holds no usable row ({len(requests)} "
+                              f"request(s); every row NaN, Inf or zero): nothing to compare the served slots with -- "
+                              f"{BLAME}")
         fp.matches = matcher.matches(min_cos=min_cos, expected=expected)
+        fp.bad_rows = matcher.bad_rows(fp.matches)
     return fp
 
 
@@ -173,13 +208,56 @@ def dump_fingerprint(path: str, expected: Optional[List[int]], ck=None, checkpoi
                           + "; the plugin dumps the stream of eagle3-doctor- requests (doctor online --dump, or "
                           "doctor fingerprint --server URL --training-data)")
     info = info_from_dump(reqs, f"--captured {path}", checkpoint_config)
-    if expected is None:
-        expected = _declared_from_records(reqs, info.num_layers)
-    fp = fingerprint_requests(reqs, info.num_layers, expected, ck, info if ck is not None else None, progress,
-                              min_cos)
+    groups = by_declaration(reqs)
+    fps = []
+    for group in groups.values():  # each server's declaration judged on its own requests, against its own taps
+        exp = expected if expected is not None else _declared_from_records(group, info.num_layers)
+        fps.append(fingerprint_requests(group, info.num_layers, exp, ck, info if ck is not None else None,
+                                        progress, min_cos))
+    fp = fps[0]
+    if len(groups) > 1:
+        fp.mixed = [f"{declaration_name(key)}: {len(g)} request(s), "
+                    + (sub.tap_problems or "every served slot holds the declared tap").replace("the fingerprint: ", "")
+                    for (key, g), sub in zip(groups.items(), fps)]
     if not fp.matches and not fp.embedding:
         raise DoctorError(f"--captured {path}: its doctor requests carry no served slots (aux) to fingerprint")
     return fp
+
+
+def by_declaration(reqs: Sequence[RequestParts]) -> Dict[tuple, List[RequestParts]]:
+    """The requests grouped by the declaration of the server that wrote them (its draft's declared taps and the
+    layer inputs it served), in the order first seen: one group per server configuration in a shared directory."""
+    groups: Dict[tuple, List[RequestParts]] = {}
+    for r in reqs:
+        head = r.parts[0][0]
+        key = (tuple(head.declared) if head.declared else None,
+               tuple(head.layers_to_capture) if head.layers_to_capture else None)
+        groups.setdefault(key, []).append(r)
+    return groups
+
+
+def declaration_name(key: tuple) -> str:
+    declared, served = key
+    return (f"declaration {list(declared)}" if declared else "no declaration") + \
+        (f" (served layer inputs {list(served)})" if served else "")
+
+
+def slot_holdings(parts: RequestParts) -> List[str]:
+    """What each served slot of one dumped request holds, as far as its stream tells ([]: it cannot tell)."""
+    L = parts.parts[0][0].num_layers
+    try:
+        fp = fingerprint_requests([parts], L, None)
+    except (DoctorError, ValueError):  # no usable stream rows
+        return []
+    return [f"slot {m.slot}: {layer_name(m.best, L)}" if m.verdict in ("exact", "clear") else
+            f"slot {m.slot}: not one layer of the stream ({m.verdict})" for m in fp.matches]
+
+
+def with_slot_holdings(e) -> DeploymentFinding:
+    """An :class:`~..target.dump_side.AnotherDeclaration` finding, told what each served slot holds."""
+    from ..target.dump_side import another_declaration
+
+    return DeploymentFinding(another_declaration(e.parts, e.wanted, e.absent, slot_holdings(e.parts)))
 
 
 def _declared_from_records(reqs: Sequence[RequestParts], L: int) -> Optional[List[int]]:
@@ -202,4 +280,5 @@ def _declared_from_records(reqs: Sequence[RequestParts], L: int) -> Optional[Lis
 
 
 __all__ = ["EmbeddingCheck", "embedding_check", "StreamFingerprint", "fingerprint_requests", "served_fingerprint",
-           "dump_fingerprint"]
+           "dump_fingerprint", "by_declaration", "declaration_name", "slot_holdings",
+           "with_slot_holdings"]

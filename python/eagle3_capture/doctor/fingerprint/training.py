@@ -10,6 +10,7 @@ layer does not beat the next by more than that noise.
 """
 from __future__ import annotations
 
+import os
 import uuid
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
@@ -19,8 +20,10 @@ import torch
 from ...dump_format.contract import DOCTOR_RID_PREFIX
 from ...dump_format.reader import DumpReader, RequestParts, doctor_requests, v1_sequences
 from ...pipelines import HF_READING, SGLANG_READING, Readings, readings_of
+from ..bad_rows import BLAME, BadRows, grouped, summary
 from ..common import DoctorError
 from ..sglang_model.http import post_json
+from ..sglang_model.request_guard import RequestLimits, check_request
 from ..target.training_data import TrainingSample, load_sample, training_files
 from .stream_match import SlotMatch, StreamMatcher, layer_name, render_matches
 
@@ -36,6 +39,12 @@ class TrainingFingerprint:
     stream_layers: Optional[List[int]] = None
     readings: Optional[Readings] = None
     notes: List[str] = field(default_factory=list)
+    bad_rows: List[BadRows] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """The server captures what training used, and no row of either was bad data."""
+        return self.same_as_served and not self.bad_rows
 
     @property
     def same_as_served(self) -> bool:
@@ -64,6 +73,9 @@ class TrainingFingerprint:
         out += ["  " + ln for ln in render_matches(self.vs_served, L, "training", lambda j: f"served slot {j}")]
         verdict = ("the server captures what training used, slot by slot" if self.same_as_served else
                    "the server does NOT capture what training used")
+        if self.bad_rows:
+            out += [f"  bad rows: {b.line()}" for b in grouped(self.bad_rows)]
+            verdict = f"bad data: {summary(self.bad_rows)} -- {BLAME}; on the other rows, {verdict}"
         out += ["", f"verdict: {verdict}"]
         if self.vs_stream:
             out += ["", f"each training slot against the server's residual stream ({len(self.stream_layers)} layer "
@@ -91,12 +103,16 @@ class TrainingFingerprint:
                 "vs_stream": [m.to_json(self.L) for m in self.vs_stream], "stream_layer_inputs": self.stream_layers,
                 "training_layer_inputs": self.training_layers, "reading": self.reading(),
                 "readings": None if r is None else {"ids": r.ids, "hf": r.hf, "sglang": r.sglang},
-                "notes": self.notes}
+                "bad_rows": [b.to_json() for b in self.bad_rows], "notes": self.notes}
 
 
-def send_samples(url: str, samples: Sequence[TrainingSample], timeout: float, post=post_json) -> List[str]:
+def send_samples(url: str, samples: Sequence[TrainingSample], timeout: float, post=post_json,
+                 limits: Optional[RequestLimits] = None) -> List[str]:
     """Each sample's ids as one of the doctor's teacher-forced requests (the plugin dumps their stream); ``post``:
-    the HTTP client (a test hands in a stand-in for the server)."""
+    the HTTP client (a test hands in a stand-in for the server). Every sample is checked against ``limits`` (the
+    target's vocabulary, the server's context) before the first is sent; without limits nothing is sent."""
+    for s in samples:
+        check_request(s.input_ids.tolist(), 1, limits or RequestLimits(None), f"--training-data {s.path}")
     run = uuid.uuid4().hex[:12]
     rids = []
     for i, s in enumerate(samples):
@@ -124,6 +140,18 @@ def _request_for(sample: TrainingSample, reqs: Sequence[RequestParts], where: st
 def _found(sample: TrainingSample, reqs: Sequence[RequestParts]) -> bool:
     ids = sample.input_ids
     return any(r.input_ids.numel() >= ids.numel() and torch.equal(r.input_ids[:ids.numel()], ids) for r in reqs)
+
+
+def _refuse_unusable(vs_served: StreamMatcher, samples, where: str) -> None:
+    """Bad input when either side holds no usable row at all: every training row, or every served row, bad."""
+    t = list(vs_served.slot_tally.items.values())
+    if all(b.nonfinite + vs_served.slot_zero.get(k, 0) >= b.total for k, b in enumerate(t)):
+        first = next((b.first for b in t if b.first), "row 0")
+        raise DoctorError(f"--training-data: every row of its {len(samples)} sample(s) holds NaN, Inf or zeros "
+                          f"(first: {first}): nothing to compare the server with -- {BLAME}")
+    if not vs_served.entries_usable():
+        raise DoctorError(f"{where}: every served row of the training samples' requests is NaN, Inf or zero: "
+                          f"nothing to compare the training data with -- {BLAME}")
 
 
 def load_samples(path: str, count: int, max_tokens: int, H: Optional[int] = None) -> List[TrainingSample]:
@@ -182,26 +210,44 @@ def training_fingerprint(samples: Sequence[TrainingSample], dump_dir: str, rids:
             raise DoctorError(f"--training-data {s.path}: aux_hidden_state is {s.aux.shape[1]} wide, not a multiple "
                               f"of the server's hidden size {H}: training data of another model")
         Kt = s.aux.shape[1] // H
+        if draft_ids is not None and Kt != len(draft_ids):
+            raise DoctorError(f"--training-data {s.path}: aux_hidden_state holds {Kt} slots of {H}, but the draft "
+                              f"(--draft-config) declares {len(draft_ids)} taps {list(draft_ids)}: training data of "
+                              "another draft")
+        if vs_served is not None and Kt != vs_served.K:
+            raise DoctorError(f"--training-data {s.path}: aux_hidden_state holds {Kt} slots of {H}, the samples "
+                              f"before it {vs_served.K}: samples of two different captures")
         if req.aux is None:
             raise DoctorError(f"{where}: the request holding {s.path}'s ids has no served slots (aux)")
         Ks = req.aux.shape[1] // H
+        if Ks != Kt and not any(n.startswith("the training samples hold") for n in notes):
+            notes.append(f"the training samples hold {Kt} slots, the server serves {Ks}: the server's draft cannot "
+                         "be the one trained on this data")
         served = req.layers_to_capture
         slots = req.aux[:n].reshape(n, Ks, H).permute(1, 0, 2)
-        vs_served = vs_served or StreamMatcher(Kt, H)
-        vs_served.add(s.aux, slots, list(range(Ks)))
+        name = (lambda k: f"training slot {k}")
+        # a served slot holding the embedding output may have a zero row where training's has one too
+        vs_served = vs_served or StreamMatcher(Kt, H, zero_ok=[j for j, li in enumerate(served or []) if li == 0],
+                                               slot_name=name, entry_name=lambda j: f"served slot {j}")
+        where, pos = f"sample {os.path.basename(s.path)}", torch.arange(n)
+        vs_served.add(s.aux, slots, list(range(Ks)), where, pos)
         if req.stream is not None:
-            vs_stream = vs_stream or StreamMatcher(Kt, H)
-            vs_stream.add(s.aux, req.stream[:, :n], req.stream_layer_inputs)
+            vs_stream = vs_stream or StreamMatcher(Kt, H, slot_name=name)
+            vs_stream.add(s.aux, req.stream[:, :n], req.stream_layer_inputs, where, pos)
             stream_layers = req.stream_layer_inputs
         tokens += n
         del req
     if vs_stream is None:
         notes.append("the dump has no residual stream: which layer each training slot was cannot be named (a "
                      "version-2 dump with EAGLE3_CAPTURE_DUMP_STREAM=all can)")
-    fp = TrainingFingerprint(L or 0, len(samples), tokens, served,
-                             vs_served.matches(min_cos=min_cos, expected=list(range(vs_served.K))),
-                             [] if vs_stream is None else vs_stream.matches(min_cos=min_cos), stream_layers,
-                             None, notes)
+    _refuse_unusable(vs_served, samples, where)
+    m_served = vs_served.matches(min_cos=min_cos, expected=list(range(vs_served.K)))
+    m_stream = [] if vs_stream is None else vs_stream.matches(min_cos=min_cos)
+    bad = vs_served.bad_rows(m_served)
+    if vs_stream is not None:  # the training slots' own bad rows are counted once, against the served slots
+        bad += vs_stream.entry_tally.bad()
+    fp = TrainingFingerprint(L or 0, len(samples), tokens, served, m_served, m_stream, stream_layers, None, notes,
+                             bad)
     if draft_ids is not None and L:
         fp.readings = readings_of(draft_ids, L, H)
     return fp

@@ -9,7 +9,9 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from ...spec import TapSpec
+from ...spec import EMBEDDING, TapSpec
+from ..bad_rows import BLAME, BadRows, row_flags
+from ..common import DoctorError
 from ..sglang_model.serving import Served, chain_accepted, tree_accepted_taps, walk
 
 
@@ -44,6 +46,7 @@ class PromptRun:
     accepted: Optional[torch.Tensor]  # [A] int64, None when the flags are refused
     expected: Optional[torch.Tensor] = None  # the target's own token at each position (outputs are checked
     #                                          against it); seq when None
+    bad: Optional[BadRows] = None  # rows of its taps that are bad data: the run is left out of every figure
 
 
 def unserved_reason(res) -> Optional[str]:
@@ -60,6 +63,38 @@ def continuation_for(new_tokens: int, steps: int) -> int:
     """Tokens after each prompt the replay needs: the new tokens, and the draft steps that the verifies near the end
     look past them (SGLang counts what those accept though it cuts them from the output)."""
     return new_tokens + steps
+
+
+def bad_taps(taps: torch.Tensor, spec: TapSpec, what: str) -> Optional[BadRows]:
+    """The rows of one prompt's taps [T, K*H] that are bad data (:mod:`..bad_rows`: a NaN or Inf in any tap, or a
+    tap past the embedding all zero), None when there is none. One bad row spoils the whole prompt's replay: the
+    draft's cache at every later position attends to it."""
+    H = spec.hidden_size
+    nf = torch.zeros(taps.shape[0], dtype=torch.bool)
+    zero = torch.zeros_like(nf)
+    first_tap = {}
+    for k, tap in enumerate(spec.taps):
+        a, z = row_flags(taps[:, k * H:(k + 1) * H].cpu())
+        z = z if tap != EMBEDDING else torch.zeros_like(z)  # an embedding row may be zero (a padding token's)
+        for r in (a | z).nonzero().flatten().tolist()[:1]:
+            first_tap.setdefault(r, tap)
+        nf, zero = nf | a, zero | z
+    bad = nf | zero
+    if not bool(bad.any()):
+        return None
+    r = int(bad.nonzero()[0])
+    return BadRows(what, int(nf.sum()), int((zero & ~nf).sum()), int(taps.shape[0]),
+                   f"position {r}, tap {first_tap.get(r, '?')}")
+
+
+def usable_runs(runs: Sequence[PromptRun], what: str) -> List[int]:
+    """The prompts whose taps carry no bad row; DoctorError (bad input) when no prompt is left."""
+    good = [i for i, r in enumerate(runs) if r.bad is None]
+    if not good:
+        b = runs[0].bad
+        raise DoctorError(f"{what}: every prompt's taps hold bad rows (prompt 0: {b.line()}): nothing to predict "
+                          f"from -- {BLAME}")
+    return good
 
 
 def evaluate(target_side, draft, prompts: List[List[int]], spec: TapSpec, S: int, new_tokens: int, res,
@@ -81,7 +116,8 @@ def evaluate(target_side, draft, prompts: List[List[int]], spec: TapSpec, S: int
                                          first_anchor=P - 1, use_op=True)
         for j, i in enumerate(b.indices):
             runs[i] = PromptRun(prompts[i], b.seq[j].cpu(), c[j], None if acc is None else acc[j],
-                                None if b.expected is None else b.expected[j].cpu())
+                                None if b.expected is None else b.expected[j].cpu(),
+                                bad_taps(b.taps[j], spec, target_side.prompt_name(i)))
     missing = [i for i, r in enumerate(runs) if r is None]
     if missing:
         raise RuntimeError(f"the target side gave no sequence for prompt {missing[0]}")
@@ -92,4 +128,4 @@ def served_walks(runs: Sequence[PromptRun], new_tokens: int) -> List[Served]:
     return [walk(r.accepted.tolist(), new_tokens) for r in runs] if runs and runs[0].accepted is not None else []
 
 
-__all__ = ["chain_correct_taps", "PromptRun", "unserved_reason", "continuation_for", "evaluate", "served_walks"]
+__all__ = ["chain_correct_taps", "PromptRun", "bad_taps", "usable_runs", "unserved_reason", "continuation_for", "evaluate", "served_walks"]

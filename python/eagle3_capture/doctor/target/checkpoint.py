@@ -85,8 +85,13 @@ def open_checkpoint(path: str) -> CheckpointTensors:
         if not isinstance(wm, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
             raise DoctorError(f"shard index {indexes[0]}: expected an object with 'weight_map' {{tensor name: file "
                               "name}}")
+        from ...weights import shard_path
+
         for k, v in wm.items():
-            where[k] = os.path.join(path, v)
+            try:
+                where[k] = shard_path(path, v, indexes[0])
+            except ValueError as e:
+                raise DoctorError(str(e)) from None
         return CheckpointTensors(path, where, indexes[0])
     files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if not files:
@@ -149,6 +154,22 @@ def checkpoint_config(path: str) -> dict:
     return cfg
 
 
+def vocab_of(config: dict) -> Optional[int]:
+    """The language model's vocabulary size in a target config (a multimodal wrapper's nested config first), None
+    when it gives none."""
+    sub = next((config[k] for k in ("text_config", "language_config", "llm_config")
+                if isinstance(config.get(k), dict)), config)
+    v = sub.get("vocab_size", config.get("vocab_size"))
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+
+def config_vocab(path: str) -> Optional[int]:
+    """vocab_of the target config at ``path`` (config.json, or a directory holding it)."""
+    p = os.path.join(path, "config.json") if os.path.isdir(path) else path
+    cfg = read_json(p, "target config")
+    return vocab_of(cfg) if isinstance(cfg, dict) else None
+
+
 class CheckpointSide:
     """What ``--target-checkpoint`` gives when there is no ``--target``: the config, the tokenizer, and the
     embedding / lm_head read alone from their shard."""
@@ -161,10 +182,7 @@ class CheckpointSide:
             return
         self.tensors = open_checkpoint(path)
         self.config = checkpoint_config(path)
-        sub = next((self.config[k] for k in ("text_config", "language_config", "llm_config")
-                    if isinstance(self.config.get(k), dict)), self.config)
-        v = sub.get("vocab_size", self.config.get("vocab_size"))
-        self.vocab_size = v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+        self.vocab_size = vocab_of(self.config)
         try:
             from transformers import AutoTokenizer
 
@@ -179,5 +197,5 @@ class CheckpointSide:
                 lambda: read_lm_head(self.tensors, info.vocab_size, info.hidden_size, device))
 
 
-__all__ = ["CheckpointSide", "EMBED_NAMES", "LM_HEAD_NAMES", "CheckpointTensors", "open_checkpoint",
+__all__ = ["CheckpointSide", "vocab_of", "config_vocab", "EMBED_NAMES", "LM_HEAD_NAMES", "CheckpointTensors", "open_checkpoint",
            "read_embedding", "read_lm_head", "checkpoint_config"]

@@ -14,6 +14,7 @@ server's own labels.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
@@ -21,7 +22,7 @@ import torch
 
 from ... import configs
 from ...dump_format.reader import DumpReader, RequestParts, doctor_requests, v1_sequences
-from ..common import DoctorError
+from ..common import DeploymentFinding, DoctorError
 from .side import TargetBatch, TargetInfo, TargetSide, info_from_config
 
 V1_TRUST = ("version-1 dump (no residual stream): the taps were read from the served slots, where the server's own "
@@ -60,15 +61,40 @@ def taps_of(parts: RequestParts, wanted: List[int], rows: int, notes: List[str])
                           "dumps it for eagle3-doctor- requests: is the dump from an older plugin?)")
     absent = [i for i in wanted if i not in head.stream_layer_inputs]
     if absent:
-        raise DoctorError(f"dump {head.path}: its stream holds layer inputs {head.stream_layer_inputs}; the draft "
-                          f"declares {wanted} ({absent} missing): the server ran with another draft's declaration; "
-                          + STREAM_HINT)
+        raise AnotherDeclaration(parts, wanted, absent)
     req = parts.load(layers=wanted, with_aux=False)
     if req.first_position != 0:
         raise DoctorError(f"dump {head.path}: request {parts.rid} starts at position {req.first_position}, not 0: "
                           "part of it came from the prefix cache (send it with logprob_start_len 0)")
     K, T, H = req.stream.shape
     return req.stream[:, :rows].permute(1, 0, 2).reshape(min(rows, T), K * H)
+
+
+def _layer(i: int) -> str:
+    return "Embedding" if i == 0 else f"LayerOutput({i - 1})"
+
+
+def another_declaration(parts: RequestParts, wanted: List[int], absent: List[int],
+                        holds: Optional[List[str]] = None) -> str:
+    """The finding when the server's dumped stream lacks layers the draft declares: the server ran with another
+    draft's declaration. Names both declarations and, with ``holds`` (what each served slot holds, from the
+    fingerprint of its stream), what the server feeds its draft; without, the server's own labels."""
+    head = parts.parts[0][0]
+    server = head.declared or [_layer(i) for i in head.layers_to_capture or []]
+    slots = ("; its served slots hold " + ", ".join(holds)) if holds else \
+        f"; its served slots are labelled layer inputs {head.layers_to_capture}"
+    return (f"dump {head.path}: the server runs another draft's declaration: the server declares {server}, the "
+            f"draft given declares {[_layer(i) for i in wanted]}{slots}. The dumped stream holds layer inputs "
+            f"{head.stream_layer_inputs}, not {absent}: for the full prediction, {STREAM_HINT}")
+
+
+class AnotherDeclaration(DeploymentFinding):
+    """The server's stream lacks layers the draft declares (a finding, exit 1); ``parts`` / ``wanted`` /
+    ``absent`` let a command that can fingerprint the stream say what each served slot holds."""
+
+    def __init__(self, parts: RequestParts, wanted: List[int], absent: List[int]):
+        self.parts, self.wanted, self.absent = parts, wanted, absent
+        super().__init__(another_declaration(parts, wanted, absent))
 
 
 class StreamTarget(TargetSide):
@@ -85,6 +111,11 @@ class StreamTarget(TargetSide):
     def info(self) -> TargetInfo:
         return self._info
 
+    def prompt_name(self, i: int) -> str:
+        sp = self.streamed[i] if i < len(self.streamed) else None
+        rid = sp.parts.rid if sp is not None else None
+        return f"prompt {i}" + (f" (dumped request {rid})" if rid else "")
+
     def batch(self, prompts: Sequence[List[int]], members: List[int], continuation: int,
               wanted: List[int]) -> TargetBatch:
         P = len(prompts[members[0]])
@@ -92,12 +123,15 @@ class StreamTarget(TargetSide):
         seqs, greedy, rows = [], [], []
         for i in members:
             sp = self.streamed[i]
-            if sp.seq.numel() < T or bool((sp.greedy[P - 1:T] < 0).any()):
-                raise DoctorError(f"prompt {i}: the dumped request holds {sp.seq.numel()} tokens with the target's "
-                                  f"greedy token known up to position "
-                                  f"{int((sp.greedy >= 0).nonzero().max()) if (sp.greedy >= 0).any() else -1}; the "
-                                  f"replay needs {T} ({P} prompt + {continuation}: the new tokens and the draft steps "
-                                  "past them)")
+            if sp.seq.numel() < T:
+                raise DoctorError(f"prompt {i}: the dumped request holds {sp.seq.numel()} tokens; the replay needs "
+                                  f"{T} ({P} prompt + {continuation}: the new tokens and the draft steps past them)")
+            unknown = (sp.greedy[P - 1:T] < 0).nonzero()
+            if unknown.numel():
+                raise DoctorError(f"prompt {i}: the target's greedy token after position {P - 1 + int(unknown[0])} is "
+                                  f"not in the dumped request; the replay needs it after every position {P - 1} to "
+                                  f"{T - 1} ({P} prompt + {continuation}: the new tokens and the draft steps past "
+                                  "them)")
             seqs.append(sp.seq[:T])
             greedy.append(sp.greedy[:T])
             rows.append(taps_of(sp.parts, wanted, T, self.notes))
@@ -119,9 +153,23 @@ def info_from_dump(parts: Sequence[RequestParts], where: str, checkpoint_config:
     if len(Ls) > 1 or len(Hs) > 1:
         raise DoctorError(f"{where}: records from different models (num_layers {sorted(Ls)}, hidden_size "
                           f"{sorted(Hs)})")
-    if not Ls or not Hs:
-        raise DoctorError(f"{where}: the records do not say the target's num_layers / hidden_size")
+    if (not Ls or not Hs) and checkpoint_config is None:
+        v1 = any(r.version == 1 for r in recs)
+        raise DoctorError(f"{where}: the records do not say the target's num_layers / hidden_size"
+                          + (" (version-1 records never do)" if v1 else "")
+                          + ": give --target-checkpoint, whose config.json says them")
+    if not Ls or not Hs:  # version-1 records: the checkpoint's config says them (checked below against the rows)
+        try:
+            cfg = configs.read_target_config(checkpoint_config)
+        except ValueError as e:
+            raise DoctorError(f"--target-checkpoint config: {e}") from None
+        Ls, Hs = Ls or {cfg.num_layers}, Hs or {cfg.hidden_size}
     L, H = Ls.pop(), Hs.pop()
+    widths = {r.aux.shape[-1] // len(r.layers_to_capture) for r in recs
+              if r.version == 1 and r.aux is not None and r.layers_to_capture}
+    if widths and widths != {H}:
+        raise DoctorError(f"{where}: the records' served slots are {sorted(widths)} wide; the target's hidden size "
+                          f"is {H}: a dump from another model")
     cls = next((r.model_class for r in recs if r.model_class), None)
     if checkpoint_config is not None:
         try:
@@ -135,6 +183,15 @@ def info_from_dump(parts: Sequence[RequestParts], where: str, checkpoint_config:
         return info_from_config(cfg, vocab_size)
     d = {"num_hidden_layers": L, "hidden_size": H, "architectures": [cls] if cls else []}
     return info_from_config(configs.read_target_config(d), vocab_size)
+
+
+def written_at(parts: RequestParts) -> float:
+    """When the request's last record was written (its file's modification time): record names say nothing of the
+    order of two servers' or two runs' records."""
+    try:
+        return max(os.path.getmtime(rec.path) for rec, _, _ in parts.parts)
+    except OSError:  # removed since it was read: the oldest
+        return 0.0
 
 
 class DumpTarget(StreamTarget):
@@ -189,10 +246,10 @@ class DumpTarget(StreamTarget):
                 raise DoctorError(f"{self.flag} {self.path}: prompt {i}'s dumped request holds {got} tokens "
                                   f"after the prompt; the replay needs {need + 1} (--new-tokens plus num-steps plus "
                                   "one); give fewer --new-tokens")
-            if len({tuple(x.tolist()) for _, x in long}) > 1:
-                self.notes.append(f"prompt {i}: {len(long)} dumped requests begin with it; the last written is "
-                                  "used")
-            r, x = long[-1]
+            r, x = max(long, key=lambda rx: written_at(rx[0]))
+            if len(long) > 1:  # several doctor runs (or prompts sharing a beginning): say which one is read
+                self.notes.append(f"prompt {i}: {len(long)} dumped requests begin with it (several doctor runs?); "
+                                  f"the newest written is used (rid {r.rid}, {os.path.basename(r.parts[-1][0].path)})")
             greedy = torch.full_like(x, -1)
             greedy[P - 1:-1] = x[P:]  # the continuation is the target's greedy one: its next token
             out.append(StreamedPrompt(x, greedy, r))

@@ -18,6 +18,8 @@ so it must see the server's filesystem.
 """
 from __future__ import annotations
 
+import os
+import sys
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -31,6 +33,10 @@ from ..common import DoctorError
 from ..progress import bar as progress_bar
 from ..sglang_model.http import post_json
 from .dump_side import StreamedPrompt, StreamTarget, info_from_dump
+
+# seconds without a new record or a file growing in the directory, once the server has answered every teacher-forced
+# request, before the wait gives up (the plugin's writer is a moment behind the answers, in the background)
+STALL_S = 30.0
 
 
 def greedy_from_logprobs(obj, what: str, T: int) -> torch.Tensor:
@@ -97,6 +103,11 @@ class ServerTarget(StreamTarget):
             if not isinstance(ext, list) or len(ext) != steps + 1:
                 raise DoctorError(f"--server {base}, prompt {i}: the extension by {steps + 1} tokens returned "
                                   f"{str(ext)[:80]!r} (a context limit?)")
+            bad = next((v for v in ext if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < vocab_size),
+                       None) if vocab_size else None
+            if bad is not None:  # never sent back in the teacher-forced request: it would kill the scheduler
+                raise DoctorError(f"--server {base}, prompt {i}: the extension returned token id {bad!r}, outside "
+                                  f"the target's vocabulary ({vocab_size}): the server runs another model")
             return ids + ext
 
         def force(i: int, ids: List[int]) -> torch.Tensor:
@@ -118,7 +129,7 @@ class ServerTarget(StreamTarget):
                 bar.update(1)
         bar.close()
         rids = [f"{DOCTOR_RID_PREFIX}{run}-{i}" for i in range(n)]
-        found = wait_for_requests(dump_dir, rids, [torch.tensor(s) for s in seqs], timeout)
+        found = wait_for_requests(dump_dir, rids, [torch.tensor(s) for s in seqs], timeout, progress)
         where = f"--dump {dump_dir}"
         info = info_from_dump(found, where, checkpoint_config, vocab_size)
         streamed = [StreamedPrompt(torch.tensor(s, dtype=torch.int64), g, p) for s, g, p in zip(seqs, greedy, found)]
@@ -143,11 +154,44 @@ def _has(parts: Optional[RequestParts], n: int) -> bool:
         return False
 
 
-def wait_for_requests(dump_dir: str, rids: List[str], seqs: List[torch.Tensor], timeout: float
-                      ) -> List[RequestParts]:
-    """Each teacher-forced request's rows in the dump, read until all are there (or ``timeout`` passes)."""
+def _bytes_in(d: str) -> int:
+    """The bytes of every file in the directory (a record being written grows before it is listed)."""
+    total = 0
+    try:
+        with os.scandir(d) as it:
+            for e in it:
+                try:
+                    total += e.stat().st_size if e.is_file() else 0
+                except OSError:  # renamed or removed meanwhile
+                    pass
+    except OSError:
+        return -1
+    return total
+
+
+def _gap(parts: Optional[RequestParts]) -> Optional[str]:
+    """What is wrong with a request that is in the dump with a gap in its positions (None: no such gap)."""
+    if parts is None:
+        return None
+    try:
+        parts.input_ids
+    except DumpError as e:
+        return str(e)
+    return None
+
+
+def wait_for_requests(dump_dir: str, rids: List[str], seqs: List[torch.Tensor], timeout: float,
+                      progress: bool = False) -> List[RequestParts]:
+    """Each teacher-forced request's rows in the dump, read until all are there; given up at ``timeout``, or
+    :data:`STALL_S` after the last new record (the server has answered every request by then: its writer is a
+    moment behind at most). ``progress``: say on stderr what it waits for."""
     reader = DumpReader(dump_dir)
     deadline = time.time() + timeout
+    seen, changed = None, time.time()
+    if progress:
+        print(f"waiting up to {timeout:g} s for the plugin's records of {len(rids)} teacher-forced request(s) (rid "
+              f"{rids[0].rsplit('-', 1)[0]}-*) in {dump_dir}; giving up after {STALL_S:g} s without a new record",
+              file=sys.stderr, flush=True)
     while True:
         records = reader.refresh()
         by_rid: Dict[str, RequestParts] = doctor_requests(records)
@@ -160,11 +204,21 @@ def wait_for_requests(dump_dir: str, rids: List[str], seqs: List[torch.Tensor], 
             hits = [next((p for p in v1 if torch.equal(p.input_ids, s)), None) for s in seqs]
             if all(h is not None for h in hits):
                 return hits
-        if time.time() > deadline:
-            missing = [r for r, ok in zip(rids, complete) if not ok]
+        now = time.time()
+        activity = (len(records), _bytes_in(dump_dir))  # a large record still being written counts as progress
+        if activity != seen:
+            seen, changed = activity, now
+        stalled = now - changed > STALL_S  # the server answered every request; nothing new since
+        if now > deadline or stalled:
+            missing = [(r, p) for r, p, ok in zip(rids, found, complete) if not ok]
+            gap = next((g for g in (_gap(p) for _, p in missing) if g), None)
+            if gap:
+                raise DoctorError(f"--dump {dump_dir}: {gap}")
+            why = (f"nothing new was written there for {STALL_S:g} s after the server answered every request" if
+                   stalled and now <= deadline else f"after {timeout:g} s")
             raise DoctorError(
-                f"--dump {dump_dir}: after {timeout:g} s, {len(missing)} of {len(rids)} teacher-forced requests "
-                f"(rid {missing[0]}, ...) are not in it ({len(records)} records there): is it the directory the server "
+                f"--dump {dump_dir}: {why}, {len(missing)} of {len(rids)} teacher-forced requests (rid "
+                f"{missing[0][0]}, ...) are not in it ({len(records)} records there): is it the directory the server "
                 "writes (its EAGLE3_CAPTURE_DUMP), seen from here, and is the plugin's dump on?")
         time.sleep(0.5)
     for p, s, r in zip(found, seqs, rids):

@@ -95,6 +95,10 @@ class TargetSide:
     def info(self) -> TargetInfo:  # pragma: no cover - every source defines it
         raise NotImplementedError
 
+    def prompt_name(self, i: int) -> str:
+        """Prompt i in messages (a source that reads it from somewhere says where)."""
+        return f"prompt {i}"
+
     def batch(self, prompts: Sequence[List[int]], members: List[int], continuation: int,
               wanted: List[int]) -> TargetBatch:  # pragma: no cover - every source defines it
         """The prompts ``members`` (of one length) with ``continuation`` tokens each and the stream at the layer
