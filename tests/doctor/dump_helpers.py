@@ -92,9 +92,10 @@ class TeacherForced:
 
     def write_dump(self, d: str, served: Sequence[int], stream_layers: Optional[Sequence[int]],
                    run: str = "testrun", per_record: int = 2, chunk: Optional[int] = None,
-                   dtype: torch.dtype = torch.float32, start_seq: int = 0, declared=None, **override) -> List[str]:
+                   dtype: torch.dtype = torch.float32, start_seq: int = 0, declared=None, pid: int = 4242,
+                   **override) -> List[str]:
         """Records of the teacher-forced requests: `per_record` requests a forward; `chunk`: split each request's
-        rows over forwards of at most that many rows (chunked prefill)."""
+        rows over forwards of at most that many rows (chunked prefill); `pid`: the writing process in the names."""
         pieces = []  # (rid, ids, positions, stack rows)
         for i, (ids, stack) in enumerate(zip(self.sent, self.stack)):
             T = ids.numel()
@@ -113,7 +114,7 @@ class TeacherForced:
             aux = stack[:, list(served)].reshape(stack.shape[0], -1).contiguous()
             stream = None if stream_layers is None else stack[:, list(stream_layers)].permute(1, 0, 2).contiguous()
             paths.append(write_v2_record(
-                record_path(d, seq), seq=seq, mode="EXTEND", input_ids=torch.cat([g[1] for g in group]),
+                record_path(d, seq, pid), seq=seq, mode="EXTEND", input_ids=torch.cat([g[1] for g in group]),
                 positions=torch.cat([g[2] for g in group]), requests=reqs, aux=aux, layers_to_capture=served,
                 stream=stream, stream_layer_inputs=stream_layers, num_layers=self.L, hidden_size=self.H,
                 declared=declared, **override))

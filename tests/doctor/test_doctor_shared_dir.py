@@ -39,6 +39,17 @@ def test_a_stream_dump_mixing_two_declarations_names_both(demo, tmp_path):
     assert code == 0, out + err
 
 
+def test_several_servers_of_one_declaration_are_said(demo, tmp_path):
+    prompts = json.load(open(os.path.join(demo, "prompts.json")))[:2]
+    t = TeacherForced(prompts, os.path.join(demo, "draft"), 6)
+    d = str(tmp_path / "shared")
+    t.write_dump(d, [0, 1, 4], list(range(9)), run="replica-a", declared=DECL, pid=11)
+    t.write_dump(d, [0, 1, 4], list(range(9)), run="replica-b", declared=DECL, pid=12)
+    code, out, err = cli("doctor", "fingerprint", "--captured", d)
+    assert code == 0, out + err  # both wired right: a note, not a finding
+    assert "the records come from 2 writing processes with one capture declaration" in out, out
+
+
 def test_a_reference_fingerprint_of_a_mixed_directory_is_a_finding(demo, tmp_path):
     d = tmp_path / "mixed"
     d.mkdir()

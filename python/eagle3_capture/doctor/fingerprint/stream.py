@@ -15,6 +15,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
+from ...dump_format.inventory import inventory
 from ...dump_format.reader import DumpReader, RequestParts, doctor_requests
 from ..bad_rows import BLAME, BadRows, grouped, row_flags, summary
 from ..common import DeploymentFinding, DoctorError
@@ -221,6 +222,9 @@ def dump_fingerprint(path: str, expected: Optional[List[int]], ck=None, checkpoi
                     for (key, g), sub in zip(groups.items(), fps)]
     if not fp.matches and not fp.embedding:
         raise DoctorError(f"--captured {path}: its doctor requests carry no served slots (aux) to fingerprint")
+    several = inventory(records).note()  # one declaration written by several processes: said, not a finding
+    if several:
+        fp.notes.append(several)
     return fp
 
 
