@@ -148,13 +148,9 @@ _TOPIC_TABLES = {"id-rule": _ID_RULE, "default-layers": (("0.5.8", 0),), "captur
 
 
 def _first_of(topic: str, version: str) -> str:
+    """The first release of the step of ``topic``'s table that ``version`` falls in."""
     steps = _TOPIC_TABLES.get(topic, (("0.5.8", 0),))
-    key = version_key(version)
-    first = OLDEST
-    for v, _ in steps:
-        if version_key(v) <= key:
-            first = v
-    return first
+    return since([(first, first) for first, _ in steps], version) or OLDEST
 
 
 def _make(version: str) -> SGLangRelease:
