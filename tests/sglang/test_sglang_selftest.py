@@ -96,3 +96,21 @@ def test_announce_reaches_stderr_before_logging_is_configured(capfd):
         root.handlers[:] = saved
     err = capfd.readouterr().err
     assert "] eagle3_capture: a line before logging is configured" in err
+
+
+def test_announce_reaches_stderr_when_a_root_handler_would_drop_it(capfd):
+    """Importing SGLang's modules (the plugin reads the installed release's internals at load) leaves a root handler
+    at WARNING before SGLang configures logging: an INFO startup line (`taps hook off ...`) must still be written."""
+    from eagle3_capture.sglang import switches
+
+    root = logging.getLogger()
+    saved, level = root.handlers[:], root.level
+    root.handlers[:] = [logging.StreamHandler()]
+    root.setLevel(logging.WARNING)
+    try:
+        switches.announce("info", "eagle3_capture: a line under a WARNING root handler")
+    finally:
+        root.handlers[:] = saved
+        root.setLevel(level)
+    err = capfd.readouterr().err
+    assert err.count("eagle3_capture: a line under a WARNING root handler") == 1, err

@@ -99,12 +99,15 @@ logger = logging.getLogger("eagle3_capture.sglang")
 
 def announce(level: str, msg: str) -> None:
     """Log one line the plugin promises, so that it reaches the server's log. SGLang loads plugins before it
-    configures logging (the engine's and every scheduler's process): with no handler on the root logger yet, an
-    INFO line would be dropped, so the line goes to stderr in SGLang's own format instead."""
+    configures logging (the engine's and every scheduler's process): with no handler on the root logger yet, or one
+    at WARNING, an INFO line would be dropped, so the line goes to stderr in SGLang's own format instead (unless the
+    plugin's own logger was set above that level)."""
     lvl = getattr(logging, level.upper())
-    if logging.getLogger().handlers or logger.handlers:
+    if (logging.getLogger().handlers or logger.handlers) and logger.isEnabledFor(lvl):
         logger.log(lvl, msg)
         return
+    # No handler yet, or one whose level would drop the line: importing SGLang's modules (the plugin reads the
+    # installed release's internals at load) installs a root handler at WARNING before SGLang configures logging.
     if lvl < logger.getEffectiveLevel() and logger.level != logging.NOTSET:
         return
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
