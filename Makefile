@@ -43,8 +43,9 @@ test-sglang: build $(VENV)/.sglang-stamp
 
 # The release matrix (CI runs it after `make test`, which covers 0.5.23): the doctor's model of every release checked
 # against each release's own code (marker sglang_releases; sources under $(VENV)/sglang-releases, none may skip),
-# then one release of every other adapter, and SGLang's serving loop on the oldest.
-RELEASE_MATRIX ?= 0.5.16 0.5.20 0.5.21
+# then one release of every other adapter, and SGLang's serving loop on the oldest (0.5.21's residual-norm final
+# boundary is run by hand: `make test-sglang SGLANG=0.5.21 SMOKE=0`, to keep CI under an hour).
+RELEASE_MATRIX ?= 0.5.16 0.5.20
 test-releases: build $(VENV)/.sglang-stamp
 	$(PY) tests/sglang_release_dirs.py for-tests
 	E3_FAIL_ON_SKIP=1 $(PY) -m pytest -m "sglang_releases and not cuda" -q $(PYTEST_ARGS) tests
