@@ -24,6 +24,7 @@ from prometheus_server import PrometheusError, PrometheusServer, Series
 
 from eagle3_capture.acceptance import names
 
+pytestmark = pytest.mark.slow   # about 20 s: a real Prometheus must scrape and evaluate for a few seconds
 TESTS = Path(__file__).resolve().parent
 MODEL = "m"
 TOL = 0.03   # the writer's counters move between two scrapes' reads of their files: a few % of jitter
