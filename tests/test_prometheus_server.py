@@ -2,7 +2,8 @@
 two processes (tests/metrics_writer.py, standing in for two schedulers running the plugin) write eagle3-capture's
 metrics with prometheus_client's multiprocess mode; an http.server thread serves what prometheus_client's
 MultiProcessCollector makes of that directory (SGLang's /metrics). The recording rules must give the writer's
-traffic and the alerts must go pending / firing with the right labels. About 20 s.
+traffic, the alerts must go pending / firing with the right labels, and every query of the Grafana dashboard
+(monitoring/grafana/eagle3_capture.json) must give series. About 20 s.
 
 A missing `prometheus` binary fails these tests (it never skips them): `make test` installs it.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import http.server
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -162,3 +164,40 @@ def test_stopped_on_exit(tmp_path):
     assert proc.poll() is not None and not os.path.exists(data)
     with pytest.raises(PrometheusError, match="not running"):
         p.query("1")
+
+
+DASHBOARD = TESTS.parent / "monitoring" / "grafana" / "eagle3_capture.json"
+DASHBOARD_VARIABLES = {"$job", "$instance", "$model"}   # each "All" = .* (the variables' allValue)
+
+
+def dashboard_queries():
+    """Every PromQL query of the Grafana dashboard: its panels' targets, and its variables' label_values(m, l) as
+    (m, l); Grafana's variables replaced by their "All" value."""
+    import json
+
+    dash = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    labels = []
+    for v in dash["templating"]["list"]:
+        if v["type"] != "query":
+            continue
+        m = re.fullmatch(r"label_values\((.+), (\w+)\)", v["query"]["query"])
+        assert m, f"dashboard variable {v['name']}: expected label_values(<selector>, <label>), got {v['query']}"
+        labels.append((m.group(1), m.group(2)))
+    used = set(re.findall(r"\$\w+", json.dumps([exprs, labels])))
+    assert used <= DASHBOARD_VARIABLES, f"dashboard queries use variables no test gives a value: {used}"
+
+    def all_values(e):
+        return re.sub(r"\$\w+", ".*", e)
+    return [all_values(e) for e in exprs], [(all_values(s), label) for s, label in labels]
+
+
+def test_every_dashboard_query_runs(prom):
+    exprs, labels = dashboard_queries()
+    assert len(exprs) >= 10
+    prom.wait_for('ALERTS{alertstate="firing"}', timeout=20)
+    for e in exprs:   # each must give series for the writers' traffic (a wrong name or label gives none)
+        prom.wait_for(e, timeout=20)
+    for selector, label in labels:
+        found = prom.wait_for(selector, timeout=10)
+        assert all(label in s.labels for s in found), (selector, label, found)
