@@ -35,6 +35,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 RULES = Path(__file__).resolve().parents[1] / "monitoring" / "prometheus" / "eagle3_capture.rules.yml"
 INSTALL_HINT = "install Prometheus: `apt-get install -y prometheus` (Debian/Ubuntu; `make test` does it as root)"
 START_TIMEOUT_S = 30.0
+PORT_ATTEMPTS = 3
 
 
 class PrometheusError(RuntimeError):
@@ -117,9 +118,15 @@ class PrometheusServer:
         config_path = os.path.join(self.dir, "prometheus.yml")
         with open(config_path, "w") as f:
             json.dump(config, f, indent=1)   # JSON is YAML
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
         self.log_path = os.path.join(self.dir, "prometheus.log")
+        for _ in range(PORT_ATTEMPTS):   # the free port may be taken between finding it and binding it
+            if self.launch(binary, config_path, free_port()):
+                return
+        raise PrometheusError(f"prometheus found no free port in {PORT_ATTEMPTS} tries{self.log_tail()}")
+
+    def launch(self, binary: str, config_path: str, port: int) -> bool:
+        """Start the process on ``port`` and wait until it is ready: True; False when the port was taken."""
+        self.url = f"http://127.0.0.1:{port}"
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 [binary, f"--config.file={config_path}", f"--storage.tsdb.path={os.path.join(self.dir, 'data')}",
@@ -128,12 +135,14 @@ class PrometheusServer:
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
             if self.proc.poll() is not None:
+                if "address already in use" in self.log_tail():
+                    return False
                 raise PrometheusError(f"prometheus exited with {self.proc.returncode} while starting"
                                       f"{self.log_tail()}")
             try:
                 with urllib.request.urlopen(self.url + "/-/ready", timeout=2) as r:
                     if r.status == 200:
-                        return
+                        return True
             except (urllib.error.URLError, ConnectionError, socket.timeout):
                 pass
             if time.monotonic() > deadline:

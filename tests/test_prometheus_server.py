@@ -201,3 +201,19 @@ def test_every_dashboard_query_runs(prom):
     for selector, label in labels:
         found = prom.wait_for(selector, timeout=10)
         assert all(label in s.labels for s in found), (selector, label, found)
+
+
+def test_a_taken_port_is_retried(monkeypatch):
+    import socket
+
+    import prometheus_server
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        offered = iter([taken])
+        find = prometheus_server.free_port
+        monkeypatch.setattr(prometheus_server, "free_port", lambda: next(offered, None) or find())
+        with PrometheusServer("http://127.0.0.1:9/metrics") as p:
+            assert not p.url.endswith(f":{taken}") and p.query("2") == [Series({}, 2.0)]
