@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 
 NATIVE_SOURCES := $(shell find csrc -type f) setup.py pyproject.toml
 
-.PHONY: demo test test-sglang test-releases setup build gate clean bench-binaries
+.PHONY: demo test test-sglang test-releases setup build gate clean bench-binaries prometheus
 
 demo: build
 	$(PY) -m eagle3_capture selfcheck
@@ -23,7 +23,7 @@ demo: build
 # The engine tests (SGLang's real serving loop, about 26 minutes on two cores) run after the rest; the release smoke
 # (tests/engine/test_release_smoke.py) repeats test_engine's plugin-vs-stock checks on 0.5.23, so it runs only in
 # make test-sglang / test-releases, on the other releases.
-test: build gate $(VENV)/.sglang-stamp
+test: build gate $(VENV)/.sglang-stamp prometheus
 	@marks="not cuda and not multigpu and not engine and not sglang_releases"; \
 	if ! $(PY) -c "import sys, eagle3_capture as e; sys.exit(0 if 'cuda' in e.build_info()['backends'] else 1)"; then \
 	  marks="$$marks and not cuda_build"; echo "test: CPU-only build, deselecting the cuda_build tests"; fi; \
@@ -55,6 +55,12 @@ test-releases: build $(VENV)/.sglang-stamp
 	@for v in $(RELEASE_MATRIX); do $(MAKE) --no-print-directory test-sglang SGLANG=$$v SMOKE=0 || exit 1; done
 
 setup: $(VENV)/.deps-stamp
+
+# promtool and prometheus for the monitoring rules' tests (tests/test_prometheus_rules.py, test_prometheus_server.py):
+# when missing, installed as root with apt-get (the package prometheus), else make stops with one line saying what to
+# install; a service the package started is stopped (scripts/ensure_prometheus.sh). Cheap when both are on PATH.
+prometheus:
+	@bash scripts/ensure_prometheus.sh
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
