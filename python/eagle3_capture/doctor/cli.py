@@ -112,11 +112,12 @@ def _add_server_args(s, help: str = SERVER_ARGS_HELP) -> None:
 def add_doctor_parser(sub) -> None:
     """Register ``doctor`` and its subcommands on the top-level subparsers."""
     doc = sub.add_parser(
-        "doctor", help="check configs and server flags, fingerprint captures, measure offline acceptance, demo",
+        "doctor", help="check configs and server flags, fingerprint captures, measure offline acceptance, watch a server, "
+             "demo",
         description="Find why a served EAGLE-3 draft accepts less than it should: configs and server flags "
                     "(check), what a server really captured (fingerprint), the draft's offline accuracy and the "
-                    "accept length SGLang will serve (accept), a running server beside that prediction (online); "
-                    "`demo` runs all of it on a tiny built-in pair.")
+                    "accept length SGLang will serve (accept), a running server beside that prediction (online), its "
+                    "acceptance live from /metrics (watch); `demo` runs all of it on a tiny built-in pair.")
     one_line_errors(doc)
     ds = doc.add_subparsers(dest="doctor_command", required=True, metavar="{check,fingerprint,dump-reference,accept,online,demo,watch}")
 

@@ -114,7 +114,7 @@ def parse(text: str, where: str) -> Snapshot:
                 continue
             v = s.value
             if not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise DoctorError(f"{where}: {s.name}{s.labels} = {v!r}; expected a finite number")
+                raise DoctorError(f"{where}: {s.name}{shown(s.labels)} = {v!r}; expected a finite number")
             if names.MODEL in s.labels:
                 models.add(s.labels[names.MODEL])
             _take(snap, gauges, s.name, s.labels, float(v), where)
@@ -133,7 +133,7 @@ def _take(snap: Snapshot, gauges, sample: str, labels: Dict[str, str], v: float,
     counter = COUNTER_SAMPLES.get(sample)
     if counter is not None:
         if v < 0:
-            raise DoctorError(f"{where}: counter {sample}{labels} = {v:g}; a counter is never negative")
+            raise DoctorError(f"{where}: counter {sample}{shown(labels)} = {v:g}; a counter is never negative")
         if counter == names.VERIFIES:
             snap.verifies += v
         elif counter in (names.ATTEMPTS, names.ACCEPTED, names.ALARMS):
@@ -149,7 +149,7 @@ def _take(snap: Snapshot, gauges, sample: str, labels: Dict[str, str], v: float,
     if sample in GAUGE_RANGES:
         lo, hi = GAUGE_RANGES[sample]
         if not lo <= v <= hi:
-            raise DoctorError(f"{where}: {sample}{labels} = {v:g}; expected a value in [{lo:g}, {hi:g}]")
+            raise DoctorError(f"{where}: {sample}{shown(labels)} = {v:g}; expected a value in [{lo:g}, {hi:g}]")
         if sample in (names.EXPECTED_ACCEPTANCE, names.DRIFT, names.ALARM):
             key = _position(f"{where}: {sample}", labels)
         elif sample == names.CAPTURE_BROKEN:
