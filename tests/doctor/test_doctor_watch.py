@@ -332,3 +332,23 @@ def test_fuzz_flags(tmp_path, monkeypatch, data):
         assert len(err.strip().splitlines()) == 1 and "error:" in err, (argv, err)
     else:
         assert out.startswith("parsed watch"), out
+
+
+def test_the_watch_loads_neither_the_plugin_nor_torch(tmp_path):
+    """A whole watch (plot included) in a fresh interpreter: the plugin, SGLang and torch stay unloaded (the watch
+    sees the server only through its /metrics text)."""
+    import subprocess
+    import sys
+
+    from doctor_helpers import REPO
+
+    code = ("import sys\nfrom eagle3_capture.cli import main\n"
+            "rc = main(sys.argv[1:])\n"
+            "print('loaded', sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'sglang') or "
+            "m.startswith('eagle3_capture.sglang')))\nsys.exit(rc)\n")
+    with MetricsServer([State([1, 1, 1, 1], **EXP), State([2, 2, 2, 2], **EXP)]) as s:
+        p = subprocess.run([sys.executable, "-c", code, "doctor", "watch", "--server", s.url, *FAST, "--count", "1",
+                            "--plot", str(tmp_path / "w.png")], capture_output=True, text=True, timeout=120,
+                           cwd=REPO, env=dict(os.environ))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "loaded []" in p.stdout, p.stdout
