@@ -352,3 +352,26 @@ def test_the_watch_loads_neither_the_plugin_nor_torch(tmp_path):
                            cwd=REPO, env=dict(os.environ))
     assert p.returncode == 0, p.stdout + p.stderr
     assert "loaded []" in p.stdout, p.stdout
+
+
+def test_sigterm_ends_with_the_summary_and_the_series(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from doctor_helpers import REPO
+
+    with MetricsServer([State([1, 1, 1, 1], **EXP), State([5, 5, 5, 5], **EXP)]) as s:
+        p = subprocess.Popen([sys.executable, "-m", "eagle3_capture", "doctor", "watch", "--server", s.url, *FAST,
+                              "--json", str(tmp_path / "w.json")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, cwd=REPO)
+        deadline = time.monotonic() + 60
+        while s.gets < 3 and time.monotonic() < deadline:  # a few readings in
+            time.sleep(0.05)
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, out + err
+    assert "stopped by Ctrl-C / SIGTERM" in out and "Traceback" not in err
+    j = series(tmp_path / "w.json")
+    assert j["ended"] == "interrupted" and j["refreshes"][1]["verifies"] == 20 - 4

@@ -47,7 +47,7 @@ class WatchReport:
     refreshes: list                    # watch.series.Refresh, in order
     events: list                       # watch.series.AlarmEvent
     restarts: int
-    ended: str                         # count | interrupted
+    ended: str                         # count | interrupted (Ctrl-C or SIGTERM)
     seconds: float
     false_alarms_per_hour: Optional[float] = None   # the client-side monitor's bound (with --profile)
     monitored: int = 0
@@ -100,6 +100,22 @@ def _read_profile(path: Optional[str]):
         raise DoctorError(f"--profile: {e}") from None
 
 
+def _stop_on_sigterm():
+    """SIGTERM (a service manager, `timeout`) ends the watch as Ctrl-C does: with the summary, the series and the
+    plot. Installed only from the main thread (Python's rule); returns what puts the old handler back."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, stop)
+    return lambda: signal.signal(signal.SIGTERM, old)
+
+
 def run(opts: Options, out=None) -> WatchReport:
     from ..watch.scrape import scrape
     from ..watch.series import Watcher
@@ -145,6 +161,7 @@ def run(opts: Options, out=None) -> WatchReport:
         except (OSError, ValueError) as e:
             raise DoctorError(f"--plot {opts.plot}: cannot be written ({e})") from None
 
+    restore = _stop_on_sigterm()
     try:
         view.show(watcher.update(first, 0.0, None))
         plot()
@@ -163,6 +180,8 @@ def run(opts: Options, out=None) -> WatchReport:
             plot()
     except KeyboardInterrupt:
         ended = "interrupted"
+    finally:
+        restore()
     plot()
     m = watcher.monitor
     return WatchReport(base, opts.interval, prof.path if prof else None, expected_source, watcher.refreshes,
@@ -174,7 +193,7 @@ def run(opts: Options, out=None) -> WatchReport:
 def render(rep: WatchReport) -> str:
     failed = sum(r.error is not None for r in rep.refreshes)
     lines = ["", f"watched {rep.server}/metrics for {rep.seconds:.1f} s: {len(rep.refreshes) - 1} refreshes after "
-                 f"the first reading ({'stopped by Ctrl-C' if rep.ended == 'interrupted' else 'count reached'})"
+                 f"the first reading ({'stopped by Ctrl-C / SIGTERM' if rep.ended == 'interrupted' else 'count reached'})"
              + (f"; {failed} reading(s) failed" if failed else "")
              + (f"; {rep.restarts} server restart(s) seen (counters reset)" if rep.restarts else "")]
     last = rep.last

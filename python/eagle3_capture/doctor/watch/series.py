@@ -191,6 +191,11 @@ class Watcher:
                 self._note_once(notes, "extra", f"the server counts draft positions {extra}, beyond the profile's "
                                                 f"{self.profile.positions} (num_steps): not in the profile, not "
                                                 "monitored here; was the profile made for these server flags?")
+            counted = sorted(snap.attempts)
+            if counted and counted[-1] < self.profile.positions:
+                self._note_once(notes, "fewer", f"the server counts draft positions up to {counted[-1]}, the profile "
+                                                f"has {self.profile.positions} (num_steps): was it made for these "
+                                                "server flags?")
             differ = [p for p, v in snap.expected.items() if self.expected_at(p, snap) is not None and
                       abs(v - self.expected_at(p, snap)) > 1e-6]
             if differ:
