@@ -104,7 +104,9 @@ def parse(text: str, where: str) -> Snapshot:
     """The plugin's figures in a ``/metrics`` page (``where`` names it in messages)."""
     families = _families(text, where)
     if not any(f.name.startswith(names.PREFIX) for f in families):
-        raise DoctorError(f"{where}: no {names.PREFIX}* metrics; {ENABLE}")
+        sglang = any(f.name.startswith("sglang:") for f in families)
+        raise DoctorError(f"{where}: no {names.PREFIX}* metrics"
+                          + (" beside SGLang's own (is the plugin loaded?)" if sglang else "") + f"; {ENABLE}")
     snap = Snapshot()
     models = set()
     gauges: Dict[str, Dict[object, float]] = {}
