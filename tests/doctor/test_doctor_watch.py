@@ -375,3 +375,10 @@ def test_sigterm_ends_with_the_summary_and_the_series(tmp_path):
     assert "stopped by Ctrl-C / SIGTERM" in out and "Traceback" not in err
     j = series(tmp_path / "w.json")
     assert j["ended"] == "interrupted" and j["refreshes"][1]["verifies"] == 20 - 4
+
+
+def test_a_profile_for_other_flags_is_said(tmp_path):
+    path = write_profile(tmp_path, hist=(10, 10, 10, 10, 10, 10), steps=5)
+    code, out, err = watch([State([5, 5, 5, 5]), State([6, 6, 6, 6])], "--profile", path)
+    assert code == 0, out + err
+    assert "the server counts draft positions up to 3, the profile has 5" in out.split("watched ")[-1], out

@@ -146,7 +146,7 @@ def run(opts: Options, out=None) -> WatchReport:
     view = View(out, header, expected_source, client)
     if not opts.no_progress:
         print(f"watching {base}/metrics; Ctrl-C stops with a summary", file=sys.stderr)
-    ended, notes = "count", []
+    ended = "count"
     last_good = t0
 
     def plot() -> None:
@@ -187,7 +187,7 @@ def run(opts: Options, out=None) -> WatchReport:
     return WatchReport(base, opts.interval, prof.path if prof else None, expected_source, watcher.refreshes,
                        watcher.events, watcher.restarts, ended, time.monotonic() - t0,
                        m.false_alarms_per_hour() if m else None, sum(p.monitored for p in m.positions) if m else 0,
-                       m.settings.threshold if m else None, opts.plot, notes)
+                       m.settings.threshold if m else None, opts.plot, list(watcher.once_notes))
 
 
 def render(rep: WatchReport) -> str:

@@ -130,6 +130,7 @@ class Watcher:
         self.totals: Dict[str, int] = {}
         self.restarts = 0
         self.said: set = set()          # notes said once
+        self.once_notes: List[str] = []  # ... and their text, for the summary
         self.active: Dict[Tuple[str, object], bool] = {}  # alarm states, to record each start once
 
     # ------------------------------------------------------------------------------------------------------------
@@ -167,6 +168,7 @@ class Watcher:
         if key not in self.said:
             self.said.add(key)
             notes.append(text)
+            self.once_notes.append(text)
 
     def update(self, snap: Snapshot, t: float, dt: Optional[float]) -> Refresh:
         prev = self.prev
