@@ -197,7 +197,7 @@ def test_dump_reference_bad_inputs(tmp_path):
                             "--out", tmp_path / "r.safetensors", "--device", "cpu"), "no prompts")
 
 
-@pytest.mark.parametrize("sub", ["check", "fingerprint", "dump-reference", "accept", "online", "demo"])
+@pytest.mark.parametrize("sub", ["check", "fingerprint", "dump-reference", "accept", "online", "demo", "watch"])
 def test_every_subcommand_has_help(sub):
     code, out, err = cli("doctor", sub, "--help")
     assert code == 0 and "usage: eagle3-capture doctor " + sub in out

@@ -55,12 +55,21 @@ def _online(rec, server, *extra):
 
 
 def test_matching_responses(recorded, tmp_path):
-    code, text, err = _online(recorded, _write(tmp_path / "r.jsonl", recorded[2]), "--json", tmp_path / "o.json")
+    code, text, err = _online(recorded, _write(tmp_path / "r.jsonl", recorded[2]), "--json", tmp_path / "o.json",
+                              "--profile-out", tmp_path / "p.json")
     assert code == 0, text + err
     j = json.load(open(tmp_path / "o.json"))
     assert j["ok"] and j["verdict"].startswith("matches") and j["max_new_tokens"] == N  # read off the file
     assert j["online"] == {k: v for k, v in j["predicted"].items()}
     assert "verdict: matches" in text and "step  online  offline" in text
+    # --profile-out: the predicted histogram, the server's flags
+    from eagle3_capture.acceptance.profile import read
+
+    prof = read(str(tmp_path / "p.json"))
+    h = j["predicted"]["correct_drafts_histogram"]
+    assert list(prof.histogram) == h + [0] * (4 - len(h)) and prof.source == "doctor online" and prof.prompts == 6
+    assert (prof.speculative.num_steps, prof.speculative.eagle_topk, prof.speculative.num_draft_tokens) == (3, 1, 4)
+    assert j["profile"]["path"] == prof.path and f"profile written to {prof.path}" in text
 
 
 def test_fewer_accepted_drafts_online_is_a_mismatch_at_that_step(recorded, tmp_path):

@@ -9,7 +9,7 @@ import pytest
 from eagle3_capture.cli import build_parser
 from eagle3_capture.doctor.cli import command_module
 
-SUBCOMMANDS = ["check", "fingerprint", "dump-reference", "accept", "online", "demo"]
+SUBCOMMANDS = ["check", "fingerprint", "dump-reference", "accept", "online", "demo", "watch"]
 
 
 def subparsers():

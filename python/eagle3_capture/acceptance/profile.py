@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 import time
 from dataclasses import dataclass
@@ -101,10 +102,18 @@ def make(source: str, speculative: Speculative, histogram: Sequence[int], prompt
     """A profile from a predicted histogram (validated as a read one is)."""
     if source not in SOURCES:
         raise ValueError(f"source {source!r}: expected one of {list(SOURCES)}")
-    h = list(histogram) + [0] * max(0, speculative.num_steps + 1 - len(histogram))
-    p = Profile(source, speculative, tuple(int(x) for x in h), int(prompts), draft, target,
-                time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-    return from_json(p.to_json(), "<new profile>")
+
+    def count(x):  # numpy / torch integers as ints; anything else is left for from_json to refuse
+        return int(x) if isinstance(x, numbers.Integral) and not isinstance(x, bool) else x
+
+    # only the primary fields: from_json checks them all (an empty or too long histogram is a ProfileError, not
+    # a ValueError out of the derived fields) and derives the rest
+    data = {"format": FORMAT, "version": VERSION, "source": source, "draft": draft, "target": target,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "speculative": {"num_steps": count(speculative.num_steps), "eagle_topk": count(speculative.eagle_topk),
+                            "num_draft_tokens": count(speculative.num_draft_tokens)},
+            "prompts": count(prompts), "correct_drafts_histogram": [count(x) for x in histogram]}
+    return from_json(data, "<new profile>")
 
 
 def write(profile: Profile, path: str) -> str:

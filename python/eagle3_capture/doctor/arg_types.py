@@ -112,6 +112,13 @@ def output_file(text: str) -> str:
     return text
 
 
+def png_file(text: str) -> str:
+    """An output file whose name ends in .png (the figure is written as a PNG whatever the name says)."""
+    if not text.lower().endswith(".png"):
+        raise argparse.ArgumentTypeError(f"expected a file name ending in .png, got {text!r}")
+    return output_file(text)
+
+
 def output_dir(text: str) -> str:
     if not text:
         raise argparse.ArgumentTypeError("expected a directory path, got ''")
@@ -200,5 +207,5 @@ POSITIVE = int_at_least(1)
 NON_NEGATIVE = int_at_least(0)
 THREADS = threads
 
-__all__ = ["int_at_least", "seed", "finite_float", "output_file", "output_dir", "threads", "server", "url",
+__all__ = ["int_at_least", "seed", "finite_float", "output_file", "png_file", "output_dir", "threads", "server", "url",
            "sglang_version", "vllm_version", "engine", "ENGINES", "POSITIVE", "NON_NEGATIVE", "THREADS", "SEED_MAX"]

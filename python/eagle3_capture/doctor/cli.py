@@ -38,6 +38,8 @@ def command_module(name: str) -> ModuleType:
         from .commands import online as mod
     elif name == "demo":
         from .commands import demo as mod
+    elif name == "watch":
+        from .commands import watch as mod
     else:  # pragma: no cover - argparse allows only the names above
         raise ValueError(f"unknown doctor subcommand {name!r}")
     return mod
@@ -96,6 +98,13 @@ def _add_dtype(s) -> None:
                         "without --target)")
 
 
+def _add_profile_out(s) -> None:
+    s.add_argument("--profile-out", metavar="PROFILE.json", type=at.output_file,
+                   help="write the expected-acceptance profile (per draft position, from the predicted histogram of "
+                        "correct drafts, with the server flags) for the plugin's EAGLE3_CAPTURE_PROFILE and `doctor "
+                        "watch --profile`")
+
+
 def _add_server_args(s, help: str = SERVER_ARGS_HELP) -> None:
     s.add_argument("--server-args", metavar="\"FLAGS\"", help=help)
 
@@ -103,13 +112,14 @@ def _add_server_args(s, help: str = SERVER_ARGS_HELP) -> None:
 def add_doctor_parser(sub) -> None:
     """Register ``doctor`` and its subcommands on the top-level subparsers."""
     doc = sub.add_parser(
-        "doctor", help="check configs and server flags, fingerprint captures, measure offline acceptance, demo",
+        "doctor", help="check configs and server flags, fingerprint captures, measure offline acceptance, watch a server, "
+             "demo",
         description="Find why a served EAGLE-3 draft accepts less than it should: configs and server flags "
                     "(check), what a server really captured (fingerprint), the draft's offline accuracy and the "
-                    "accept length SGLang will serve (accept), a running server beside that prediction (online); "
-                    "`demo` runs all of it on a tiny built-in pair.")
+                    "accept length SGLang will serve (accept), a running server beside that prediction (online), its "
+                    "acceptance live from /metrics (watch); `demo` runs all of it on a tiny built-in pair.")
     one_line_errors(doc)
-    ds = doc.add_subparsers(dest="doctor_command", required=True, metavar="{check,fingerprint,dump-reference,accept,online,demo}")
+    ds = doc.add_subparsers(dest="doctor_command", required=True, metavar="{check,fingerprint,dump-reference,accept,online,demo,watch}")
 
     s = ds.add_parser("check", help="trained taps vs what stock SGLang (any release 0.5.8-0.5.23) or vLLM / the plugin "
                                     "capture, config and flag traps",
@@ -226,6 +236,7 @@ def add_doctor_parser(sub) -> None:
                    help="write per-position results (correct [N, steps])")
     _add_no_progress(s)
     _add_seed(s, "seed of the demo target (with --target demo)")
+    _add_profile_out(s)
 
     s = ds.add_parser("online", help="a running server's accept length and per-step acceptance vs the offline replay",
                       description="Sends the prompts as token ids to a running SGLang server's /generate (greedy, "
@@ -271,6 +282,7 @@ def add_doctor_parser(sub) -> None:
     _add_json(s, "write the report as JSON")
     _add_no_progress(s)
     _add_seed(s, "seed of the demo target (with --target demo)")
+    _add_profile_out(s)
 
     s = ds.add_parser("demo", help="the whole story on a tiny built-in DeepseekV3 target and a draft it trains",
                       description="Builds a tiny DeepseekV3 target (seeded, from a config in the package), trains a "
@@ -287,6 +299,30 @@ def add_doctor_parser(sub) -> None:
     _add_seed(s)
     s.add_argument("--no-plot", action="store_true", help="skip the PNG")
     _add_no_progress(s)
+
+    s = ds.add_parser("watch", help="a running server's per-position acceptance, live, from its /metrics",
+                      description="Reads the plugin's metrics from a running server's /metrics (SGLang with "
+                                  "--enable-metrics) every --interval seconds and shows, per draft position, the "
+                                  "acceptance over the last interval and since the start against the expected "
+                                  "profile, the server's drift statistic and alarm, verifies per second, the accept "
+                                  "length and the capture self-test. With --profile the drift monitor also runs here, "
+                                  "one block per interval. Exit 1 when an alarm was seen (the server's, a broken "
+                                  "capture, or the monitor's), 0 otherwise, 2 on bad input or a server unreachable at "
+                                  "the start.")
+    s.add_argument("--server", required=True, metavar="URL", type=at.url,
+                   help="http://host:port of the running SGLang server")
+    s.add_argument("--profile", metavar="PROFILE.json",
+                   help="the expected-acceptance profile (doctor accept|online --profile-out); default: the "
+                        "server's own (its expected-acceptance gauges), if it serves one")
+    s.add_argument("--interval", type=at.finite_float(0.1, 3600.0), default=5.0, metavar="S",
+                   help="seconds between refreshes (default 5; 0.1 .. 3600)")
+    s.add_argument("--count", type=at.POSITIVE, default=None, metavar="N",
+                   help="refreshes after the first reading, then exit (default: until Ctrl-C)")
+    s.add_argument("--plot", metavar="OUT.png", type=at.png_file,
+                   help="a PNG of live acceptance per interval against the expected lines, alarms marked; rewritten "
+                        "at every refresh")
+    _add_json(s, "write the series (every refresh) as JSON at exit")
+    _add_no_progress(s, "no status line on stderr")
     for p in ds.choices.values():
         one_line_errors(p)
 

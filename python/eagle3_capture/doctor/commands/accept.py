@@ -24,6 +24,7 @@ from typing import List, Optional, Sequence
 from ...spec import TapSpec
 from ..bad_rows import BLAME, BadRows
 from ..common import EXIT_FINDINGS, EXIT_OK, DoctorError
+from ..profile_out import WrittenProfile, check_profile_out, write_profile
 from ..replay.metrics import SERVED_MEANS, TAU_MEANS, Metrics
 from ..sglang_model.serving import Served, total
 
@@ -47,6 +48,7 @@ class Options:
     tensors: Optional[str] = None             # per-position results
     no_progress: bool = False
     seed: int = 0                             # the demo target's
+    profile_out: Optional[str] = None         # write the expected-acceptance profile of the prediction here
 
 
 @dataclass
@@ -69,6 +71,7 @@ class AcceptReport:
     notes: List[str] = field(default_factory=list)
     bad: List[BadRows] = field(default_factory=list)  # prompts left out: their taps hold bad rows
     prompt_ids: Optional[List[int]] = None  # which prompts of the file ``served`` is for (None: all, in order)
+    profile: Optional[WrittenProfile] = None  # --profile-out: where the expected-acceptance profile went
 
     @property
     def tau(self) -> float:
@@ -91,7 +94,8 @@ class AcceptReport:
                            "error": self.flag_error},
                 "served": served, "tau": round(self.tau, 6),
                 "metrics": self.metrics.to_json(), "prompts": self.prompts, "tokens": self.tokens,
-                "notes": self.notes, "left_out": [b.to_json() for b in self.bad]}
+                "notes": self.notes, "left_out": [b.to_json() for b in self.bad],
+                "profile": None if self.profile is None else self.profile.to_json()}
 
 
 def render_served(served: Sequence[Served], label: str = "prompt", ids: Optional[Sequence[int]] = None) -> List[str]:
@@ -134,6 +138,8 @@ def render(rep: AcceptReport) -> str:
                   f"tau = 1 + sum_k prod_(i<=k) acc_i = {rep.tau:.3f}"
                   + (" (top-1 chain; the tree's tau is not computed)" if rep.topk > 1 else ""),
                   f"  {SERVED_MEANS}", f"  {TAU_MEANS}"]
+    if rep.profile is not None:
+        lines += [""] + rep.profile.lines()
     lines += [f"note: {n}" for n in rep.notes]
     if rep.bad:
         lines += ["", f"{len(rep.bad)} prompt(s) left out of every figure above, their taps holding bad rows:"]
@@ -165,6 +171,7 @@ def _run(opts: Options, device: str) -> AcceptReport:
     from ..target.open import open_target
 
     progress = not opts.no_progress
+    check_profile_out(opts.profile_out)  # before any model loads
     check_steps(opts.steps, "--steps")
     flags = parse_server_args(opts.server_args) if opts.server_args else None
     refused = not_eagle3(flags) if flags is not None else None
@@ -183,6 +190,9 @@ def _run(opts: Options, device: str) -> AcceptReport:
                          draft_dtype(opts.dtype, device, opts.target is not None), opened.embed, opened.lm_head)
     spec, declared, notes = ds.taps, ds.declared, list(ds.notes)
     res = resolve_speculative(flags or parse_server_args(""), side.info.architecture)
+    if opts.profile_out is not None and unserved_reason(res) is not None:
+        raise DoctorError(f"--profile-out: a profile needs the served prediction, and there is none for these "
+                          f"flags: {unserved_reason(res)}")
     if unserved_reason(res) is None:
         check_speculative(res.steps, res.topk, res.draft_tokens, ds.draft.arch.draft_vocab_size, "--server-args")
     n_chain = res.steps if (res.steps is not None and not res.error) else 3
@@ -227,6 +237,9 @@ def _run(opts: Options, device: str) -> AcceptReport:
                        len(runs), sum(int(r.seq.numel()) for r in runs), new_tokens,
                        served_walks(runs, new_tokens), unserved_reason(res), notes, bad,
                        kept if bad else None)
+    if opts.profile_out is not None:
+        rep.profile = write_profile(opts.profile_out, "doctor accept", (rep.steps, rep.topk, rep.draft_tokens),
+                                    rep.served_total.histogram, rep.prompts, opts.draft, rep.target)
     if opts.tensors:
         save_safetensors(opts.tensors, {"correct": allc.to(torch.uint8),
                                         "accepted": chain_accepted(allc, rep.steps)},

@@ -27,6 +27,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..bad_rows import BLAME, BadRows, summary
 from ..common import EXIT_FINDINGS, EXIT_OK, DoctorError
+from ..profile_out import WrittenProfile, check_profile_out, write_profile
 from ..replay.metrics import SERVED_MEANS
 from ..sglang_model.responses import Response, StepRow, check_counts, read_recorded
 from ..sglang_model.serving import Served, total
@@ -53,6 +54,7 @@ class Options:
     json: Optional[str] = None
     no_progress: bool = False
     seed: int = 0
+    profile_out: Optional[str] = None   # write the expected-acceptance profile of the prediction here
 
 
 @dataclass
@@ -77,6 +79,7 @@ class OnlineReport:
     fingerprint_lines: List[str] = field(default_factory=list)
     left_out: List[BadRows] = field(default_factory=list)   # prompts whose taps hold bad rows
     prompt_ids: Optional[List[int]] = None       # which prompts the rows are (None: all, in order)
+    profile: Optional[WrittenProfile] = None      # --profile-out: where the expected-acceptance profile went
 
     def to_json(self) -> dict:
         s, k, d = self.flags
@@ -100,6 +103,7 @@ class OnlineReport:
             "step_acceptance": [{"step": r.step, "online": _r(r.online), "offline": _r(r.offline),
                                  "offline_all_positions": _r(r.offline_all)} for r in self.steps],
             "tau": round(self.tau, 6), "notes": self.notes,
+            "profile": None if self.profile is None else self.profile.to_json(),
         }
 
 
@@ -161,6 +165,8 @@ def render(rep: OnlineReport) -> str:
     lines += ["", f"  {SERVED_MEANS}", f"  tau over every position (not a served figure): {rep.tau:.3f}"]
     if rep.fingerprint_lines:
         lines += [""] + rep.fingerprint_lines
+    if rep.profile is not None:
+        lines += [""] + rep.profile.lines()
     lines += [f"note: {n}" for n in rep.notes]
     if rep.left_out:
         lines += ["", f"{len(rep.left_out)} prompt(s) left out of every figure above, their taps holding bad rows:"]
@@ -227,6 +233,7 @@ def _run(opts: Options, device: str) -> OnlineReport:
     refused = not_eagle3(parse_server_args(server_args)) if server_args else None
     if refused:  # before any model loads or any request goes out
         raise DoctorError(f"--server-args: {refused}")
+    check_profile_out(opts.profile_out)
     if target_path is not None and (dump is not None or opts.target_checkpoint is not None):
         raise DoctorError("--target runs the target here; --dump / --target-checkpoint are for a run without it "
                           "(the server as the target): give one or the other")
@@ -360,6 +367,9 @@ def _run(opts: Options, device: str) -> OnlineReport:
     rep = OnlineReport(server, side.source, draft_path, [repr(t) for t in ds.taps.taps], flags, new_tokens,
                        [r.served for r in responses], predicted, lossless, first, rows, opts.tolerance, verdict, ok,
                        m.tau(S), notes, fp_json, fp_lines, left_out, kept if left_out else None)
+    if opts.profile_out is not None:  # what the draft should get: the prediction, whatever the server got
+        rep.profile = write_profile(opts.profile_out, "doctor online", flags, pr_tot.histogram, len(runs),
+                                    draft_path, side.source)
     return rep
 
 

@@ -1,0 +1,97 @@
+"""A stand-in for a server's /metrics in the watch tests: real Prometheus exposition text, made by prometheus_client's
+own registry and generate_latest with the plugin's metric names (acceptance.names), served from a local http.server
+on 127.0.0.1 in a thread. Each GET of /metrics answers the next page of a list (the last one repeats), so a test
+says exactly what the watch reads at each refresh."""
+from __future__ import annotations
+
+import http.server
+import threading
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Union
+
+from eagle3_capture.acceptance import names
+from eagle3_capture.acceptance.positions import attempts_accepted
+
+
+@dataclass
+class State:
+    """What the plugin has counted (cumulative) and shows, for one page."""
+
+    histogram: Sequence[int] = ()            # cumulative correct-drafts histogram (verifies per accepted count)
+    positions: int = 3
+    expected: Optional[Sequence[float]] = None
+    expected_accept_length: Optional[float] = None
+    drift: Optional[Sequence[float]] = None
+    alarm: Optional[Sequence[int]] = None
+    alarms: Optional[Sequence[int]] = None    # the ALARMS counter per position
+    selftest: Dict[str, int] = field(default_factory=dict)
+    selftest_failures: int = 0
+    capture_broken: Optional[int] = None
+    model: str = "m"
+
+
+def page(s: State) -> bytes:
+    from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
+    reg = CollectorRegistry()
+    c = {n: Counter(n, h, list(labels), registry=reg) for n, (labels, h) in names.COUNTERS.items()}
+    g = {n: Gauge(n, h, list(labels), registry=reg) for n, (labels, h) in names.GAUGES.items()}
+    m = s.model
+    h = list(s.histogram)
+    if h:
+        att, acc = attempts_accepted(h, s.positions)
+        c[names.VERIFIES].labels(m).inc(sum(h))
+        for p in range(s.positions):
+            c[names.ATTEMPTS].labels(m, str(p + 1)).inc(att[p])
+            c[names.ACCEPTED].labels(m, str(p + 1)).inc(acc[p])
+    for key, vals in ((names.EXPECTED_ACCEPTANCE, s.expected), (names.DRIFT, s.drift), (names.ALARM, s.alarm)):
+        for p, v in enumerate(vals or ()):
+            g[key].labels(m, str(p + 1)).set(v)
+    for p, v in enumerate(s.alarms or ()):
+        c[names.ALARMS].labels(m, str(p + 1)).inc(v)
+    if s.expected_accept_length is not None:
+        g[names.EXPECTED_ACCEPT_LENGTH].labels(m).set(s.expected_accept_length)
+    for result, n in s.selftest.items():
+        c[names.SELFTEST_RUNS].labels(m, "0", result).inc(n)
+    c[names.SELFTEST_FAILURES].labels(m, "0").inc(s.selftest_failures)
+    if s.capture_broken is not None:
+        g[names.CAPTURE_BROKEN].labels(m, "0").set(s.capture_broken)
+    return generate_latest(reg)
+
+
+class MetricsServer:
+    """Serves `pages` (State or raw bytes) one per GET of /metrics; `.url` is its base URL."""
+
+    def __init__(self, pages: Sequence[Union[State, bytes]], status: int = 200):
+        self.pages: List[bytes] = [p if isinstance(p, bytes) else page(p) for p in pages]
+        self.status = status
+        self.gets = 0
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                if self.path.rstrip("/") != "/metrics":
+                    self.send_error(404)
+                    return
+                body = outer.pages[min(outer.gets, len(outer.pages) - 1)]
+                outer.gets += 1
+                self.send_response(outer.status)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
