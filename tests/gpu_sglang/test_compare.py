@@ -154,7 +154,7 @@ def _run(name, ok=True, graph="on", log=None, dump_files=1, r2_equal=True):
             "dump": {"files": dump_files, "with_served_prompts": dump_files, "not_served": 0,
                      "replayed_from_graph": dump_files if graph == "on" else 0},
             "round1_rows": [_row([1, 2], 1, [1])],
-            "round2_equals_round1": {"equal": r2_equal, "mismatch_count": 0 if r2_equal else 1},
+            "timed_equal_round1": {"equal": r2_equal, "mismatch_count": 0 if r2_equal else 1},
             "round2": {"tokens_per_s": 100.0 if name.startswith("plugin") else 110.0}}
 
 
@@ -171,7 +171,7 @@ def test_verdict_and_speed():
     text = "\n".join(bad)
     assert "stock_eager: did not serve (engine start: boom)" in text
     assert "plugin_graphs: the capture dump is empty" in text
-    assert "plugin_graphs: round 2 outputs differ from round 1" in text
+    assert "plugin_graphs: the timed rounds' outputs differ from round 1" in text
     assert "plugin_graphs vs stock_graphs: 1 differences" in text
     assert "stock_graphs: 0/1 outputs equal the target's greedy continuation" in text
 
@@ -180,13 +180,13 @@ def test_a_graphs_difference_stock_shows_too_is_sglangs_own():
     """Graphs on vs off differing in the same request with and without the plugin (SGLang's own numerics: its
     graphed prefill takes MLA, the eager one MHA) is a finding; the same difference with the plugin only fails."""
     runs = {n: _run(n, graph="off" if n.endswith("eager") else "on") for n in compare.ORDER}
-    for n in ("plugin_graphs", "stock_graphs"):
+    for n in ("plugin_graphs", "stock_graphs", "plugin_metrics"):
         runs[n]["round1_rows"] = [_row([1, 3], 2, [0])]
     comp = report.comparisons(runs, [[1, 2]])
     assert report.verdict(runs, comp) == []
     own = report.attributed(comp)
     assert set(own["pairs"]) == {"plugin_graphs vs plugin_eager", "stock_graphs vs stock_eager"}
-    assert set(own["reference"]) == {"plugin_graphs", "stock_graphs"}
+    assert set(own["reference"]) == {"plugin_graphs", "stock_graphs", "plugin_metrics"}
     lines = report.findings(runs, comp)
     assert any("SGLang's own graphs-on vs off numerics" in ln for ln in lines)
     result = {"configs": {n: {k: v for k, v in r.items() if k != "round1_rows"} for n, r in runs.items()},
@@ -200,7 +200,13 @@ def test_a_graphs_difference_stock_shows_too_is_sglangs_own():
     bad = "\n".join(report.verdict(runs, comp))
     assert "plugin_graphs vs plugin_eager: 3 differences" in bad and "plugin_graphs vs stock_graphs: 3" in bad
     assert "plugin_graphs: 0/1 outputs equal the target's greedy continuation" in bad
+    assert "plugin_metrics vs stock_graphs: 3 differences" in bad
     assert report.attributed(comp) == {"pairs": {}, "reference": {}}
+    # plugin_metrics serving what stock_graphs serves: its difference from transformers is SGLang's own
+    runs["plugin_metrics"]["round1_rows"] = [_row([1, 2], 1, [1])]
+    runs["stock_graphs"]["round1_rows"] = runs["plugin_metrics"]["round1_rows"] = [_row([1, 4], 1, [1])]
+    own = report.attributed(report.comparisons(runs, [[1, 2]]))["reference"]
+    assert "plugin_metrics" in own and "stock_graphs" not in own, own
 
 
 def test_findings_say_what_the_dump_and_self_test_saw():
@@ -211,7 +217,7 @@ def test_findings_say_what_the_dump_and_self_test_saw():
     lines = report.findings({"plugin_graphs": r, "stock_eager": _run("stock_eager", ok=False, graph="off")})
     assert lines[0] == ("plugin_graphs: capture dump 32 files, 5 holding a served prompt, 27 replayed from a CUDA "
                         "graph, 0 not served traffic, forward modes ['EXTEND', 'TARGET_VERIFY'], 0 written during "
-                        "the timed round")
+                        "the timed rounds")
     assert lines[1].startswith("plugin_graphs: self-test: ") and "41.0 s" in lines[2] and len(lines) == 3
 
 
@@ -283,13 +289,14 @@ def test_rejudge_reads_finished_runs_and_keeps_where_they_were_served(tmp_path):
         d.mkdir(parents=True)
         (d / "round1.jsonl").write_text(json.dumps(_row([1, 2], 1, [1])) + "\n")
         (d / "round2.jsonl").write_text(json.dumps(_row([1, 2], 1, [1])) + "\n")
-        env = {"EAGLE3_CAPTURE_DUMP": "/x"} if n.startswith("plugin") else {"EAGLE3_CAPTURE_DISABLE": "all"}
+        env = ({"EAGLE3_CAPTURE_DISABLE": "all"} if n.startswith("stock") else
+               {} if n == "plugin_metrics" else {"EAGLE3_CAPTURE_DUMP": "/x"})
         (d / "summary.json").write_text(json.dumps({"env": env, "engine_start_s": 1.0, "round2": {"tokens_per_s": 9.0},
                                                     "round1": {"tokens": 2}}))
         log = ("eagle3_capture: DeepseekV3ForCausalLM: taps [Embedding, LayerOutput(0), LayerOutput(3)]\n"
                + SERVED_SELFTEST + "\n" if n.startswith("plugin") else "") + "Capture cuda graph begin\n"
         (d / "server.log").write_text(log)
-        if n.startswith("plugin"):
+        if n in ("plugin_eager", "plugin_graphs"):
             (out / "dumps" / n).mkdir(parents=True)
             # as the plugin under test writes them (format v3; a run made with an older plugin is refused)
             torch.save(_v3([5, 6], "EXTEND"), out / "dumps" / n / "eagle3_capture_h_0123456789abcdef_tp0_000000.pt")
