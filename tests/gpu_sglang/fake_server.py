@@ -7,7 +7,8 @@ round), one verify per 2 tokens and a fixed histogram of correct drafts, and tak
 per generate call (x ``FAKE_ENGINE_STOCK_FACTOR`` with EAGLE3_CAPTURE_DISABLE=all, to give stock another speed).
 With enable_metrics it counts the plugin's acceptance counters (eagle3_capture.acceptance.names) in Prometheus'
 multiprocess mode, in a directory it names in PROMETHEUS_MULTIPROC_DIR as SGLang does. ``FAKE_ENGINE_FAIL=start``
-makes the engine start fail (a server that never gets through round 1).
+makes the engine start fail (a server that never gets through round 1). Nothing here prints the plugin's lines or
+writes a capture dump: the report's plugin checks fail on these servers, as they must.
 """
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ class FakeEngine:
         if os.environ.get("FAKE_ENGINE_FAIL") == "start":
             raise RuntimeError("the fake engine was told to fail at start")
         self.kw = kw
+        if not kw.get("disable_cuda_graph"):  # SGLang's line, which the report reads to tell graphs were on
+            print("stand-in engine: Capture cuda graph begin (nothing captured)", flush=True)
         stock = os.environ.get("EAGLE3_CAPTURE_DISABLE") == "all"
         self.round_s = float(os.environ.get("FAKE_ENGINE_ROUND_S", "0.05")) * (
             float(os.environ.get("FAKE_ENGINE_STOCK_FACTOR", "1")) if stock else 1.0)

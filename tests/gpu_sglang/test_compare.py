@@ -312,6 +312,245 @@ def test_rejudge_reads_finished_runs_and_keeps_where_they_were_served(tmp_path):
     assert json.loads((out / "gpu_sglang.json").read_text()) == {"machine": {"gpu": "NVIDIA H200"}}
 
 
+# ------------------------------------------------------------------------------------------------------------------
+# the interleaved timed rounds: the release order, the per-round figures, the schedule end to end with stand-in
+# servers (fake_server.py: serve_gpu.py's own rounds and gate files around a stand-in engine)
+# ------------------------------------------------------------------------------------------------------------------
+
+def test_interleaved_rotates_the_order_every_round():
+    plan = compare.interleaved(["pg", "sg", "pm"], 5)
+    rounds = [[n for n, r in plan if r == k] for k in range(1, 6)]
+    assert rounds == [["pg", "sg", "pm"], ["sg", "pm", "pg"], ["pm", "pg", "sg"], ["pg", "sg", "pm"],
+                      ["sg", "pm", "pg"]]
+    assert [r for _, r in plan] == sorted(r for _, r in plan), "round r is released whole before round r + 1"
+    assert {first[0] for first in rounds[:3]} == {"pg", "sg", "pm"}, "every configuration goes first once in 3"
+    assert compare.interleaved(["a"], 3) == [("a", 1), ("a", 2), ("a", 3)]
+    assert compare.interleaved(["a", "b"], 0) == [] and compare.interleaved([], 4) == []
+    with pytest.raises(ValueError, match="rounds must be >= 0"):
+        compare.interleaved(["a"], -1)
+
+
+def _stub(name, rounds):
+    return argparse.Namespace(name=name, rounds=rounds, cfg={"graph": compare.config_graph(name)})
+
+
+def test_the_timed_plan_runs_the_eager_rounds_first_then_the_graph_rounds_interleaved():
+    servers = [_stub(n, 1 if n.endswith("eager") else 3) for n in compare.ORDER]
+    plan = compare.timed_plan(servers)
+    assert plan[:2] == [("plugin_eager", 1), ("stock_eager", 1)]
+    assert plan[2:5] == [("plugin_graphs", 1), ("stock_graphs", 1), ("plugin_metrics", 1)]
+    assert plan[5:8] == [("stock_graphs", 2), ("plugin_metrics", 2), ("plugin_graphs", 2)]
+    assert len(plan) == 2 + 9
+    # a server asked for fewer rounds (timed repeats 0: none) keeps its place and gets only its own
+    servers[1] = _stub("plugin_graphs", 0)
+    assert [x for x in compare.timed_plan(servers) if x[0] == "plugin_graphs"] == []
+
+
+def test_spread_and_the_ratio_per_round_pair():
+    assert report.spread([100.0, 110.0, 90.0, 105.0]) == {"n": 4, "median": 102.5, "min": 90.0, "max": 110.0,
+                                                          "spread": 20.0, "spread_pct": round(2000 / 102.5, 2)}
+    assert report.spread([]) is None and report.spread([None]) is None
+    assert report.per_round_ratio({1: 90.0, 2: 100.0, 3: 80.0}, {1: 100.0, 3: 100.0, 4: 50.0}) == {1: 0.9, 3: 0.8}
+    assert report.per_round_ratio({1: 1.0}, {1: 0.0}) == {}, "a zero denominator is no ratio"
+
+    def timed(tps):
+        return [{"round": i + 1, "tokens_per_s": v} for i, v in enumerate(tps)]
+
+    runs = {"plugin_graphs": {"ok": True, "timed": timed([99.0, 101.0, 98.0])},
+            "stock_graphs": {"ok": True, "timed": timed([100.0, 100.0, 100.0])},
+            "plugin_metrics": {"ok": True, "timed": timed([97.0, None, 99.0])},  # round 2: no figure
+            "stock_eager": {"ok": True, "round2": {"tokens_per_s": 50.0}},     # a run from before the rounds
+            "plugin_eager": {"ok": False, "timed": timed([1.0])}}
+    sp = report.speed(runs)
+    assert sp["rounds"]["plugin_graphs"] == {"rounds": [1, 2, 3], "tokens_per_s": [99.0, 101.0, 98.0], "n": 3,
+                                             "median": 99.0, "min": 98.0, "max": 101.0, "spread": 3.0,
+                                             "spread_pct": round(300 / 99, 2)}
+    assert sp["rounds"]["stock_eager"]["tokens_per_s"] == [50.0] and "plugin_eager" not in sp["rounds"]
+    assert sp["ratios"]["plugin_graphs / stock_graphs"]["per_round"] == [0.99, 1.01, 0.98]
+    assert sp["ratios"]["plugin_graphs / stock_graphs"]["median"] == 0.99
+    pm = sp["ratios"]["plugin_metrics / stock_graphs"]
+    assert (pm["rounds"], pm["per_round"], pm["min"], pm["max"]) == ([1, 3], [0.97, 0.99], 0.97, 0.99)
+    assert sp["plugin / stock, graphs"] == 0.99 and sp["stock: graphs on / off"] == 2.0
+    assert sp["round2_tokens_per_s"]["plugin_graphs"] == 99.0
+    lines = report.speed_lines(sp, {"plan": [["a", 1]] * 9, "released": [["a", 1, 0.1, True]] * 6,
+                                    "not_released": {"plugin_metrics": 3}, "stopped_for_budget": "12 s left"})
+    assert lines[0] == ("INFO timed rounds: 6 of 9 served one server at a time; not released {'plugin_metrics': 3} "
+                        "(stopped for the budget: 12 s left)")
+    assert ("INFO tokens/s plugin_graphs / stock_graphs per round pair: median 0.99, min 0.98, max 1.01 over 3 "
+            "pair(s): [0.99, 1.01, 0.98]") in lines
+    assert any(ln.startswith("INFO tokens/s plugin_graphs over 3 timed round(s): median 99.0, min 98.0, max 101.0")
+               for ln in lines)
+
+
+def test_what_the_metrics_counted_beside_what_was_served():
+    from eagle3_capture.acceptance import names
+
+    def smp(name, value, pos=None):
+        labels = {names.MODEL: "m"} if pos is None else {names.MODEL: "m", names.POSITION: str(pos)}
+        return {"name": names.exported(name), "labels": labels, "value": value}
+
+    run = {"metrics": {"families": 40, "sglang_families": 30, "eagle3_capture": [
+        smp(names.VERIFIES, 10.0), smp(names.ATTEMPTS, 10.0, 1), smp(names.ACCEPTED, 6.0, 1),
+        smp(names.ATTEMPTS, 6.0, 2), smp(names.ACCEPTED, 3.0, 2), smp(names.EXPECTED_ACCEPTANCE, 0.5, 1)]},
+        "served_verifies": 10}
+    m = report.metrics_counted(run)
+    assert (m["verifies"], m["positions"], m["acceptance"]) == (10, [1, 2], [0.6, 0.5])
+    assert report.metrics_line(m).startswith("eagle3_capture verifies 10, the responses' verify counts 10 (equal)")
+    run["served_verifies"] = 12
+    assert "(NOT equal)" in report.metrics_line(report.metrics_counted(run))
+    assert "not read: boom" == report.metrics_line(report.metrics_counted({"metrics": {"error": "boom"}}))
+    empty = report.metrics_counted({"metrics": {"sglang_families": 30, "eagle3_capture": []}})
+    assert "no eagle3_capture:* samples (30 sglang:* families exported)" in report.metrics_line(empty)
+    assert report.metrics_counted({}) is None
+    assert report.profile_lines({"profile_error": "doctor accept exited 2: x"}, None) == [
+        "INFO plugin_metrics served without an expected-acceptance profile: doctor accept exited 2: x"]
+
+
+def test_the_profile_from_doctor_accepts_report(tmp_path):
+    from eagle3_capture.acceptance import profile
+
+    rep = {"served": {"correct_drafts_histogram": [9, 1, 0, 5]}, "prompts": 4,
+           "server": {"num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4}}
+    p = make_pair.profile_from_accept(rep, "t", "d")
+    assert (p.source, p.speculative, p.histogram, p.prompts) == ("doctor accept", profile.Speculative(3, 1, 4),
+                                                                (9, 1, 0, 5), 4)
+    back = profile.read(profile.write(p, str(tmp_path / "profile.json")))
+    assert back.acceptance() == [6 / 15, 5 / 6, 1.0]
+    with pytest.raises(ValueError, match="predicted no served histogram"):
+        make_pair.profile_from_accept({"served": None, "notes": ["a tree"]}, "t", "d")
+    with pytest.raises(ValueError, match="not the servers'"):
+        make_pair.profile_from_accept({**rep, "server": {"num_steps": 2, "eagle_topk": 1, "num_draft_tokens": 3}},
+                                      "t", "d")
+    assert "--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4" in \
+        make_pair.chain_flags()
+    assert compare.CHAIN == make_pair.CHAIN == (3, 1, 4)
+
+
+def test_a_failing_doctor_accept_leaves_no_profile_and_says_why(tmp_path):
+    info = make_pair.write_profile(str(tmp_path), str(tmp_path / "no_target"), str(tmp_path / "no_draft"),
+                                   str(tmp_path / "no_prompts.json"), 4, "cpu", 120)
+    assert "profile" not in info and info["profile_error"].startswith("RuntimeError: doctor accept exited 2")
+    assert not (tmp_path / "profile.json").exists()
+
+
+def _fake_pair(tmp_path, prompts=((5, 6, 7), (8, 9)), profile=True):
+    pair = tmp_path / "pair"
+    pair.mkdir()
+    (pair / "prompts.json").write_text(json.dumps([list(p) for p in prompts]))
+    # what fake_server.py answers: the reference it must equal
+    ref = [[(sum(p) + 7 * i) % 97 for i in range(3)] for p in prompts]
+    (pair / "reference_greedy.json").write_text(json.dumps({"outputs": ref}))
+    info = {"target": "t", "draft": "d", "draft_stock": "ds", "prompts": str(pair / "prompts.json"),
+            "reference": str(pair / "reference_greedy.json"), "new_tokens": 3}
+    if profile:
+        from eagle3_capture.acceptance import profile as prof
+
+        info["profile"] = prof.write(make_pair.profile_from_accept(
+            {"served": {"correct_drafts_histogram": [1, 0, 2, 1]}, "prompts": 2,
+             "server": {"num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4}}, "t", "d"), str(pair / "profile.json"))
+    (pair / "pair.json").write_text(json.dumps(info))
+    return pair
+
+
+def _fake_env(monkeypatch, round_s, stock_factor=1.0):
+    monkeypatch.setattr(compare, "SERVE", os.path.join(HERE, "fake_server.py"))
+    monkeypatch.setenv("FAKE_ENGINE_ROUND_S", str(round_s))
+    monkeypatch.setenv("FAKE_ENGINE_STOCK_FACTOR", str(stock_factor))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([os.path.join(REPO, "python"), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+
+
+def test_the_interleaved_schedule_end_to_end_with_stand_in_servers(tmp_path, monkeypatch):
+    """Five serve_gpu.py processes (stand-in engine) side by side: every timed round released alone, in the plan's
+    order, none overlapping another; per-round figures and ratios in the JSON; the metrics snapshot read."""
+    _fake_env(monkeypatch, 0.1, stock_factor=0.8)
+    pair, out = _fake_pair(tmp_path), tmp_path / "cmp"
+    rc = compare.main(["--pair", str(pair), "--out", str(out), "--rounds", "3", "--eager-rounds", "2",
+                       "--timed-repeats", "2", "--budget-s", "120", "--per-round-s", "5", "--reserve-s", "2"])
+    r = json.loads((out / "gpu_sglang.json").read_text())
+    sched = r["schedule"]
+    assert len(sched["plan"]) == 2 * 2 + 3 * 3 and sched["stopped_for_budget"] is None and not sched["not_released"]
+    assert [x[:2] for x in sched["released"]] == sched["plan"] and all(x[3] for x in sched["released"])
+    # the servers' own clocks: the timed rounds ran one at a time, in the plan's order
+    served = sorted((t["wall"][0], t["wall"][1], n, t["round"]) for n, c in r["configs"].items() for t in c["timed"])
+    assert [[n, k] for _, _, n, k in served] == sched["plan"]
+    assert all(a[1] <= b[0] for a, b in zip(served, served[1:])), "two timed rounds overlapped"
+    cfg = r["configs"]
+    assert all(c["ok"] and c["rc"] == 0 for c in cfg.values()), {n: c["error"] for n, c in cfg.items()}
+    assert [len(cfg[n]["timed"]) for n in compare.ORDER] == [2, 3, 3, 3, 2]
+    assert cfg["plugin_graphs"]["timed_equal_round1"]["equal"] and cfg["plugin_graphs"]["timed_equal_round1"]["n"] == 12
+    assert [cfg[n]["server_info"]["enable_metrics"] for n in ("plugin_graphs", "plugin_metrics")] == [False, True]
+    assert cfg["plugin_metrics"]["env"] == {"EAGLE3_CAPTURE_PROFILE": str(pair / "profile.json")}
+    sp = r["speed"]
+    assert sp["rounds"]["plugin_graphs"]["n"] == 3 and len(sp["ratios"]["plugin_metrics / stock_graphs"]["per_round"]) == 3
+    assert 0.6 < sp["ratios"]["plugin_graphs / stock_graphs"]["median"] < 0.95, sp["ratios"]  # stock 1 / 0.8 faster
+    # what the stand-in's counters counted: every response's verifies, round 1 and the timed rounds
+    watch = r["acceptance_watch"]
+    assert watch["metrics"]["verifies"] == watch["metrics"]["served_verifies"] == 4 * 2 * (1 + 3 * 2)
+    assert watch["metrics"]["acceptance"] == watch["expected"] == watch["served"] == [0.75, 1.0, 0.3333]
+    assert (out / "runs" / "plugin_metrics" / "metrics.prom").exists()
+    # judged as the GPU run is: the stand-in prints none of the plugin's lines and writes no dump, so the plugin
+    # checks fail -- and only those (plugin_metrics has no dump to check)
+    assert rc == 1 and r["comparisons"]["plugin_metrics vs stock_graphs"]["equal"]
+    fails = "\n".join(r["failures"])
+    assert "plugin_metrics: the plugin's startup line is not in the log" in fails
+    assert "plugin_graphs: the capture dump is empty" in fails and "plugin_metrics: the capture dump" not in fails
+    assert all(f.startswith(("plugin_eager:", "plugin_graphs:", "plugin_metrics:")) for f in r["failures"]), fails
+    lines = report.summary_lines(r)
+    assert "PASS plugin_metrics vs stock_graphs: outputs, verify counts, histograms (0 differences over 2 requests)" \
+        in lines
+    assert any(ln.startswith("INFO timed rounds: 13 of 13 served one server at a time") for ln in lines)
+    assert any(ln.startswith("INFO plugin_metrics profile ") for ln in lines)
+
+
+def test_the_schedule_stops_releasing_rounds_when_time_runs_short(tmp_path, monkeypatch):
+    _fake_env(monkeypatch, 0.5)
+    pair, out = _fake_pair(tmp_path, profile=False), tmp_path / "cmp"
+    compare.main(["--pair", str(pair), "--out", str(out), "--only", "plugin_graphs,stock_graphs,plugin_metrics",
+                  "--rounds", "8", "--timed-repeats", "1", "--budget-s", "14", "--per-round-s", "1",
+                  "--reserve-s", "3"])
+    r = json.loads((out / "gpu_sglang.json").read_text())
+    sched = r["schedule"]
+    ran = len(sched["released"])
+    assert sched["stopped_for_budget"] and 0 < ran < 24 and ran + sum(sched["not_released"].values()) == 24
+    assert [x[:2] for x in sched["released"]] == sched["plan"][:ran]
+    for n, c in r["configs"].items():  # told to stop, each shut down cleanly with the rounds it had served
+        assert c["ok"] and c["rc"] == 0, (n, c["error"])
+        assert len(c["timed"]) == sum(1 for x in sched["released"] if x[0] == n)
+        assert c["stopped_before_round"] == len(c["timed"]) + 1
+    assert any("(stopped for the budget:" in ln for ln in report.summary_lines(r))
+    assert "INFO plugin_metrics served without an expected-acceptance profile: the pair has none" in \
+        report.summary_lines(r)
+
+
+def test_a_server_that_never_gets_through_round_1_does_not_hold_the_others(tmp_path, monkeypatch):
+    _fake_env(monkeypatch, 0.05)
+    pair, out = _fake_pair(tmp_path), tmp_path / "cmp"
+    monkeypatch.setattr(compare, "CUDA_ENV", {**compare.CUDA_ENV})
+    table = compare.config_table
+
+    def failing_stock(pair_, out_):  # stock_graphs' engine fails at start
+        t = table(pair_, out_)
+        t["stock_graphs"]["env"] = {**t["stock_graphs"]["env"], "FAKE_ENGINE_FAIL": "start"}
+        return t
+
+    monkeypatch.setattr(compare, "config_table", failing_stock)
+    compare.main(["--pair", str(pair), "--out", str(out), "--only", "plugin_graphs,stock_graphs,plugin_metrics",
+                  "--rounds", "2", "--timed-repeats", "1", "--budget-s", "60", "--per-round-s", "5"])
+    r = json.loads((out / "gpu_sglang.json").read_text())
+    assert r["schedule"]["not_released"] == {"stock_graphs": 2}
+    assert not r["configs"]["stock_graphs"]["ok"] and "engine start: RuntimeError" in r["configs"]["stock_graphs"]["error"]
+    assert [len(r["configs"][n]["timed"]) for n in ("plugin_graphs", "plugin_metrics")] == [2, 2]
+    assert "stock_graphs: did not serve" in "\n".join(r["failures"])
+    assert r["speed"]["ratios"] == {}
+
+
+def test_serve_gpu_refuses_bad_rounds(capsys):
+    with pytest.raises(SystemExit) as e:
+        serve_gpu.main(["--target", "t", "--draft", "d", "--prompts", "p", "--out-dir", "o", "--timed-rounds", "-1"])
+    assert e.value.code == 2 and "--timed-rounds must be >= 0" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("script", ["scripts/gpu_sglang.sh", "scripts/fetch_device_wheels.sh"])
 def test_scripts_have_help_and_refuse_unknown_options(script):
     h = subprocess.run(["bash", script, "--help"], capture_output=True, text=True, cwd=REPO, timeout=60)
@@ -323,6 +562,8 @@ def test_scripts_have_help_and_refuse_unknown_options(script):
 @pytest.mark.parametrize("argv,needle", [
     (["--pair", "p", "--out", "o", "--only", "plugin_eager,bogus"], "unknown configuration"),
     (["--pair", "p", "--out", "o", "--device", "cpu"], "runs no CUDA graphs"),
+    (["--pair", "p", "--out", "o", "--rounds", "0"], "--rounds and --eager-rounds must be >= 1"),
+    (["--pair", "p", "--out", "o", "--mem-fraction", "1.5"], "--mem-fraction must be in (0, 1)"),
 ])
 def test_compare_rejects_bad_arguments(argv, needle, capsys):
     with pytest.raises(SystemExit) as e:
