@@ -238,6 +238,7 @@ class Server:
                "round2": summary.get("round2"), "timed": summary.get("timed"), "timed_rounds_asked": self.rounds,
                "stopped_before_round": summary.get("stopped_before_round"),
                "waited_for_timed_round_s": summary.get("waited_for_timed_round_s"),
+               "flush_retries": summary.get("flush_retries"),
                "server_info": summary.get("server_info"), "windows": summary.get("windows"),
                "metrics": summary.get("metrics"), "log": log_checks(text), "round1_rows": r1, "timed_rows": timed}
         if rc == "timeout":
@@ -295,28 +296,42 @@ def interleaved(names: Sequence[str], rounds: int) -> List[Tuple[str, int]]:
     return out
 
 
+def timed_groups(servers: Sequence[Server]) -> List[List[Tuple[str, int]]]:
+    """The release order, in two groups: the eager servers' rounds (interleaved among themselves; then they shut
+    down), then the graph-on servers' rounds interleaved: the comparisons that matter (graphs on, plugin against
+    stock) run beside the fewest other processes, and beside the same ones in every round."""
+    groups = []
+    for graph in ("off", "on"):
+        group = [s for s in servers if s.cfg["graph"] == graph]
+        rounds = {s.name: s.rounds for s in group}
+        groups.append([(n, r) for n, r in interleaved([s.name for s in group], max(rounds.values(), default=0))
+                       if r <= rounds[n]])
+    return groups
+
+
 def timed_plan(servers: Sequence[Server]) -> List[Tuple[str, int]]:
-    """The eager servers' rounds first (interleaved among themselves; then they shut down), then the graph-on
-    servers' rounds interleaved: the comparisons that matter (graphs on, plugin against stock) run beside the fewest
-    other processes."""
-    eager = [s for s in servers if s.cfg["graph"] == "off"]
-    graphs = [s for s in servers if s.cfg["graph"] == "on"]
-    plan = []
-    for group in (eager, graphs):
-        rounds = max((s.rounds for s in group), default=0)
-        plan += [(n, r) for n, r in interleaved([s.name for s in group], rounds)
-                 if r <= next(s.rounds for s in group if s.name == n)]
-    return plan
+    """:func:`timed_groups`, one after the other."""
+    return [x for g in timed_groups(servers) for x in g]
+
+
+def _stop_and_wait(servers: Sequence[Server], deadline: float, shutdown_s: float) -> None:
+    """Tell every live server of `servers` to stop (no more rounds: shut down), all at once; wait for them."""
+    for s in servers:
+        if s.alive():
+            s.stop()
+    for s in servers:
+        if s.proc is not None and s.rc is None:
+            s.wait(min(shutdown_s, max(0.0, deadline - time.time())), why="its shutdown outran the deadline")
 
 
 def run_side_by_side(servers: List[Server], deadline: float, per_round_s: float, log, reserve_s: float = 20.0,
-                     shutdown_s: float = 60.0) -> dict:
+                     shutdown_s: float = 90.0) -> dict:
     """Start every server at once (their imports, compiles and CUDA-graph captures overlap), wait until each has
-    served round 1 or exited, then release the timed rounds of :func:`timed_plan` one at a time, so no two servers
-    run a timed round, and no start-up or round 1 runs beside one. A server's last round is followed by its shutdown
-    before the next release. A round is released only when its expected time (its slowest so far x 1.5, else
-    `per_round_s`) and `reserve_s` fit before the deadline; after the first that does not, no more are released.
-    Returns the schedule: the plan, what was released, what was not and why."""
+    served round 1 or exited, then release the timed rounds of :func:`timed_groups` one at a time, so no two servers
+    run a timed round, and no start-up, round 1 or shutdown runs beside one: after each group its servers are told
+    to stop and shut down together. A round is released only when its expected time (the server's slowest so far
+    x 1.5, else `per_round_s`) and `reserve_s` fit before the deadline; after the first that does not, no more are
+    released. Returns the schedule: the plan, what was released, what was not and why."""
     for s in servers:
         s.start(log)
     by_name = {s.name: s for s in servers}
@@ -328,34 +343,33 @@ def run_side_by_side(servers: List[Server], deadline: float, per_round_s: float,
             s.kill(f"not through round 1 by the deadline ({gate - s.t0:.0f} s after its start)")
     log("    side by side: " + ", ".join(f"{s.name} {'ready' if s.ready() else 'rc ' + str(s.proc.poll() if s.proc else s.rc)}"
                                          for s in servers))
-    plan = timed_plan(servers)
+    groups = timed_groups(servers)
+    plan = [x for g in groups for x in g]
     sched = {"plan": [list(x) for x in plan], "released": [], "not_released": {}, "stopped_for_budget": None}
-    for i, (name, r) in enumerate(plan):
-        s = by_name[name]
-        if not s.alive():
-            sched["not_released"][name] = sched["not_released"].get(name, 0) + 1
-            continue
-        need = s.expected_round_s(per_round_s)
-        left = deadline - time.time()
-        if left < need + reserve_s:
-            sched["stopped_for_budget"] = (f"{left:.0f} s left before {name} round {r} (expected {need:.0f} s + "
-                                           f"{reserve_s:.0f} s kept for the shutdowns and the report)")
-            log(f"    stopping the timed rounds: {sched['stopped_for_budget']}")
-            for n, _ in plan[i:]:
-                sched["not_released"][n] = sched["not_released"].get(n, 0) + 1
-            break
-        s.release(r)
-        t0 = time.time()
-        served = s.wait_done(r, min(left - reserve_s, max(4 * need, per_round_s)))
-        sched["released"].append([name, r, round(time.time() - t0, 2), served])
-        if served and r == s.rounds:  # its shutdown runs before anything else is timed
-            s.wait(min(shutdown_s, max(0.0, deadline - time.time())), why="its shutdown outran the deadline")
-    for s in servers:  # not released further (budget) or already through: shut down, all at once
-        if s.alive():
-            s.stop()
-    for s in servers:
-        if s.proc is not None and s.rc is None:
-            s.wait(max(0.0, deadline - time.time()), why="its shutdown outran the deadline")
+
+    def not_released(name: str) -> None:
+        sched["not_released"][name] = sched["not_released"].get(name, 0) + 1
+
+    for group in groups:
+        for name, r in group:
+            s = by_name[name]
+            if sched["stopped_for_budget"] or not s.alive():
+                not_released(name)
+                continue
+            need = s.expected_round_s(per_round_s)
+            left = deadline - time.time()
+            if left < need + reserve_s:
+                sched["stopped_for_budget"] = (f"{left:.0f} s left before {name} round {r} (expected {need:.0f} s "
+                                               f"+ {reserve_s:.0f} s kept for the shutdowns and the report)")
+                log(f"    stopping the timed rounds: {sched['stopped_for_budget']}")
+                not_released(name)
+                continue
+            s.release(r)
+            t0 = time.time()
+            served = s.wait_done(r, min(left - reserve_s, max(4 * need, per_round_s)))
+            sched["released"].append([name, r, round(time.time() - t0, 2), served])
+        _stop_and_wait([by_name[n] for n in dict.fromkeys(n for n, _ in group)], deadline, shutdown_s)
+    _stop_and_wait(servers, deadline, shutdown_s)  # any without timed rounds
     return sched
 
 

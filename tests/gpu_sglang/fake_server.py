@@ -7,11 +7,13 @@ round), one verify per 2 tokens and a fixed histogram of correct drafts, and tak
 per generate call (x ``FAKE_ENGINE_STOCK_FACTOR`` with EAGLE3_CAPTURE_DISABLE=all, to give stock another speed).
 With enable_metrics it counts the plugin's acceptance counters (eagle3_capture.acceptance.names) in Prometheus'
 multiprocess mode, in a directory it names in PROMETHEUS_MULTIPROC_DIR as SGLang does. ``FAKE_ENGINE_FAIL=start``
-makes the engine start fail (a server that never gets through round 1). Nothing here prints the plugin's lines or
+makes the engine start fail (a server that never gets through round 1); ``FAKE_ENGINE_FLUSH_FAILS=1`` makes every
+other radix-cache flush fail, as SGLang's does while it still holds a finished request. Nothing here prints the plugin's lines or
 writes a capture dump: the report's plugin checks fail on these servers, as they must.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import tempfile
@@ -48,7 +50,12 @@ class FakeEngine:
         return {"disable_cuda_graph": self.kw.get("disable_cuda_graph"), "enable_metrics": self.kw.get("enable_metrics")}
 
     def flush_cache(self):
-        return True
+        # FAKE_ENGINE_FLUSH_FAILS=1: every other call fails, as SGLang's does while a request is still held
+        if os.environ.get("FAKE_ENGINE_FLUSH_FAILS") == "1":
+            self.flushes = getattr(self, "flushes", 0) + 1
+            if self.flushes % 2:
+                return argparse.Namespace(success=False, message="pending requests (stand-in)")
+        return argparse.Namespace(success=True, message="")
 
     def generate(self, input_ids, sampling_params):
         time.sleep(self.round_s)

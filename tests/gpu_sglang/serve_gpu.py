@@ -11,7 +11,7 @@ JIT compiles). Then ``--timed-rounds`` R timed rounds, each serving the prompts 
 after a flush of the radix cache (tokens/s per round). With ``--gated`` the caller paces the timed rounds through
 files in ``--out-dir`` (so servers started side by side time one at a time): the server writes ``ready`` after
 round 1, and for r = 1..R waits for ``go.<r>`` (or ``stop``: no more rounds, shut down), serves, writes
-``done.<r>``. Timed round r is round r + 1 in the files: ``round1.jsonl``, ``round2.jsonl``, ... (one line per
+``done.<r>``; after round R it waits for ``stop`` before it shuts down (not beside another server's timed round). Timed round r is round r + 1 in the files: ``round1.jsonl``, ``round2.jsonl``, ... (one line per
 response: input_ids, output_ids, meta_info) and ``summary.json`` (timings, token counts, ``timed``: one entry per
 timed round, server info), or on a failure ``summary.json`` with ``"error"`` and exit status 3. With
 ``--enable-metrics`` SGLang exports its Prometheus metrics (and this project's plugin its acceptance counts); the
@@ -118,19 +118,50 @@ class Gate:
         if self.gated:
             self._touch(f"done.{r}")
 
+    def wait_stop(self) -> float:
+        """After the last round: wait for ``stop``, so that this server shuts down only when the caller says (not
+        beside another's timed round). Returns the seconds waited."""
+        t0 = time.time()
+        while self.gated and not os.path.exists(os.path.join(self.dir, "stop")):
+            if time.time() - t0 > self.timeout_s:
+                raise TimeoutError(f"not told to stop within {self.timeout_s:.0f} s of the last timed round")
+            time.sleep(self.poll_s)
+        return round(time.time() - t0, 2)
+
+
+def flush(engine, summary: dict, timeout_s: float = 60.0, poll_s: float = 0.05) -> None:
+    """Flush the radix cache, retried until SGLang says it did: right after generate() returns, the scheduler may
+    still hold the last request ("Cache not flushed because there are pending requests") and a failed flush would
+    leave the next round's prompts cached -- a faster round than the others, not a measurement. The retries are
+    counted in ``summary["flush_retries"]``."""
+    t0, tries = time.time(), 0
+    while True:
+        res = engine.flush_cache()
+        ok = res if isinstance(res, bool) else getattr(res, "success", None)
+        if ok is None:
+            raise TypeError(f"flush_cache() returned {res!r}; expected a bool or an object with .success")
+        if ok:
+            summary["flush_retries"] = summary.get("flush_retries", 0) + tries
+            return
+        if time.time() - t0 > timeout_s:
+            raise RuntimeError(f"the radix cache was not flushed within {timeout_s:.0f} s ({tries + 1} tries): "
+                               f"{getattr(res, 'message', '')}")
+        tries += 1
+        time.sleep(poll_s)
+
 
 def timed_rounds(engine, prompts, params, a, gate: Gate, summary: dict) -> None:
     """Rounds 2..R+1: each after a radix-cache flush, released by the gate, timed alone. ``summary["timed"]`` gets
     one entry per round served; ``summary["round2"]`` is the first (as before there were several)."""
     timed = prompts * a.timed_repeats
     summary["timed"] = []
-    engine.flush_cache()
+    flush(engine, summary)
     gate.ready()
     for r in range(1, a.timed_rounds + 1):
         t_wait = time.time()
         if not gate.wait(r):
             summary["stopped_before_round"] = r
-            break
+            return
         waited = round(time.time() - t_wait, 2)
         w0, t0 = time.time(), time.perf_counter()
         outs = engine.generate(input_ids=timed, sampling_params=params)
@@ -144,8 +175,9 @@ def timed_rounds(engine, prompts, params, a, gate: Gate, summary: dict) -> None:
         if r == 1:
             summary["round2"] = {k: entry[k] for k in ("requests", "tokens", "seconds", "tokens_per_s")}
             summary["waited_for_timed_round_s"] = waited
-        engine.flush_cache()  # before the next round, and before the caller releases another server
+        flush(engine, summary)  # before the next round, and before the caller releases another server
         gate.done(r)
+    summary["waited_for_stop_s"] = gate.wait_stop()
 
 
 def metrics_snapshot(out_dir: str) -> dict:

@@ -464,6 +464,7 @@ def test_the_interleaved_schedule_end_to_end_with_stand_in_servers(tmp_path, mon
     """Five serve_gpu.py processes (stand-in engine) side by side: every timed round released alone, in the plan's
     order, none overlapping another; per-round figures and ratios in the JSON; the metrics snapshot read."""
     _fake_env(monkeypatch, 0.1, stock_factor=0.8)
+    monkeypatch.setenv("FAKE_ENGINE_FLUSH_FAILS", "1")
     pair, out = _fake_pair(tmp_path), tmp_path / "cmp"
     rc = compare.main(["--pair", str(pair), "--out", str(out), "--rounds", "3", "--eager-rounds", "2",
                        "--timed-repeats", "2", "--budget-s", "120", "--per-round-s", "5", "--reserve-s", "2"])
@@ -478,6 +479,8 @@ def test_the_interleaved_schedule_end_to_end_with_stand_in_servers(tmp_path, mon
     cfg = r["configs"]
     assert all(c["ok"] and c["rc"] == 0 for c in cfg.values()), {n: c["error"] for n, c in cfg.items()}
     assert [len(cfg[n]["timed"]) for n in compare.ORDER] == [2, 3, 3, 3, 2]
+    summary = json.loads((out / "runs" / "stock_graphs" / "summary.json").read_text())
+    assert summary["flush_retries"] == 4, "every flush (after round 1 and each timed round) retried once"
     assert cfg["plugin_graphs"]["timed_equal_round1"]["equal"] and cfg["plugin_graphs"]["timed_equal_round1"]["n"] == 12
     assert [cfg[n]["server_info"]["enable_metrics"] for n in ("plugin_graphs", "plugin_metrics")] == [False, True]
     assert cfg["plugin_metrics"]["env"] == {"EAGLE3_CAPTURE_PROFILE": str(pair / "profile.json")}
@@ -543,6 +546,25 @@ def test_a_server_that_never_gets_through_round_1_does_not_hold_the_others(tmp_p
     assert [len(r["configs"][n]["timed"]) for n in ("plugin_graphs", "plugin_metrics")] == [2, 2]
     assert "stock_graphs: did not serve" in "\n".join(r["failures"])
     assert r["speed"]["ratios"] == {}
+
+
+def test_the_servers_gate_files(tmp_path):
+    g = serve_gpu.Gate(str(tmp_path), gated=True, timeout_s=0.3, poll_s=0.01)
+    g.ready()
+    assert (tmp_path / "ready").exists() and not list(tmp_path.glob("*.tmp"))
+    with pytest.raises(TimeoutError, match="not released for timed round 1 within 0 s"):
+        g.wait(1)
+    (tmp_path / "go.1").write_text("x")
+    assert g.wait(1) is True
+    g.done(1)
+    assert (tmp_path / "done.1").exists()
+    with pytest.raises(TimeoutError, match="not told to stop"):
+        g.wait_stop()
+    (tmp_path / "stop").write_text("x")
+    assert g.wait(2) is False and g.wait_stop() >= 0
+    free = serve_gpu.Gate(str(tmp_path / "none"), gated=False, timeout_s=0)
+    free.ready()
+    assert free.wait(7) is True and free.wait_stop() == 0 and not (tmp_path / "none").exists()
 
 
 def test_serve_gpu_refuses_bad_rounds(capsys):
