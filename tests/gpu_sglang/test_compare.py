@@ -10,6 +10,8 @@ import sys
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -330,6 +332,22 @@ def test_interleaved_rotates_the_order_every_round():
         compare.interleaved(["a"], -1)
 
 
+@given(st.lists(st.text(min_size=1, max_size=4), min_size=1, max_size=6, unique=True), st.integers(0, 12))
+@settings(max_examples=60, deadline=None)
+def test_interleaved_serves_each_name_once_a_round_and_rotates(names, rounds):
+    plan = compare.interleaved(names, rounds)
+    assert len(plan) == len(names) * rounds
+    for r in range(1, rounds + 1):
+        order = [n for n, k in plan if k == r]
+        assert sorted(order) == sorted(names)
+        assert order[0] == names[(r - 1) % len(names)] and order == names[(r - 1) % len(names):] + \
+            names[:(r - 1) % len(names)]
+    # over a whole cycle every name goes first exactly once
+    if rounds >= len(names):
+        firsts = [[n for n, k in plan if k == r][0] for r in range(1, len(names) + 1)]
+        assert sorted(firsts) == sorted(names)
+
+
 def _stub(name, rounds):
     return argparse.Namespace(name=name, rounds=rounds, cfg={"graph": compare.config_graph(name)})
 
@@ -529,7 +547,6 @@ def test_the_schedule_stops_releasing_rounds_when_time_runs_short(tmp_path, monk
 def test_a_server_that_never_gets_through_round_1_does_not_hold_the_others(tmp_path, monkeypatch):
     _fake_env(monkeypatch, 0.05)
     pair, out = _fake_pair(tmp_path), tmp_path / "cmp"
-    monkeypatch.setattr(compare, "CUDA_ENV", {**compare.CUDA_ENV})
     table = compare.config_table
 
     def failing_stock(pair_, out_):  # stock_graphs' engine fails at start
