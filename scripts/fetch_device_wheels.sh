@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Download the wheels scripts/gpu_sglang.sh installs on the GPU machine (Python 3.12, x86-64, no registry there):
-# SGLang 0.5.23 (--no-deps) and the pure-Python / small compiled packages it imports that the machine's image lacks.
+# SGLang 0.5.23 (--no-deps) and the pure-Python / small compiled packages it imports that the machine's image lacks
+# (prometheus-client: SGLang imports it only with --enable-metrics, which compare.py's plugin_metrics server runs).
 #   usage: bash scripts/fetch_device_wheels.sh [--help] [DEST]      (DEST default: .whl in the repository root)
 # DEST is emptied of *.whl first (two versions of one package stop the install). Prints the total size: the
 # wheels travel with the working tree, 64 MiB a call in all. Not carried: sglang-kernel (373 MB, CUDA, built for
@@ -29,6 +30,7 @@ WHEELS=(
   openai==3.57.0 jiter==0.19.0 sniffio==1.3.1 httpx2==2.16.2 httpcore2==2.16.2
   opentelemetry-api==1.45.2 importlib-metadata==10.2.0 truststore==0.10.5
   jsonschema==4.26.0 referencing==0.37.0 rpds-py==2026.9.1 jsonschema-specifications==2025.9.1
+  prometheus-client==0.26.0
 )
 PLATFORMS=()
 for n in 17 24 27 28 31 34 35; do PLATFORMS+=(--platform "manylinux_2_${n}_x86_64"); done

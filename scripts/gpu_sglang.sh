@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# SGLang 0.5.23's real serving loop on ONE GPU (an H200: kind nvidia-h200), CUDA graphs on against off, ~4 minutes.
+# SGLang 0.5.23's real serving loop on ONE GPU (an H200: kind nvidia-h200), CUDA graphs on against off, ~5 minutes.
 #   usage: bash scripts/gpu_sglang.sh [--help]      (from the repository root or anywhere)
 # Needs SGLang and its light deps as wheels in $WHEELS (default .whl in the repository root): run
 # `bash scripts/fetch_device_wheels.sh` where pip works and name .whl in the device call's carry (about 58 MB).
@@ -7,22 +7,28 @@
 # (torch versions of what the tested path calls, an error naming any other name that gets called).
 # 1. install the wheels into /tmp/e3site (cleared first); in the background: build the extension for the GPU's arch
 #    (pip install -e .), write the demo pair (tests/gpu_sglang/make_pair.py: doctor demo --fast, on CUDA with a
-#    CPU fallback, plus the target's greedy continuations), build SGLang's JIT kernels on the path (tvm-ffi + nvcc,
-#    tests/gpu_sglang/jit_warmup.py) and test the stand-ins on this GPU (CUDA graphs too)
-# 2. tests/gpu_sglang/compare.py: four sglang.Engine servers, started side by side and timed one at a time: the
+#    CPU fallback, plus the target's greedy continuations and the expected-acceptance profile from doctor accept),
+#    build SGLang's JIT kernels on the path (tvm-ffi + nvcc, tests/gpu_sglang/jit_warmup.py) and test the
+#    stand-ins on this GPU (CUDA graphs too)
+# 2. tests/gpu_sglang/compare.py: five sglang.Engine servers, started side by side and timed one at a time: the
 #    plugin with --disable-cuda-graph and with CUDA graphs on, stock SGLang (plugin off, the draft's ids in stock's
-#    convention) likewise; one deadline for all
+#    convention) likewise, and the plugin with CUDA graphs and SGLang's metrics on (--enable-metrics, the profile);
+#    the graph-on servers' timed rounds interleaved (ROUNDS each, the order rotated every round); one deadline
 # $OUT/gpu_sglang.json: machine, torch, command, per server the timings, errors and log checks, the comparisons
 # (greedy outputs, per-request verify counts and histograms, graphs on vs off, plugin vs stock, vs the target's
-# own greedy continuation), the plugin's startup / self-test lines, what the capture dump holds, tokens/s.
+# own greedy continuation), the plugin's startup / self-test lines, what the capture dump holds, tokens/s per timed
+# round (median, min/max) and plugin_graphs / stock_graphs, plugin_metrics / stock_graphs per round pair, what the
+# plugin's metrics counted against the responses and the profile.
 # $OUT/summary.txt: one PASS / FAIL / SKIP / INFO line per check (INFO: a difference stock SGLang shows too);
 # $OUT/logs.tar.gz: every log, response and dump (tests/gpu_sglang/compare.py --rejudge re-reads them).
 # Success: exit status 0, no summary line starts with FAIL or SKIP. Environment: OUT (default /tmp/e3out), BUDGET_S
-# (default 460), WHEELS, TORCHDYNAMO_DISABLE (passed to the servers; unset: SGLang's torch.compile runs).
+# (default 460), ROUNDS (default 5: timed rounds of each graph-on server; fewer run when time runs short, and the
+# summary says how many), WHEELS, TORCHDYNAMO_DISABLE (passed to the servers; unset: SGLang's torch.compile runs).
 set -euo pipefail
 source "$(dirname "$0")/device_env.sh"
 no_arguments_but_help "$@"
 BUDGET_S=${BUDGET_S:-460}
+ROUNDS=${ROUNDS:-5}
 start_run "${OUT:-/tmp/e3out}"
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 WHEELS=${WHEELS:-.whl}
@@ -66,10 +72,10 @@ if [ $rc = 0 ]; then result "PASS SGLang JIT kernels build here ($(grep -c "'ok'
 else grep "jit_warmup:" "$WORK/jit_warmup.log" | cut -c1-300 || tail -20 "$WORK/jit_warmup.log"
   result "FAIL SGLang JIT kernels (rc=$rc; the servers compile what they need themselves)"; fi
 
-step SGLang serving: graphs off, graphs on, plugin and stock
+step SGLang serving: graphs off, graphs on, plugin, stock, plugin with metrics, interleaved timed rounds
 left=$(( DEADLINE - $(date +%s) - 20 ))
 rc=0
-python3 tests/gpu_sglang/compare.py --pair "$WORK/pair" --out "$WORK/compare" --budget-s "$left" \
+python3 tests/gpu_sglang/compare.py --pair "$WORK/pair" --out "$WORK/compare" --budget-s "$left" --rounds "$ROUNDS" \
   --result "$LOGS/gpu_sglang.json" --command "bash scripts/gpu_sglang.sh" 2>&1 | tee "$WORK/compare.out" || rc=$?
 if [ -f "$LOGS/gpu_sglang.json" ]; then
   python3 tests/gpu_sglang/report.py "$LOGS/gpu_sglang.json" >> "$SUMMARY"
