@@ -215,7 +215,7 @@ def test_disable_all_turns_the_dump_off_too_and_says_so_in_the_one_startup_line(
     # without the dump: the one startup line as before; every hook named (not `all`) with the dump: the dump serves
     calls, lines = spy({"EAGLE3_CAPTURE_DISABLE": "all"})
     assert calls == [] and [lv for lv, _ in lines] == ["info"] and "is not used" not in lines[0][1]
-    calls, lines = spy({"EAGLE3_CAPTURE_DISABLE": "taps,final_boundary,capture,draft_fc,gather,selftest",
+    calls, lines = spy({"EAGLE3_CAPTURE_DISABLE": "taps,final_boundary,capture,draft_fc,gather,selftest,acceptance",
                         "EAGLE3_CAPTURE_DUMP": str(d)})
     assert sorted(sglang_plugin.registered) == ["dump"] and d.is_dir()
 
