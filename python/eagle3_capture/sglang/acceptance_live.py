@@ -31,6 +31,7 @@ from ..acceptance.drift import BLOCK_SECONDS, Alarm, DriftMonitor, DriftSettings
 from . import acceptance_count, exporter, switches
 from .alarm_settings import ENV_PROFILE, ENV_PROFILE_REQUIRED, AlarmSettings
 
+EXPORTED = exporter.EXPORTED
 SPECULATIVE_FLAGS = ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens")
 
 
@@ -174,10 +175,11 @@ def plan(server_args, alarm: AlarmSettings, counting_rank: Tuple[Optional[bool],
                       f"{sum(p.monitored for p in monitor.positions)} positions tested, at most "
                       f"{monitor.false_alarms_per_hour():.1e} false alarms per hour")
     else:
-        alarm_text = f"alarm off ({problem})"
+        alarm_text = f"alarm off: {problem}"
     errors = (f"eagle3_capture: {problem}; the acceptance alarm is off (counting and export stay on)",) \
         if is_error and refusal is None else ()
-    line = f"eagle3_capture: acceptance: counting on ({rank_text}); {exporter.why_off() or 'exported'}; {alarm_text}"
+    export = exporter.why_off() or EXPORTED
+    line = f"eagle3_capture: acceptance: counting on ({rank_text}); {export}; {alarm_text}"
     return Plan(True, flags.num_steps, prof if problem is None else None, monitor, line, errors, refusal)
 
 

@@ -31,6 +31,7 @@ from ..acceptance import names
 from . import switches
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+EXPORTED = "exported to SGLang's /metrics"
 
 _lock = threading.Lock()      # making a metric object (the flush thread and the scheduler thread may race)
 _metrics: Dict[str, Any] = {}
@@ -64,7 +65,7 @@ def configure(server_args, tp_rank) -> str:
             else:
                 _enabled = True
                 _why_off = ""
-        return "exported to SGLang's /metrics" if _enabled else _why_off
+        return EXPORTED if _enabled else _why_off
 
 
 def enabled() -> bool:
@@ -157,4 +158,5 @@ def why_off() -> str:
     return _why_off
 
 
-__all__ = ["configure", "enabled", "inc", "set_gauge", "model_name", "tp_rank", "why_off", "MULTIPROC_ENV"]
+__all__ = ["configure", "enabled", "inc", "set_gauge", "model_name", "tp_rank", "why_off", "MULTIPROC_ENV",
+           "EXPORTED"]
