@@ -8,7 +8,7 @@ rank RANK of a TP-2 server (this process has no process group: the three rank re
 answer RANK, 0, 0), runs the plugin's real model-load hook with the target's server args (metrics on, 3 steps), then,
 for hypothesis-drawn batches of verifies, calls SGLang's real ``Req.update_spec_correct_drafts_histogram`` on real
 ``Req`` objects, flushes, and checks what prometheus_client's MultiProcessCollector reads from the directory against
-the requests' own histograms: equal on rank 0, unchanged on rank 1. The flush thread runs meanwhile (every second).
+the requests' own histograms: what this process wrote equals them on rank 0, is nothing on rank 1. The flush thread runs meanwhile (every second).
 OUT.json: the histogram summed over every request, and the checks made.
 """
 from __future__ import annotations
@@ -29,19 +29,26 @@ def server_args():
                            speculative_num_draft_tokens=STEPS + 1)
 
 
-def totals(directory: str) -> dict:
-    """{(exported name, position or ''): value} of this model's series, as SGLang's /metrics would read them."""
+def totals(directory: str, pid=None) -> dict:
+    """{(exported name, position or ''): value} of this model's series, as SGLang's /metrics would read them from
+    every process's files (`pid`: from that process's files only)."""
+    import glob
+
     from prometheus_client import CollectorRegistry
     from prometheus_client.multiprocess import MultiProcessCollector
 
-    reg = CollectorRegistry()
-    MultiProcessCollector(reg, path=directory)
+    if pid is None:  # SGLang's /metrics: a registry with the multiprocess collector over the directory
+        reg = CollectorRegistry()
+        MultiProcessCollector(reg, path=directory)
+        metrics = reg.collect()
+    else:
+        metrics = MultiProcessCollector.merge(glob.glob(os.path.join(directory, f"*_{pid}.db")), accumulate=True)
     out = {}
-    for metric in reg.collect():
+    for metric in metrics:
         for s in metric.samples:
             if s.name.startswith("eagle3_capture:") and s.labels.get("model_name") == MODEL:
-                out[(s.name, s.labels.get("position", ""))] = out.get((s.name, s.labels.get("position", "")), 0) \
-                    + s.value
+                key = (s.name, s.labels.get("position", ""))
+                out[key] = out.get(key, 0) + s.value
     return out
 
 
@@ -75,14 +82,14 @@ def main() -> int:
     @settings(max_examples=examples, derandomize=True, deadline=None, database=None)
     @given(st.lists(st.lists(st.integers(0, STEPS), max_size=60), min_size=1, max_size=8), st.randoms())
     def case(verifies, rnd):
-        before = totals(directory)
+        before = totals(directory, os.getpid())  # this process's own contribution (the other rank runs too)
         reqs = [Req(f"r{i}", "", [1, 2, 3], SamplingParams(max_new_tokens=8)) for i in range(len(verifies))]
         calls = [(i, k) for i, ks in enumerate(verifies) for k in ks]
         rnd.shuffle(calls)  # a batch interleaves its requests' verifies
         for i, k in calls:
             reqs[i].update_spec_correct_drafts_histogram(k)
         acceptance_live.flush()
-        after = totals(directory)
+        after = totals(directory, os.getpid())
         h = [0] * (STEPS + 1)
         for r in reqs:
             h = add(h, r.spec_correct_drafts_histogram)
