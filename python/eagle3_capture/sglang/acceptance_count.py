@@ -103,6 +103,27 @@ def output_rank() -> Tuple[Optional[bool], str]:
     return all(v == 0 for v in ranks.values()), text
 
 
+def tp_rank() -> Optional[int]:
+    """This process's TP rank from SGLang's parallel groups (None when they cannot be read)."""
+    try:
+        from sglang.srt.distributed import parallel_state as ps
+
+        return int(ps.get_tensor_model_parallel_rank())
+    except Exception:
+        return None
+
+
+def resolved(server_args):
+    """`server_args` as SGLang resolved them: from 0.5.20 its resolution keeps what it decided (a speculative flag
+    left to SGLang, e.g.) beside the flags given, read through its ``resolving_view``; earlier releases wrote the
+    decisions into the flags themselves."""
+    try:
+        from sglang.srt.arg_groups.model_override_base import resolving_view
+    except Exception:  # a release before the resolution layer
+        return server_args
+    return resolving_view(server_args)
+
+
 def reset() -> None:
     """Forget every count (tests)."""
     global _on, _bad_value_said
@@ -112,4 +133,4 @@ def reset() -> None:
 
 
 __all__ = ["HISTOGRAM_PATH", "COUNTS", "update_histogram_hook", "snapshot", "start", "stop", "counting",
-           "output_rank", "reset"]
+           "output_rank", "tp_rank", "resolved", "reset"]

@@ -154,7 +154,8 @@ def plan(server_args, alarm: AlarmSettings, counting_rank: Tuple[Optional[bool],
         why = "no speculative decoding" if algorithm is None else "the speculative flags are not set"
         refusal = (f"eagle3_capture: refusing to serve: {ENV_PROFILE_REQUIRED}=1 and {why}: no acceptance to "
                    "watch" if alarm.required else None)
-        return Plan(False, 0, None, None, f"eagle3_capture: acceptance: nothing to count ({why})", (), refusal)
+        said = "" if counts is False else f"eagle3_capture: acceptance: nothing to count ({why})"
+        return Plan(False, 0, None, None, said, (), refusal)
     prof, problem, is_error = _profile_problem(alarm, flags)
     refusal = None
     if problem is not None and alarm.required:

@@ -67,7 +67,9 @@ def _at_target_load(runner) -> Optional[str]:
         return None
     alarm = switches.current().alarm
     try:
-        exporter.configure(server_args, getattr(runner, "tp_rank", None))
+        server_args = acceptance_count.resolved(server_args)
+        tp = getattr(runner, "tp_rank", None)  # 0.5.12-0.5.15; later releases keep it in their parallel context
+        exporter.configure(server_args, tp if tp is not None else acceptance_count.tp_rank())
         if switches.ACCEPTANCE in registered:
             return acceptance_live.at_model_load(server_args, alarm)
     except Exception as e:
