@@ -397,3 +397,22 @@ def test_a_required_profile_refuses_at_model_load(sglang_plugin, lines, monkeypa
         acceptance_live.stop()
         acceptance_count.reset()
         switches.configure()
+
+
+def test_ranks_that_cannot_be_read_are_one_error_line(tmp_path):
+    from eagle3_capture.sglang import acceptance_live
+    from eagle3_capture.sglang.alarm_settings import AlarmSettings
+
+    plan = acceptance_live.plan(_server_args(), AlarmSettings(), (None, "the attention-TP rank cannot be read (X)"))
+    assert not plan.counting and plan.line == "" and len(plan.errors) == 1 and plan.refusal is None
+    assert plan.errors[0].startswith("eagle3_capture: acceptance: counting off in this process: the attention-TP "
+                                     "rank cannot be read (X)")
+
+
+def test_the_rank_that_counts_is_read_from_sglangs_parallel_groups(harness):
+    """The harness's process has SGLang's real (gloo, one rank) parallel state: rank 0 of every dimension."""
+    from eagle3_capture.sglang import acceptance_count
+
+    counts, text = acceptance_count.output_rank()
+    assert counts is True and text == "attention-TP rank 0, attention-CP rank 0, pipeline rank 0"
+    assert acceptance_count.tp_rank() == 0

@@ -162,9 +162,9 @@ def plan(server_args, alarm: AlarmSettings, counting_rank: Tuple[Optional[bool],
         refusal = (f"eagle3_capture: refusing to serve: {ENV_PROFILE_REQUIRED}=1 and {problem} (fix it, or unset "
                    f"{ENV_PROFILE_REQUIRED} to serve without the alarm)")
     if counts is None:
-        return Plan(False, flags.num_steps, None, None,
-                    f"eagle3_capture: acceptance: counting off in this process: {rank_text}",
-                    (f"eagle3_capture: acceptance counting is off in this process: {rank_text}",), refusal)
+        return Plan(False, flags.num_steps, None, None, "",
+                    (f"eagle3_capture: acceptance: counting off in this process: {rank_text} (which process's "
+                     "responses carry the histograms is unknown)",), refusal)
     if not counts:
         return Plan(False, flags.num_steps, None, None, "", (), refusal)
     monitor = None
