@@ -416,3 +416,24 @@ def test_the_rank_that_counts_is_read_from_sglangs_parallel_groups(harness):
     counts, text = acceptance_count.output_rank()
     assert counts is True and text == "attention-TP rank 0, attention-CP rank 0, pipeline rank 0"
     assert acceptance_count.tp_rank() == 0
+
+
+@pytest.mark.parametrize("name,refused", [("EAGLE3_CAPTURE_PROFILE_REQUIRD", True),
+                                          ("EAGLE3_CAPTURE_PROFILEREQUIRED", True),
+                                          ("EAGLE3_CAPTURE_ALARM_THRESHLD", False),
+                                          ("EAGLE3_CAPTURE_ALARMDROP", False),
+                                          ("EAGLE3_CAPTURE_PROFILES", False)])
+def test_a_misspelt_acceptance_setting(name, refused):
+    """A misspelt EAGLE3_CAPTURE_PROFILE_REQUIRED refuses (read as unset it would serve without the alarm the
+    operator required); a misspelt alarm setting turns the alarm off with one ERROR line naming the closest name."""
+    from eagle3_capture.sglang.switches import read_settings
+
+    s = read_settings({name: "1"}, prepare_dir=False)
+    if refused:
+        assert s.refusal.startswith(f"eagle3_capture: refusing to serve: {name}='1' is not a setting of the plugin; "
+                                    "it looks like a misspelt EAGLE3_CAPTURE_PROFILE_REQUIRED") and s.errors == ()
+        return
+    assert s.refusal is None and len(s.errors) == 1 and s.alarm.drift is None, s
+    assert s.errors[0].startswith(f"eagle3_capture: {name} is not a setting of the plugin (closest known name: "
+                                  "EAGLE3_CAPTURE_")
+    assert s.errors[0].endswith("ignored: the acceptance alarm is off in this process (counting and export stay on)")
