@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.join(REPO, "python"))
 
 from sglang_release_dirs import sglang_importable  # noqa: E402
 
-GROUPS = ("taps", "final_boundary", "capture", "draft_fc", "gather", "selftest", "dump")
+GROUPS = ("taps", "final_boundary", "capture", "draft_fc", "gather", "selftest", "acceptance", "dump")
 HEADER = ["SGLang", "adapter", "final boundary from"] + list(GROUPS)
 
 

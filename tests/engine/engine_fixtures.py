@@ -24,7 +24,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import pytest
 
@@ -152,10 +152,12 @@ def _free_port() -> int:
 class LaunchedServer:
     """``python -m sglang.launch_server`` on 127.0.0.1, in its own process group; stopped on exit."""
 
-    def __init__(self, pair: Pair, draft: str, flags=CHAIN, env: Optional[Dict[str, str]] = None):
+    def __init__(self, pair: Pair, draft: str, flags=CHAIN, env: Optional[Dict[str, str]] = None,
+                 extra: Sequence[str] = (), name: str = "launch_server"):
+        """`extra`: more launch_server flags (--tp-size 2, --enable-metrics); `name`: of its log file."""
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = os.path.join(pair.root, "launch_server.log")
+        self.log_path = os.path.join(pair.root, f"{name}.log")
         s, k, d = flags
         self.cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", pair.target,
                     "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", draft,
@@ -163,7 +165,7 @@ class LaunchedServer:
                     "--speculative-num-draft-tokens", str(d), "--device", "cpu", "--dtype", "float32",
                     "--attention-backend", "triton", "--disable-cuda-graph", "--skip-tokenizer-init",
                     "--mem-fraction-static", "0.05", "--max-total-tokens", "4096", "--chunked-prefill-size", "512",
-                    "--context-length", "56", "--host", "127.0.0.1", "--port", str(self.port)]
+                    "--context-length", "56", "--host", "127.0.0.1", "--port", str(self.port), *extra]
         self.env = _env(env)
         self.proc = None
         self._log = None

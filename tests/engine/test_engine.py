@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.sglang, pytest.mark.slow]
 # that do not start with 1: layer-input indices, unchanged
 STOCK_IDS = [0, 1, 4]
 # stock SGLang's capture, fc and id rule; only the capture dump (which rides on the model-forward hook) stays
-STOCK_DUMPING = "taps,capture,draft_fc,gather,selftest"
+STOCK_DUMPING = "taps,capture,draft_fc,gather,selftest,acceptance"
 
 
 def _meta(responses):

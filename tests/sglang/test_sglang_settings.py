@@ -16,6 +16,8 @@ from sglang_fixtures import harness, plugin_env, require_sglang, sglang_plugin  
 
 pytestmark = pytest.mark.sglang
 
+ALARM_VARS = ["EAGLE3_CAPTURE_PROFILE", "EAGLE3_CAPTURE_PROFILE_REQUIRED", "EAGLE3_CAPTURE_ALARM_DROP",
+              "EAGLE3_CAPTURE_ALARM_THRESHOLD"]
 DUMP_VARS = ["EAGLE3_CAPTURE_DUMP_MAX", "EAGLE3_CAPTURE_DUMP_REQUESTS", "EAGLE3_CAPTURE_DUMP_TOKENS",
              "EAGLE3_CAPTURE_DUMP_BYTES", "EAGLE3_CAPTURE_DUMP_STREAM", "EAGLE3_CAPTURE_DUMP_STREAM_TOKENS"]
 
@@ -215,19 +217,20 @@ def test_disable_all_turns_the_dump_off_too_and_says_so_in_the_one_startup_line(
     # without the dump: the one startup line as before; every hook named (not `all`) with the dump: the dump serves
     calls, lines = spy({"EAGLE3_CAPTURE_DISABLE": "all"})
     assert calls == [] and [lv for lv, _ in lines] == ["info"] and "is not used" not in lines[0][1]
-    calls, lines = spy({"EAGLE3_CAPTURE_DISABLE": "taps,final_boundary,capture,draft_fc,gather,selftest",
+    calls, lines = spy({"EAGLE3_CAPTURE_DISABLE": "taps,final_boundary,capture,draft_fc,gather,selftest,acceptance",
                         "EAGLE3_CAPTURE_DUMP": str(d)})
     assert sorted(sglang_plugin.registered) == ["dump"] and d.is_dir()
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(name=st.sampled_from(["EAGLE3_CAPTURE_DISABLE", "EAGLE3_CAPTURE_SELFTEST"] + DUMP_VARS), value=VALUE)
+@given(name=st.sampled_from(["EAGLE3_CAPTURE_DISABLE", "EAGLE3_CAPTURE_SELFTEST"] + DUMP_VARS + ALARM_VARS),
+       value=VALUE)
 def test_fuzz_register_never_raises_and_keeps_its_promise(sglang_plugin, spy, tmp_path, name, value):
     env = {"EAGLE3_CAPTURE_DUMP": str(tmp_path / "dump"), name: value}
     calls, lines = spy(env)
     outcome = _check_outcome(sglang_plugin, env, calls, lines)
-    if name in DUMP_VARS:
-        assert outcome != "refused"
+    if name in DUMP_VARS or name in ALARM_VARS[:1] + ALARM_VARS[2:]:
+        assert outcome != "refused"  # only EAGLE3_CAPTURE_PROFILE_REQUIRED guards a choice
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])

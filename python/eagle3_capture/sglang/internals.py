@@ -83,6 +83,8 @@ GRAPH_GATE_PATHS = (
 )
 MLA_DRAFT_FORWARD_PATH = "sglang.srt.models.kimi_k25_eagle3.Eagle3MLAModel.forward"
 LLAMA_DRAFT_FORWARD_PATH = "sglang.srt.models.llama_eagle3.LlamaModel.forward"
+# Where SGLang builds a request's spec_correct_drafts_histogram, once per verify (every release read)
+ACCEPTANCE_HISTOGRAM_PATH = "sglang.srt.managers.schedule_batch.Req.update_spec_correct_drafts_histogram"
 DRAFT_EXTEND_PATHS = ("sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._draft_extend_for_decode",
                       "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._draft_extend_for_prefill")
 
@@ -102,6 +104,7 @@ class Internals:
     draft_extend_paths: Tuple[str, ...]
     mla_fc_sharded: bool                   # Eagle3MLAModel's fc is column-parallel + _fc_gatherer (0.5.18+)
     missing: Dict[str, str] = field(default_factory=dict)
+    acceptance_path: Optional[str] = None  # ACCEPTANCE_HISTOGRAM_PATH where it exists (the acceptance hook)
 
     @property
     def in_range(self) -> bool:
@@ -228,8 +231,12 @@ def detect() -> Internals:
     for path in (SET_LAYERS_TO_CAPTURE_PATH, RUNNER_FORWARD_PATH, LOAD_MODEL_PATH):
         if resolve(path) is None:
             missing[path.rsplit(".", 2)[-2] + "." + path.rsplit(".", 1)[1]] = f"{path} does not exist"
+    acceptance = ACCEPTANCE_HISTOGRAM_PATH if callable(resolve(ACCEPTANCE_HISTOGRAM_PATH)) else None
+    if acceptance is None:
+        missing["acceptance"] = (f"{ACCEPTANCE_HISTOGRAM_PATH} does not exist: no place where SGLang counts a "
+                                 "request's correct drafts per verify")
     return Internals(version, adapter, final, declaration, packer_slot, capture_mode, gates, extends,
-                     mla_fc_sharded, missing)
+                     mla_fc_sharded, missing, acceptance)
 
 
 _detected: Optional[Internals] = None
@@ -265,5 +272,5 @@ __all__ = [
     "resolve", "installed_version", "MODEL_FORWARD_PATH", "DECODER_LAYER_FORWARD_PATH", "SET_LAYERS_TO_CAPTURE_PATH",
     "PACKER_INIT_PATH", "PACKER_APPEND_PATH", "FINAL_NORM_PATH", "RESIDUAL_NORM_PATH", "COMPLETE_OUTPUT_PATH",
     "RESOLVE_AUX_IDS_PATH", "BUILD_MODEL_CONFIG_PATH", "FROM_SERVER_ARGS_PATH", "RUNNER_FORWARD_PATH", "LOAD_MODEL_PATH", "CAPTURE_MODE_PATHS",
-    "GRAPH_GATE_PATHS", "MLA_DRAFT_FORWARD_PATH", "LLAMA_DRAFT_FORWARD_PATH", "DRAFT_EXTEND_PATHS",
+    "GRAPH_GATE_PATHS", "MLA_DRAFT_FORWARD_PATH", "ACCEPTANCE_HISTOGRAM_PATH", "LLAMA_DRAFT_FORWARD_PATH", "DRAFT_EXTEND_PATHS",
 ]

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from typing import Callable, Dict, List, Optional, Tuple
 
-from . import capture, draft, internals, model_forward, served, switches, target
+from . import acceptance_count, acceptance_live, capture, draft, exporter, internals, model_forward, served, \
+    switches, target
 from .hook_chain import hook_path_in_place
 from .switches import logger
 
@@ -50,7 +51,38 @@ def load_model_hook(original, self, *args, **kwargs):
     refusal = _refusal or switches.current().refusal or _not_in_place()
     if refusal:
         raise RuntimeError(refusal)
+    if self is not None and not getattr(self, "is_draft_worker", False):
+        refusal = _at_target_load(self)
+        if refusal:
+            raise RuntimeError(refusal)
     return original(self, *args, **kwargs)
+
+
+def _at_target_load(runner) -> Optional[str]:
+    """The target's server args are known: configure the export, start counting acceptance (group
+    ``acceptance``). Returns a refusal line (EAGLE3_CAPTURE_PROFILE_REQUIRED=1 without a usable profile); anything
+    else that goes wrong is one ERROR line, never an exception into SGLang."""
+    server_args = getattr(runner, "server_args", None)
+    if server_args is None:
+        return None
+    alarm = switches.current().alarm
+    try:
+        server_args = acceptance_count.resolved(server_args)
+        tp = getattr(runner, "tp_rank", None)  # 0.5.12-0.5.15; later releases keep it in their parallel context
+        exporter.configure(server_args, tp if tp is not None else acceptance_count.tp_rank())
+        if switches.ACCEPTANCE in registered:
+            return acceptance_live.at_model_load(server_args, alarm)
+    except Exception as e:
+        line = f"setting up the acceptance counts failed ({type(e).__name__}: {e})"
+        acceptance_count.stop()
+        if alarm.required:
+            return f"eagle3_capture: refusing to serve: {switches.ENV_PROFILE_REQUIRED}=1 and {line}"
+        switches.announce("error", f"eagle3_capture: {line}; counting and the alarm are off in this process")
+        return None
+    if alarm.required:
+        return (f"eagle3_capture: refusing to serve: {switches.ENV_PROFILE_REQUIRED}=1 and the acceptance hook is "
+                f"off ({skipped.get(switches.ACCEPTANCE, 'not registered')})")
+    return None
 
 
 def _not_in_place() -> Optional[str]:
@@ -99,6 +131,10 @@ def hook_table(i: internals.Internals) -> Tuple[Dict[str, Hooks], Dict[str, str]
         table[switches.GATHER] = draft.gather_hooks(i)
     runner = [(served.RUNNER_FORWARD_PATH, served.runner_forward_hook)]
     table[switches.SELFTEST] = decl + runner
+    if i.acceptance_path is not None:
+        table[switches.ACCEPTANCE] = [(i.acceptance_path, acceptance_count.update_histogram_hook)]
+    else:
+        why[switches.ACCEPTANCE] = i.missing.get("acceptance", "no place where SGLang counts correct drafts")
     # the dump: served forwards, the doctor's stream (the model forward with what it needs on this release), eager
     # doctor forwards (the graph runners' decisions), the declaration (recorded with the taps hook off too)
     stream_hooks = (final if final is not None else [(internals.MODEL_FORWARD_PATH, model_forward.model_forward_hook)])
@@ -116,7 +152,7 @@ def _unique(hooks: Hooks) -> Hooks:
 
 def _release_problem(i: internals.Internals) -> Optional[str]:
     """Why the plugin cannot serve on the installed SGLang at all (None: it can)."""
-    essentials = [k for k in i.missing if k not in ("final_boundary", "capture_mode")]
+    essentials = [k for k in i.missing if k not in ("final_boundary", "capture_mode", "acceptance")]
     if i.adapter is None or i.declaration_path is None or essentials:
         found = "; ".join(f"{v}" for k, v in i.missing.items())
         return (f"eagle3_capture: refusing to serve on {i.describe()}: its internals match none of the plugin's "

@@ -19,7 +19,16 @@ setting                                   default     a malformed value
 ``EAGLE3_CAPTURE_DUMP_BYTES`` size        4G          ERROR line, dump off: bytes written per process (all records)
 ``EAGLE3_CAPTURE_DUMP_STREAM``            declared    ERROR line, dump off: ``declared`` or ``all`` layer inputs
 ``EAGLE3_CAPTURE_DUMP_STREAM_TOKENS`` n   4096        ERROR line, dump off: rows of doctor forwards given a stream
+``EAGLE3_CAPTURE_PROFILE`` <path>         (no alarm)  ERROR line at model load, alarm off (counting, export stay on):
+                                                      unreadable, or made under other speculative flags
+``EAGLE3_CAPTURE_PROFILE_REQUIRED`` 0|1   0           refuses: 1 refuses to serve, at model load, when the alarm
+                                                      cannot run (no usable profile, a bad alarm setting)
+``EAGLE3_CAPTURE_ALARM_DROP`` x           0.2         ERROR line, alarm off: the relative drop the CUSUM is tuned to
+``EAGLE3_CAPTURE_ALARM_THRESHOLD`` nats   16          ERROR line, alarm off: the CUSUM's threshold h
 ========================================  ==========  ==============================================================
+
+The acceptance settings are alarm_settings.py's (the profile file is read at the target's model load, when the
+server's speculative flags are known); the false-alarm bound follows from the threshold (acceptance/drift.py).
 
 A name of the environment that looks like one of the package's (``EAGLE3_CAPTURE_SELFTST``,
 ``EAGLE3_CAPTURE_DUMPDIR``, ``eagle3_capture_disable``; setting_names.py finds them) but is none of its variables is
@@ -43,6 +52,8 @@ name               what it turns off
 ``gather``         the project's gatherer (``tp.PackedGatherer``) for the draft fc's column shards at TP > 1
                    (SGLang's ``_fc_gatherer`` is used instead); has no effect when ``draft_fc`` is off
 ``selftest``       the capture self-test on the first served forward that captures (selftest.py)
+``acceptance``     counting per-position acceptance (``Req.update_spec_correct_drafts_histogram``), its export
+                   and the drift alarm (acceptance_live.py)
 ``all``            the whole plugin, the dump included: it registers nothing (same as ``SGLANG_PLUGINS`` without it);
                    an ``EAGLE3_CAPTURE_DUMP`` set beside it is said in the startup line and not used
 =================  =================================================================================================
@@ -62,6 +73,8 @@ from dataclasses import dataclass, field
 from typing import FrozenSet, List, Mapping, Optional, Tuple
 
 from ..dump_format import STREAM_DECLARED, STREAM_MODES
+from . import alarm_settings
+from .alarm_settings import AlarmSettings
 from .setting_names import unknown_names
 
 ENV_DISABLE = "EAGLE3_CAPTURE_DISABLE"
@@ -77,12 +90,17 @@ ENV_DUMP_STREAM_TOKENS = "EAGLE3_CAPTURE_DUMP_STREAM_TOKENS"
 DUMP_COUNTS = ((ENV_DUMP_MAX, "max_records", 256), (ENV_DUMP_REQUESTS, "max_requests", 16),
                (ENV_DUMP_TOKENS, "max_tokens", 16384), (ENV_DUMP_STREAM_TOKENS, "stream_tokens", 4096))
 DEFAULT_DUMP_BYTES = 4 << 30
-SETTINGS = (ENV_DISABLE, ENV_SELFTEST, ENV_DUMP, ENV_DUMP_MAX, ENV_DUMP_REQUESTS, ENV_DUMP_TOKENS, ENV_DUMP_BYTES,
-            ENV_DUMP_STREAM, ENV_DUMP_STREAM_TOKENS)
+DUMP_SETTINGS = (ENV_DUMP, ENV_DUMP_MAX, ENV_DUMP_REQUESTS, ENV_DUMP_TOKENS, ENV_DUMP_BYTES, ENV_DUMP_STREAM,
+                 ENV_DUMP_STREAM_TOKENS)
+ENV_PROFILE = alarm_settings.ENV_PROFILE
+ENV_PROFILE_REQUIRED = alarm_settings.ENV_PROFILE_REQUIRED
+ENV_ALARM_DROP = alarm_settings.ENV_ALARM_DROP
+ENV_ALARM_THRESHOLD = alarm_settings.ENV_ALARM_THRESHOLD
+SETTINGS = (ENV_DISABLE, ENV_SELFTEST) + DUMP_SETTINGS + alarm_settings.SETTINGS
 _DUMP_PREFIX = ENV_DUMP + "_"
 # the settings whose misspelt name refuses to serve, and what the operator chose with each
 GUARDS = {ENV_SELFTEST: "chooses whether a failed capture self-test stops the server",
-          ENV_DISABLE: "chooses which hooks are off"}
+          ENV_DISABLE: "chooses which hooks are off", **alarm_settings.GUARD}
 MAX_COUNT = 10 ** 12  # far beyond any budget a process can spend; refuses a typo of many digits
 
 TAPS = "taps"
@@ -91,7 +109,8 @@ CAPTURE = "capture"
 DRAFT_FC = "draft_fc"
 GATHER = "gather"
 SELFTEST = "selftest"
-HOOKS = (TAPS, FINAL_BOUNDARY, CAPTURE, DRAFT_FC, GATHER, SELFTEST)
+ACCEPTANCE = "acceptance"
+HOOKS = (TAPS, FINAL_BOUNDARY, CAPTURE, DRAFT_FC, GATHER, SELFTEST, ACCEPTANCE)
 ALL = "all"
 
 logger = logging.getLogger("eagle3_capture.sglang")
@@ -223,6 +242,7 @@ class Settings:
     refusal: Optional[str] = None
     source: dict = field(default_factory=dict, compare=False)  # the raw values read (for the log)
     all_off: bool = False  # EAGLE3_CAPTURE_DISABLE=all: nothing of the plugin, the dump included
+    alarm: AlarmSettings = AlarmSettings()  # the expected profile and the drift alarm's tuning
 
 
 def read_settings(environ: Optional[Mapping[str, str]] = None, *, prepare_dir: bool = True) -> Settings:
@@ -248,21 +268,32 @@ def read_settings(environ: Optional[Mapping[str, str]] = None, *, prepare_dir: b
         if u.guard:
             refusals.append(f"{u.shown()} is not a setting of the plugin; it looks like a misspelt {u.closest}, "
                             f"which {GUARDS[u.closest]}: serving with it unread would guess that choice")
-        elif not _of_the_dump(u):
+        elif not _of_the_dump(u) and not _of_the_alarm(u):
             errors.append(f"eagle3_capture: {u.name} is not a variable of eagle3-capture ({u.near()}); ignored")
     dump, dump_errors = _read_dump(env, prepare_dir and not all_off, [u for u in unknown if _of_the_dump(u)],
                                    all_off)
     errors += dump_errors
+    alarm, alarm_errors, alarm_refusals = alarm_settings.read_alarm(
+        env, [f"{u.name} is not a setting of the plugin ({u.near()})" for u in unknown
+              if _of_the_alarm(u) and not u.guard])
+    errors += alarm_errors
+    refusals += alarm_refusals
     refusal = None
     if refusals:
         refusal = ("eagle3_capture: refusing to serve: " + "; ".join(refusals) + f" (fix or unset it; "
                    f"{ENV_DISABLE}=all turns the plugin off)")
-    return Settings(disabled, selftest_raise, None if all_off else dump, tuple(errors), refusal, raw, all_off)
+    return Settings(disabled, selftest_raise, None if all_off else dump, tuple(errors), refusal, raw, all_off,
+                    alarm)
 
 
 def _of_the_dump(u) -> bool:
     """An unknown name meant for the dump: one of its settings is the closest known name, or it starts like them."""
-    return u.closest in SETTINGS[2:] or u.name.upper().startswith(_DUMP_PREFIX)
+    return u.closest in DUMP_SETTINGS or u.name.upper().startswith(_DUMP_PREFIX)
+
+
+def _of_the_alarm(u) -> bool:
+    """An unknown name meant for the acceptance alarm: one of its settings is the closest known name."""
+    return u.closest in alarm_settings.SETTINGS and not _of_the_dump(u)
 
 
 def _read_dump(env: Mapping[str, str], prepare_dir: bool, unknown=(), all_off: bool = False
@@ -344,6 +375,7 @@ def dump_settings() -> Optional[DumpSettings]:
 
 __all__ = ["ENV_DISABLE", "ENV_SELFTEST", "ENV_DUMP", "ENV_DUMP_MAX", "ENV_DUMP_REQUESTS", "ENV_DUMP_TOKENS",
            "ENV_DUMP_BYTES", "ENV_DUMP_STREAM", "ENV_DUMP_STREAM_TOKENS", "SETTINGS", "HOOKS", "ALL", "TAPS",
-           "FINAL_BOUNDARY", "CAPTURE", "DRAFT_FC", "GATHER", "SELFTEST", "DumpSettings", "Settings",
+           "FINAL_BOUNDARY", "CAPTURE", "DRAFT_FC", "GATHER", "SELFTEST", "ACCEPTANCE", "DumpSettings", "Settings",
            "read_settings", "configure", "current", "enabled", "selftest_raises", "dump_settings",
-           "disabled_hooks", "parse_size", "prepare_dump_dir", "announce", "logger", "GUARDS"]
+           "disabled_hooks", "parse_size", "prepare_dump_dir", "announce", "logger", "GUARDS", "DUMP_SETTINGS",
+           "ENV_PROFILE", "ENV_PROFILE_REQUIRED", "ENV_ALARM_DROP", "ENV_ALARM_THRESHOLD", "AlarmSettings"]

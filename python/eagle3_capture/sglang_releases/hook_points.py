@@ -107,6 +107,10 @@ HOOK_POINTS: Tuple[HookPoint, ...] = (
     HookPoint("capture-only-resolve", f"{_SPEC_AUX}._resolve_capture_only_aux_hidden_state", (
         ("0.5.8", None, "no capture-only mode"), ("0.5.23", f"{_SPEC_AUX}._resolve_capture_only_aux_hidden_state",
                                                   ""))),
+    HookPoint("acceptance-histogram", "managers.schedule_batch.Req.update_spec_correct_drafts_histogram", (
+        ("0.5.8", None, "no per-request histogram of correct drafts"),
+        ("0.5.12", "managers.schedule_batch.Req.update_spec_correct_drafts_histogram",
+         "once per request and verify, where the response's spec_correct_drafts_histogram is built"))),
 )
 _HOOKS_BY_NAME = {h.name: h for h in HOOK_POINTS}
 
