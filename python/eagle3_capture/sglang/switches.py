@@ -19,7 +19,17 @@ setting                                   default     a malformed value
 ``EAGLE3_CAPTURE_DUMP_BYTES`` size        4G          ERROR line, dump off: bytes written per process (all records)
 ``EAGLE3_CAPTURE_DUMP_STREAM``            declared    ERROR line, dump off: ``declared`` or ``all`` layer inputs
 ``EAGLE3_CAPTURE_DUMP_STREAM_TOKENS`` n   4096        ERROR line, dump off: rows of doctor forwards given a stream
+``EAGLE3_CAPTURE_SELFTEST_EVERY`` n       10000       ERROR line, the default: re-run the self-test every n served
+                                                      target forwards (0: never by count; at most 10**9)
+``EAGLE3_CAPTURE_SELFTEST_SECONDS`` s     300         ERROR line, the default: re-run it when s seconds passed since
+                                                      the last run (0: never by time; 1 to 604800, whole seconds)
 ========================================  ==========  ==============================================================
+
+The self-test's period (selftest.py; whichever of the two comes first) is not a guard: a malformed one costs only
+the re-checks' timing, so it is ignored with one ERROR line and the default applies. Its bounds: a count up to 10**9
+(more is a typo of many digits; a count of 1 is allowed, for tests, and costs a device sync on every capturing
+forward); whole seconds from 1 (a sub-second period would re-check on nearly every forward) to one week (a longer
+one is a typo: use 0 to turn the time trigger off).
 
 A name of the environment that looks like one of the package's (``EAGLE3_CAPTURE_SELFTST``,
 ``EAGLE3_CAPTURE_DUMPDIR``, ``eagle3_capture_disable``; setting_names.py finds them) but is none of its variables is
@@ -42,7 +52,8 @@ name               what it turns off
 ``draft_fc``       the fused draft fc (``ops.draft_fc``) in the EAGLE-3 drafts
 ``gather``         the project's gatherer (``tp.PackedGatherer``) for the draft fc's column shards at TP > 1
                    (SGLang's ``_fc_gatherer`` is used instead); has no effect when ``draft_fc`` is off
-``selftest``       the capture self-test on the first served forward that captures (selftest.py)
+``selftest``       the capture self-test on served forwards (selftest.py: at the first that captures, then
+                   periodically and after a weight update) and its refusal of requests in ``raise`` mode
 ``all``            the whole plugin, the dump included: it registers nothing (same as ``SGLANG_PLUGINS`` without it);
                    an ``EAGLE3_CAPTURE_DUMP`` set beside it is said in the startup line and not used
 =================  =================================================================================================
@@ -73,12 +84,19 @@ ENV_DUMP_TOKENS = "EAGLE3_CAPTURE_DUMP_TOKENS"
 ENV_DUMP_BYTES = "EAGLE3_CAPTURE_DUMP_BYTES"
 ENV_DUMP_STREAM = "EAGLE3_CAPTURE_DUMP_STREAM"
 ENV_DUMP_STREAM_TOKENS = "EAGLE3_CAPTURE_DUMP_STREAM_TOKENS"
+ENV_SELFTEST_EVERY = "EAGLE3_CAPTURE_SELFTEST_EVERY"
+ENV_SELFTEST_SECONDS = "EAGLE3_CAPTURE_SELFTEST_SECONDS"
+DEFAULT_SELFTEST_EVERY = 10000   # served target forwards between re-checks
+DEFAULT_SELFTEST_SECONDS = 300   # seconds between re-checks
+MAX_SELFTEST_EVERY = 10 ** 9
+MAX_SELFTEST_SECONDS = 7 * 24 * 3600
 # the dump's budgets: (variable, DumpSettings field, default)
 DUMP_COUNTS = ((ENV_DUMP_MAX, "max_records", 256), (ENV_DUMP_REQUESTS, "max_requests", 16),
                (ENV_DUMP_TOKENS, "max_tokens", 16384), (ENV_DUMP_STREAM_TOKENS, "stream_tokens", 4096))
 DEFAULT_DUMP_BYTES = 4 << 30
-SETTINGS = (ENV_DISABLE, ENV_SELFTEST, ENV_DUMP, ENV_DUMP_MAX, ENV_DUMP_REQUESTS, ENV_DUMP_TOKENS, ENV_DUMP_BYTES,
-            ENV_DUMP_STREAM, ENV_DUMP_STREAM_TOKENS)
+DUMP_SETTINGS = (ENV_DUMP, ENV_DUMP_MAX, ENV_DUMP_REQUESTS, ENV_DUMP_TOKENS, ENV_DUMP_BYTES, ENV_DUMP_STREAM,
+                 ENV_DUMP_STREAM_TOKENS)
+SETTINGS = (ENV_DISABLE, ENV_SELFTEST) + DUMP_SETTINGS + (ENV_SELFTEST_EVERY, ENV_SELFTEST_SECONDS)
 _DUMP_PREFIX = ENV_DUMP + "_"
 # the settings whose misspelt name refuses to serve, and what the operator chose with each
 GUARDS = {ENV_SELFTEST: "chooses whether a failed capture self-test stops the server",
@@ -149,6 +167,24 @@ def _selftest_raise(raw: str) -> bool:
     if v not in ("", "log", "raise"):
         raise ValueError(f"{ENV_SELFTEST}={raw!r}: expected 'log' or 'raise'")
     return v == "raise"
+
+
+def selftest_every(raw: str) -> int:
+    """``EAGLE3_CAPTURE_SELFTEST_EVERY``: served target forwards between re-checks, 0 (off) to 10**9."""
+    v = raw.strip()
+    if not re.fullmatch(r"[0-9]{1,10}", v) or int(v) > MAX_SELFTEST_EVERY:
+        raise ValueError(f"{ENV_SELFTEST_EVERY}={raw!r}: expected a whole number of served forwards from 0 (never "
+                         f"by count) to {MAX_SELFTEST_EVERY}")
+    return int(v)
+
+
+def selftest_seconds(raw: str) -> int:
+    """``EAGLE3_CAPTURE_SELFTEST_SECONDS``: seconds between re-checks, 0 (off) or 1 to one week."""
+    v = raw.strip()
+    if not re.fullmatch(r"[0-9]{1,7}", v) or int(v) > MAX_SELFTEST_SECONDS:
+        raise ValueError(f"{ENV_SELFTEST_SECONDS}={raw!r}: expected whole seconds from 1 to {MAX_SELFTEST_SECONDS} "
+                         "(one week), or 0 (never by time)")
+    return int(v)
 
 
 def _count(name: str, raw: str) -> int:
@@ -223,6 +259,8 @@ class Settings:
     refusal: Optional[str] = None
     source: dict = field(default_factory=dict, compare=False)  # the raw values read (for the log)
     all_off: bool = False  # EAGLE3_CAPTURE_DISABLE=all: nothing of the plugin, the dump included
+    selftest_every: int = DEFAULT_SELFTEST_EVERY      # served target forwards between re-checks (0: off)
+    selftest_seconds: int = DEFAULT_SELFTEST_SECONDS  # seconds between re-checks (0: off)
 
 
 def read_settings(environ: Optional[Mapping[str, str]] = None, *, prepare_dir: bool = True) -> Settings:
@@ -250,6 +288,14 @@ def read_settings(environ: Optional[Mapping[str, str]] = None, *, prepare_dir: b
                             f"which {GUARDS[u.closest]}: serving with it unread would guess that choice")
         elif not _of_the_dump(u):
             errors.append(f"eagle3_capture: {u.name} is not a variable of eagle3-capture ({u.near()}); ignored")
+    period = {}
+    for name, parse, default in ((ENV_SELFTEST_EVERY, selftest_every, DEFAULT_SELFTEST_EVERY),
+                                 (ENV_SELFTEST_SECONDS, selftest_seconds, DEFAULT_SELFTEST_SECONDS)):
+        try:
+            period[name] = parse(env[name]) if env.get(name) is not None else default
+        except ValueError as e:  # the period is no guard: its default re-checks as well
+            errors.append(f"eagle3_capture: {e}; ignored: the default {default} applies")
+            period[name] = default
     dump, dump_errors = _read_dump(env, prepare_dir and not all_off, [u for u in unknown if _of_the_dump(u)],
                                    all_off)
     errors += dump_errors
@@ -257,12 +303,13 @@ def read_settings(environ: Optional[Mapping[str, str]] = None, *, prepare_dir: b
     if refusals:
         refusal = ("eagle3_capture: refusing to serve: " + "; ".join(refusals) + f" (fix or unset it; "
                    f"{ENV_DISABLE}=all turns the plugin off)")
-    return Settings(disabled, selftest_raise, None if all_off else dump, tuple(errors), refusal, raw, all_off)
+    return Settings(disabled, selftest_raise, None if all_off else dump, tuple(errors), refusal, raw, all_off,
+                    period[ENV_SELFTEST_EVERY], period[ENV_SELFTEST_SECONDS])
 
 
 def _of_the_dump(u) -> bool:
     """An unknown name meant for the dump: one of its settings is the closest known name, or it starts like them."""
-    return u.closest in SETTINGS[2:] or u.name.upper().startswith(_DUMP_PREFIX)
+    return u.closest in DUMP_SETTINGS or u.name.upper().startswith(_DUMP_PREFIX)
 
 
 def _read_dump(env: Mapping[str, str], prepare_dir: bool, unknown=(), all_off: bool = False
@@ -337,13 +384,21 @@ def selftest_raises(environ: Optional[Mapping[str, str]] = None) -> bool:
     return current().selftest_raise
 
 
+def selftest_period() -> Tuple[int, int]:
+    """(served target forwards, seconds) between re-runs of the self-test; 0 turns that trigger off."""
+    s = current()
+    return s.selftest_every, s.selftest_seconds
+
+
 def dump_settings() -> Optional[DumpSettings]:
     """The dump's settings in force (None: off)."""
     return current().dump
 
 
 __all__ = ["ENV_DISABLE", "ENV_SELFTEST", "ENV_DUMP", "ENV_DUMP_MAX", "ENV_DUMP_REQUESTS", "ENV_DUMP_TOKENS",
-           "ENV_DUMP_BYTES", "ENV_DUMP_STREAM", "ENV_DUMP_STREAM_TOKENS", "SETTINGS", "HOOKS", "ALL", "TAPS",
+           "ENV_DUMP_BYTES", "ENV_DUMP_STREAM", "ENV_DUMP_STREAM_TOKENS", "ENV_SELFTEST_EVERY", "ENV_SELFTEST_SECONDS",
+           "DEFAULT_SELFTEST_EVERY", "DEFAULT_SELFTEST_SECONDS", "MAX_SELFTEST_EVERY", "MAX_SELFTEST_SECONDS",
+           "selftest_every", "selftest_seconds", "selftest_period", "DUMP_SETTINGS", "SETTINGS", "HOOKS", "ALL", "TAPS",
            "FINAL_BOUNDARY", "CAPTURE", "DRAFT_FC", "GATHER", "SELFTEST", "DumpSettings", "Settings",
            "read_settings", "configure", "current", "enabled", "selftest_raises", "dump_settings",
            "disabled_hooks", "parse_size", "prepare_dump_dir", "announce", "logger", "GUARDS"]
