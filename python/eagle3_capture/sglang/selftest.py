@@ -30,10 +30,11 @@ Cost. Between re-checks the forward hook does, per served target forward, one at
 runner), one integer increment and compare, and one ``time.monotonic()`` (a vDSO clock read, ~50 ns) and compare:
 well under a microsecond against a forward of milliseconds, no device work, nothing inside CUDA graphs (the hook is
 around ``ModelRunner.forward``, outside the replay). A re-check costs one embedding gather of the forward's rows and
-K + K(K-1)/2 ``torch.equal`` over [rows, H] slices, each a device sync (the host reads the verdict): at Kimi-K2.5
-width (H = 7168, K = 3, bf16) and a 4096-token prefill, ~56 MiB read per comparison, 6 comparisons, a few tens of
-microseconds of H200 bandwidth plus 6 host round trips (~10 us each) -- a stall of well under a millisecond once
-every 10000 forwards or 300 s, i.e. less than 1e-6 of serving time at the defaults. At TP > 1 the embedding
+1 + K(K-1)/2 ``torch.equal`` over [rows, H] slices, each a device sync (the host reads the verdict): at Kimi-K2.5
+width (H = 7168, K = 3, bf16) a slot of a 4096-token prefill is 56 MiB, so 4 comparisons read ~450 MiB and the
+gather moves ~110 MiB: ~0.1 ms of H200 bandwidth plus 4 host round trips (~10 us each), and a few microseconds for
+a 64-row verify -- a stall well under a millisecond once every 10000 forwards or 300 s, under 1e-6 of serving
+time at the defaults. At TP > 1 the embedding
 all-reduces across the ranks, so every rank must check the same forward: the count and the weight-update triggers
 fall on the same forward on every rank, the time trigger would not, so it is off there (one INFO line at start-up)
 and ``raise`` agrees on the verdict across those ranks (one all-reduce of one integer on their CPU group, at a
