@@ -332,17 +332,21 @@ def test_two_servers_with_one_pid_sharing_a_directory_lose_no_record(harness, ta
 
 
 def test_with_the_selftest_done_and_the_dump_off_the_hook_touches_nothing(plugin_env, fresh_selftest):
-    """Nothing extra on the hot path: with the self-test done and no dump, the model runner hook reads neither the
-    runner nor the batch (here: objects on which any attribute read would fail) before calling SGLang."""
+    """Nothing extra on the hot path: with the self-test done and no dump, the model runner hook reads nothing of the
+    batch and only the runner's draft flag (the self-test's period counts target forwards) (here: objects on which
+    any other attribute read would fail) before calling SGLang."""
     from eagle3_capture.sglang import served
 
     class Untouchable:
         def __getattr__(self, name):
             raise AssertionError(f"the hook read .{name}")
 
+    class Runner(Untouchable):
+        is_draft_worker = False
+
     plugin_env(EAGLE3_CAPTURE_DUMP=None)
     fresh_selftest._claim()
-    runner, fb = Untouchable(), Untouchable()
+    runner, fb = Runner(), Untouchable()
     assert served.runner_forward_hook(lambda self, b: "served", runner, fb) == "served"
 
 

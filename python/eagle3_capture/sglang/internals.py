@@ -81,6 +81,23 @@ GRAPH_GATE_PATHS = (
     "sglang.srt.model_executor.breakable_cuda_graph_runner.BreakableCudaGraphRunner.can_run",
     "sglang.srt.model_executor.cpu_graph_runner.CPUGraphRunner.can_run",
 )
+# SGLang's weight-update and reload entry points in the scheduler process (the self-test re-checks after each):
+# 0.5.13+ SchedulerWeightUpdaterManager (end_weight_update from 0.5.21: a bucketed distributed update ends there) /
+# 0.5.12 the scheduler's SchedulerUpdateWeightsMixin. resume_memory_occupation puts released weights back.
+_SCHED_WEIGHTS = "sglang.srt.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager"
+_MIXIN_WEIGHTS = "sglang.srt.managers.scheduler_update_weights_mixin.SchedulerUpdateWeightsMixin"
+WEIGHT_UPDATE_METHODS = ("update_weights_from_disk", "update_weights_from_tensor", "update_weights_from_distributed",
+                         "update_weights_from_ipc", "end_weight_update", "resume_memory_occupation")
+WEIGHT_UPDATE_PATHS = tuple(f"{cls}.{m}" for cls in (_SCHED_WEIGHTS, _MIXIN_WEIGHTS) for m in WEIGHT_UPDATE_METHODS)
+# Where the scheduler admits a new request into its queues (every release read, 0.5.12-0.5.23): the self-test's
+# refusal (raise mode) finishes a request there with SGLang's own Req.set_finish_with_abort.
+ADMISSION_PATH = "sglang.srt.managers.scheduler.Scheduler._add_request_to_queue"
+REQ_ABORT_PATH = "sglang.srt.managers.schedule_batch.Req.set_finish_with_abort"
+# The group the embedding all-reduces over (the self-test agrees on its verdict there): TP, or attention TP with
+# DP attention (0.5.16+ parallel_state.get_attn_tp_group / 0.5.12-0.5.15 dp_attention.get_attention_tp_group)
+TP_GROUP_PATHS = ("sglang.srt.distributed.parallel_state.get_tp_group",)
+ATTN_TP_GROUP_PATHS = ("sglang.srt.distributed.parallel_state.get_attn_tp_group",
+                       "sglang.srt.layers.dp_attention.get_attention_tp_group")
 MLA_DRAFT_FORWARD_PATH = "sglang.srt.models.kimi_k25_eagle3.Eagle3MLAModel.forward"
 LLAMA_DRAFT_FORWARD_PATH = "sglang.srt.models.llama_eagle3.LlamaModel.forward"
 # Where SGLang builds a request's spec_correct_drafts_histogram, once per verify (every release read)
@@ -105,6 +122,8 @@ class Internals:
     mla_fc_sharded: bool                   # Eagle3MLAModel's fc is column-parallel + _fc_gatherer (0.5.18+)
     missing: Dict[str, str] = field(default_factory=dict)
     acceptance_path: Optional[str] = None  # ACCEPTANCE_HISTOGRAM_PATH where it exists (the acceptance hook)
+    weight_update_paths: Tuple[str, ...] = ()  # of WEIGHT_UPDATE_PATHS, those the release has
+    admission_path: Optional[str] = None       # ADMISSION_PATH where the release has it and Req's abort
 
     @property
     def in_range(self) -> bool:
@@ -235,8 +254,13 @@ def detect() -> Internals:
     if acceptance is None:
         missing["acceptance"] = (f"{ACCEPTANCE_HISTOGRAM_PATH} does not exist: no place where SGLang counts a "
                                  "request's correct drafts per verify")
+    weight_updates = tuple(p for p in WEIGHT_UPDATE_PATHS if callable(resolve(p)))
+    admission = ADMISSION_PATH if callable(resolve(ADMISSION_PATH)) and callable(resolve(REQ_ABORT_PATH)) else None
+    if admission is None:
+        missing["admission"] = (f"{ADMISSION_PATH} or {REQ_ABORT_PATH} does not exist: a self-test failing while "
+                                "serving can only be logged")
     return Internals(version, adapter, final, declaration, packer_slot, capture_mode, gates, extends,
-                     mla_fc_sharded, missing, acceptance)
+                     mla_fc_sharded, missing, acceptance, weight_updates, admission)
 
 
 _detected: Optional[Internals] = None
@@ -272,5 +296,6 @@ __all__ = [
     "resolve", "installed_version", "MODEL_FORWARD_PATH", "DECODER_LAYER_FORWARD_PATH", "SET_LAYERS_TO_CAPTURE_PATH",
     "PACKER_INIT_PATH", "PACKER_APPEND_PATH", "FINAL_NORM_PATH", "RESIDUAL_NORM_PATH", "COMPLETE_OUTPUT_PATH",
     "RESOLVE_AUX_IDS_PATH", "BUILD_MODEL_CONFIG_PATH", "FROM_SERVER_ARGS_PATH", "RUNNER_FORWARD_PATH", "LOAD_MODEL_PATH", "CAPTURE_MODE_PATHS",
-    "GRAPH_GATE_PATHS", "MLA_DRAFT_FORWARD_PATH", "ACCEPTANCE_HISTOGRAM_PATH", "LLAMA_DRAFT_FORWARD_PATH", "DRAFT_EXTEND_PATHS",
+    "GRAPH_GATE_PATHS", "ACCEPTANCE_HISTOGRAM_PATH", "WEIGHT_UPDATE_METHODS", "WEIGHT_UPDATE_PATHS", "ADMISSION_PATH", "REQ_ABORT_PATH",
+    "TP_GROUP_PATHS", "ATTN_TP_GROUP_PATHS", "MLA_DRAFT_FORWARD_PATH", "LLAMA_DRAFT_FORWARD_PATH", "DRAFT_EXTEND_PATHS",
 ]

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from typing import Callable, Dict, List, Optional, Tuple
 
-from . import acceptance_count, acceptance_live, capture, draft, exporter, internals, model_forward, served, \
-    switches, target
+from . import acceptance_count, acceptance_live, admission, capture, draft, exporter, internals, model_forward, \
+    selftest, served, switches, target
 from .hook_chain import hook_path_in_place
 from .switches import logger
 
@@ -130,7 +130,10 @@ def hook_table(i: internals.Internals) -> Tuple[Dict[str, Hooks], Dict[str, str]
     else:
         table[switches.GATHER] = draft.gather_hooks(i)
     runner = [(served.RUNNER_FORWARD_PATH, served.runner_forward_hook)]
-    table[switches.SELFTEST] = decl + runner
+    # the self-test: the declaration, served forwards, re-arming after each weight update, refusing requests
+    # (raise mode) after one that failed while serving
+    table[switches.SELFTEST] = (decl + runner + [(p, selftest.weight_update_hook) for p in i.weight_update_paths]
+                                + ([(i.admission_path, admission.add_request_hook)] if i.admission_path else []))
     if i.acceptance_path is not None:
         table[switches.ACCEPTANCE] = [(i.acceptance_path, acceptance_count.update_histogram_hook)]
     else:
@@ -152,7 +155,7 @@ def _unique(hooks: Hooks) -> Hooks:
 
 def _release_problem(i: internals.Internals) -> Optional[str]:
     """Why the plugin cannot serve on the installed SGLang at all (None: it can)."""
-    essentials = [k for k in i.missing if k not in ("final_boundary", "capture_mode", "acceptance")]
+    essentials = [k for k in i.missing if k not in ("final_boundary", "capture_mode", "acceptance", "admission")]
     if i.adapter is None or i.declaration_path is None or essentials:
         found = "; ".join(f"{v}" for k, v in i.missing.items())
         return (f"eagle3_capture: refusing to serve on {i.describe()}: its internals match none of the plugin's "

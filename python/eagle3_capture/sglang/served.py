@@ -23,7 +23,9 @@ Hook points (AROUND hooks through SGLang's HookRegistry) and why these, read in 
   SGLang's capture-mode flag is ``runner_utils.capture_mode.get_is_capture_mode`` (0.5.14+) or
   ``cuda_graph_runner.get_is_capture_mode`` (0.5.12).
 
-With the self-test done (or off) and the dump off, the forward hook only checks two flags before calling SGLang.
+Between self-tests (or with it off) and the dump off, the forward hook only reads the runner's draft flag, counts
+the forward, reads the clock once (selftest.due(): well under a microsecond) and checks a flag before calling
+SGLang.
 """
 from __future__ import annotations
 
@@ -73,9 +75,10 @@ def target_of(runner):
 
 
 def runner_forward_hook(original, self, forward_batch, *args, **kwargs):
-    """AROUND ``ModelRunner.forward``: the self-test on the first served forward that captures every row, and the
-    capture dump (with the doctor's stream) when it is switched on."""
-    test = selftest.pending() and switches.enabled(switches.SELFTEST)
+    """AROUND ``ModelRunner.forward``: the self-test on the served target forwards it is due on (the first that
+    captures every row, then periodically and after a weight update: selftest.due() counts them), and the capture
+    dump (with the doctor's stream) when it is switched on."""
+    test = not getattr(self, "is_draft_worker", False) and selftest.due() and switches.enabled(switches.SELFTEST)
     dumping = dump.wants(forward_batch)
     if not (test or dumping):
         return original(self, forward_batch, *args, **kwargs)
@@ -102,7 +105,7 @@ def runner_forward_hook(original, self, forward_batch, *args, **kwargs):
                  + (f", request {rid}" if rid is not None else "")
                  + (f" and {len(rows.requests) - 1} more" if len(rows.requests) > 1 else ""))
         selftest.check(inner, spec, ids[:n] if isinstance(ids, torch.Tensor) else ids, forward_batch, aux[:n],
-                       where=where)
+                       where=where, tp_rank=int(getattr(self, "tp_rank", 0) or 0))
     if dumping:
         try:
             dump.record(model, inner, spec, forward_batch, rows, aux, graph, req)

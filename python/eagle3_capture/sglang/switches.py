@@ -25,10 +25,20 @@ setting                                   default     a malformed value
                                                       cannot run (no usable profile, a bad alarm setting)
 ``EAGLE3_CAPTURE_ALARM_DROP`` x           0.2         ERROR line, alarm off: the relative drop the CUSUM is tuned to
 ``EAGLE3_CAPTURE_ALARM_THRESHOLD`` nats   16          ERROR line, alarm off: the CUSUM's threshold h
+``EAGLE3_CAPTURE_SELFTEST_EVERY`` n       10000       ERROR line, the default: re-run the self-test every n served
+                                                      target forwards (0: never by count; at most 10**9)
+``EAGLE3_CAPTURE_SELFTEST_SECONDS`` s     300         ERROR line, the default: re-run it when s seconds passed since
+                                                      the last run (0: never by time; 1 to 604800, whole seconds)
 ========================================  ==========  ==============================================================
 
 The acceptance settings are alarm_settings.py's (the profile file is read at the target's model load, when the
 server's speculative flags are known); the false-alarm bound follows from the threshold (acceptance/drift.py).
+
+The self-test's period (selftest.py; whichever of the two comes first) is not a guard: a malformed one costs only
+the re-checks' timing, so it is ignored with one ERROR line and the default applies. Its bounds: a count up to 10**9
+(more is a typo of many digits; a count of 1 is allowed, for tests, and costs a device sync on every capturing
+forward); whole seconds from 1 (a sub-second period would re-check on nearly every forward) to one week (a longer
+one is a typo: use 0 to turn the time trigger off).
 
 A name of the environment that looks like one of the package's (``EAGLE3_CAPTURE_SELFTST``,
 ``EAGLE3_CAPTURE_DUMPDIR``, ``eagle3_capture_disable``; setting_names.py finds them) but is none of its variables is
@@ -51,7 +61,8 @@ name               what it turns off
 ``draft_fc``       the fused draft fc (``ops.draft_fc``) in the EAGLE-3 drafts
 ``gather``         the project's gatherer (``tp.PackedGatherer``) for the draft fc's column shards at TP > 1
                    (SGLang's ``_fc_gatherer`` is used instead); has no effect when ``draft_fc`` is off
-``selftest``       the capture self-test on the first served forward that captures (selftest.py)
+``selftest``       the capture self-test on served forwards (selftest.py: at the first that captures, then
+                   periodically and after a weight update) and its refusal of requests in ``raise`` mode
 ``acceptance``     counting per-position acceptance (``Req.update_spec_correct_drafts_histogram``), its export
                    and the drift alarm (acceptance_live.py)
 ``all``            the whole plugin, the dump included: it registers nothing (same as ``SGLANG_PLUGINS`` without it);
@@ -86,6 +97,12 @@ ENV_DUMP_TOKENS = "EAGLE3_CAPTURE_DUMP_TOKENS"
 ENV_DUMP_BYTES = "EAGLE3_CAPTURE_DUMP_BYTES"
 ENV_DUMP_STREAM = "EAGLE3_CAPTURE_DUMP_STREAM"
 ENV_DUMP_STREAM_TOKENS = "EAGLE3_CAPTURE_DUMP_STREAM_TOKENS"
+ENV_SELFTEST_EVERY = "EAGLE3_CAPTURE_SELFTEST_EVERY"
+ENV_SELFTEST_SECONDS = "EAGLE3_CAPTURE_SELFTEST_SECONDS"
+DEFAULT_SELFTEST_EVERY = 10000   # served target forwards between re-checks
+DEFAULT_SELFTEST_SECONDS = 300   # seconds between re-checks
+MAX_SELFTEST_EVERY = 10 ** 9
+MAX_SELFTEST_SECONDS = 7 * 24 * 3600
 # the dump's budgets: (variable, DumpSettings field, default)
 DUMP_COUNTS = ((ENV_DUMP_MAX, "max_records", 256), (ENV_DUMP_REQUESTS, "max_requests", 16),
                (ENV_DUMP_TOKENS, "max_tokens", 16384), (ENV_DUMP_STREAM_TOKENS, "stream_tokens", 4096))
@@ -96,7 +113,8 @@ ENV_PROFILE = alarm_settings.ENV_PROFILE
 ENV_PROFILE_REQUIRED = alarm_settings.ENV_PROFILE_REQUIRED
 ENV_ALARM_DROP = alarm_settings.ENV_ALARM_DROP
 ENV_ALARM_THRESHOLD = alarm_settings.ENV_ALARM_THRESHOLD
-SETTINGS = (ENV_DISABLE, ENV_SELFTEST) + DUMP_SETTINGS + alarm_settings.SETTINGS
+SETTINGS = ((ENV_DISABLE, ENV_SELFTEST) + DUMP_SETTINGS + (ENV_SELFTEST_EVERY, ENV_SELFTEST_SECONDS)
+            + alarm_settings.SETTINGS)
 _DUMP_PREFIX = ENV_DUMP + "_"
 # the settings whose misspelt name refuses to serve, and what the operator chose with each
 GUARDS = {ENV_SELFTEST: "chooses whether a failed capture self-test stops the server",
@@ -168,6 +186,24 @@ def _selftest_raise(raw: str) -> bool:
     if v not in ("", "log", "raise"):
         raise ValueError(f"{ENV_SELFTEST}={raw!r}: expected 'log' or 'raise'")
     return v == "raise"
+
+
+def selftest_every(raw: str) -> int:
+    """``EAGLE3_CAPTURE_SELFTEST_EVERY``: served target forwards between re-checks, 0 (off) to 10**9."""
+    v = raw.strip()
+    if not re.fullmatch(r"[0-9]{1,10}", v) or int(v) > MAX_SELFTEST_EVERY:
+        raise ValueError(f"{ENV_SELFTEST_EVERY}={raw!r}: expected a whole number of served forwards from 0 (never "
+                         f"by count) to {MAX_SELFTEST_EVERY}")
+    return int(v)
+
+
+def selftest_seconds(raw: str) -> int:
+    """``EAGLE3_CAPTURE_SELFTEST_SECONDS``: seconds between re-checks, 0 (off) or 1 to one week."""
+    v = raw.strip()
+    if not re.fullmatch(r"[0-9]{1,7}", v) or int(v) > MAX_SELFTEST_SECONDS:
+        raise ValueError(f"{ENV_SELFTEST_SECONDS}={raw!r}: expected whole seconds from 1 to {MAX_SELFTEST_SECONDS} "
+                         "(one week), or 0 (never by time)")
+    return int(v)
 
 
 def _count(name: str, raw: str) -> int:
@@ -243,6 +279,8 @@ class Settings:
     source: dict = field(default_factory=dict, compare=False)  # the raw values read (for the log)
     all_off: bool = False  # EAGLE3_CAPTURE_DISABLE=all: nothing of the plugin, the dump included
     alarm: AlarmSettings = AlarmSettings()  # the expected profile and the drift alarm's tuning
+    selftest_every: int = DEFAULT_SELFTEST_EVERY      # served target forwards between re-checks (0: off)
+    selftest_seconds: int = DEFAULT_SELFTEST_SECONDS  # seconds between re-checks (0: off)
 
 
 def read_settings(environ: Optional[Mapping[str, str]] = None, *, prepare_dir: bool = True) -> Settings:
@@ -270,6 +308,14 @@ def read_settings(environ: Optional[Mapping[str, str]] = None, *, prepare_dir: b
                             f"which {GUARDS[u.closest]}: serving with it unread would guess that choice")
         elif not _of_the_dump(u) and not _of_the_alarm(u):
             errors.append(f"eagle3_capture: {u.name} is not a variable of eagle3-capture ({u.near()}); ignored")
+    period = {}
+    for name, parse, default in ((ENV_SELFTEST_EVERY, selftest_every, DEFAULT_SELFTEST_EVERY),
+                                 (ENV_SELFTEST_SECONDS, selftest_seconds, DEFAULT_SELFTEST_SECONDS)):
+        try:
+            period[name] = parse(env[name]) if env.get(name) is not None else default
+        except ValueError as e:  # the period is no guard: its default re-checks as well
+            errors.append(f"eagle3_capture: {e}; ignored: the default {default} applies")
+            period[name] = default
     dump, dump_errors = _read_dump(env, prepare_dir and not all_off, [u for u in unknown if _of_the_dump(u)],
                                    all_off)
     errors += dump_errors
@@ -283,7 +329,7 @@ def read_settings(environ: Optional[Mapping[str, str]] = None, *, prepare_dir: b
         refusal = ("eagle3_capture: refusing to serve: " + "; ".join(refusals) + f" (fix or unset it; "
                    f"{ENV_DISABLE}=all turns the plugin off)")
     return Settings(disabled, selftest_raise, None if all_off else dump, tuple(errors), refusal, raw, all_off,
-                    alarm)
+                    alarm, period[ENV_SELFTEST_EVERY], period[ENV_SELFTEST_SECONDS])
 
 
 def _of_the_dump(u) -> bool:
@@ -368,13 +414,21 @@ def selftest_raises(environ: Optional[Mapping[str, str]] = None) -> bool:
     return current().selftest_raise
 
 
+def selftest_period() -> Tuple[int, int]:
+    """(served target forwards, seconds) between re-runs of the self-test; 0 turns that trigger off."""
+    s = current()
+    return s.selftest_every, s.selftest_seconds
+
+
 def dump_settings() -> Optional[DumpSettings]:
     """The dump's settings in force (None: off)."""
     return current().dump
 
 
 __all__ = ["ENV_DISABLE", "ENV_SELFTEST", "ENV_DUMP", "ENV_DUMP_MAX", "ENV_DUMP_REQUESTS", "ENV_DUMP_TOKENS",
-           "ENV_DUMP_BYTES", "ENV_DUMP_STREAM", "ENV_DUMP_STREAM_TOKENS", "SETTINGS", "HOOKS", "ALL", "TAPS",
+           "ENV_DUMP_BYTES", "ENV_DUMP_STREAM", "ENV_DUMP_STREAM_TOKENS", "ENV_SELFTEST_EVERY", "ENV_SELFTEST_SECONDS",
+           "DEFAULT_SELFTEST_EVERY", "DEFAULT_SELFTEST_SECONDS", "MAX_SELFTEST_EVERY", "MAX_SELFTEST_SECONDS",
+           "selftest_every", "selftest_seconds", "selftest_period", "DUMP_SETTINGS", "SETTINGS", "HOOKS", "ALL", "TAPS",
            "FINAL_BOUNDARY", "CAPTURE", "DRAFT_FC", "GATHER", "SELFTEST", "ACCEPTANCE", "DumpSettings", "Settings",
            "read_settings", "configure", "current", "enabled", "selftest_raises", "dump_settings",
            "disabled_hooks", "parse_size", "prepare_dump_dir", "announce", "logger", "GUARDS", "DUMP_SETTINGS",

@@ -22,7 +22,9 @@ SGLang's loop on a CPU-only host:
 
 Nothing here changes what SGLang computes on the paths the tests exercise; it only lets them run, except the one
 fault a test asks for: ``E3_SGLANG_CPU_SHIFT_CAPTURE=1`` moves every capture one layer later at the target's first
-forward (a capture wired wrong at run time, for the plugin's self-test to find).
+forward (a capture wired wrong at run time, for the plugin's self-test to find); ``E3_SGLANG_CPU_SHIFT_CAPTURE_AFTER=N``
+(N >= 1) moves it at the N-th served target forward (``ModelRunner.forward`` of the target's runner) instead, so that
+the start-up self-test passes and a re-check while serving fails.
 
 A test witness, changing nothing: ``E3_SGLANG_CPU_RECORD_DRAFT=<dir>`` saves what the EAGLE-3 Llama draft was fed
 (``spec_info.hidden_states``, the packed target slots before its fc) at each draft forward that takes them, so a
@@ -71,6 +73,35 @@ def shift_capture_hook(original, self, *args, **kwargs):
         self.layers_to_capture = [i + 1 for i in self.layers_to_capture]
         self._e3_shifted = True
         logger.warning("e3_sglang_cpu: capture shifted on purpose: layers_to_capture %s", self.layers_to_capture)
+    return original(self, *args, **kwargs)
+
+
+SHIFT_AFTER_ENV = "E3_SGLANG_CPU_SHIFT_CAPTURE_AFTER"
+_target_forwards = [0]
+
+
+def shift_after(environ=None) -> int:
+    """The served target forward at which the capture moves (E3_SGLANG_CPU_SHIFT_CAPTURE_AFTER); raises ValueError
+    on anything but a whole number >= 1 (a test asking for a fault must get that fault)."""
+    raw = (os.environ if environ is None else environ).get(SHIFT_AFTER_ENV, "")
+    if not raw.strip().isdigit() or int(raw) < 1:
+        raise ValueError(f"{SHIFT_AFTER_ENV}={raw!r}: expected the served target forward (1, 2, ...) at which the "
+                         "capture moves one layer later")
+    return int(raw)
+
+
+def shift_capture_after_hook(original, self, *args, **kwargs):
+    """AROUND ``ModelRunner.forward`` (fault injection): at the N-th forward of the target's runner, layers_to_capture
+    [i, ...] -> [i + 1, ...] on its DeepseekV2Model, once, before that forward runs."""
+    if not getattr(self, "is_draft_worker", False):
+        _target_forwards[0] += 1
+        inner = getattr(getattr(self, "model", None), "model", None)
+        if (_target_forwards[0] == shift_after() and getattr(inner, "layers_to_capture", None)
+                and not getattr(inner, "_e3_shifted", False)):
+            inner.layers_to_capture = [i + 1 for i in inner.layers_to_capture]
+            inner._e3_shifted = True
+            logger.warning("e3_sglang_cpu: capture shifted on purpose at served target forward %d: "
+                           "layers_to_capture %s", _target_forwards[0], inner.layers_to_capture)
     return original(self, *args, **kwargs)
 
 
@@ -138,5 +169,9 @@ def register() -> None:
                               HookType.AROUND)
     if os.environ.get("E3_SGLANG_CPU_SHIFT_CAPTURE") == "1":
         HookRegistry.register("sglang.srt.models.deepseek_v2.DeepseekV2Model.forward", shift_capture_hook,
+                              HookType.AROUND)
+    if os.environ.get(SHIFT_AFTER_ENV) is not None:
+        shift_after()  # a malformed value stops the test's server here, at plugin load
+        HookRegistry.register("sglang.srt.model_executor.model_runner.ModelRunner.forward", shift_capture_after_hook,
                               HookType.AROUND)
     logger.warning("e3_sglang_cpu: CPU test stand-ins active (pid %d)", os.getpid())
