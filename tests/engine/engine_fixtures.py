@@ -56,12 +56,13 @@ class Pair:
     target: str
     draft: str          # as trained and shipped: draft ids [-1, 0, 3]
     prompts: str        # the first PROMPTS held-out prompts
+    held_out: str = ""  # all of the demo's held-out prompts (64)
 
     def first_prompts(self, n: int) -> str:
-        """A prompts file holding the first n prompts (written once)."""
+        """A prompts file holding the first n held-out prompts (written once)."""
         path = os.path.join(self.root, f"first_{n}_prompts.json")
         if not os.path.exists(path):
-            with open(self.prompts) as f, open(path, "w") as g:
+            with open(self.held_out or self.prompts) as f, open(path, "w") as g:
                 json.dump(json.load(f)[:n], g)
         return path
 
@@ -88,6 +89,8 @@ class Served:
     log: str
     seconds: float
     error: Optional[str] = None
+    metrics: Optional[str] = None   # the exposition text of /metrics after the last response (metrics=True)
+    second_round: Optional[List[dict]] = None  # each prompt once more, alone, after the first round
 
     @property
     def tokens_per_verify(self) -> float:
@@ -105,7 +108,7 @@ def pair(tmp_path_factory) -> Pair:
     p = os.path.join(root, "prompts.json")
     with open(p, "w") as f:
         json.dump(prompts, f)
-    return Pair(root, os.path.join(out, "target"), os.path.join(out, "draft"), p)
+    return Pair(root, os.path.join(out, "target"), os.path.join(out, "draft"), p, os.path.join(out, "prompts.json"))
 
 
 def _env(extra: Optional[Dict[str, str]]) -> Dict[str, str]:
@@ -120,15 +123,21 @@ def _env(extra: Optional[Dict[str, str]]) -> Dict[str, str]:
 
 
 def serve_engine(pair: Pair, name: str, draft: str, flags=CHAIN, env: Optional[Dict[str, str]] = None,
-                 prompts: Optional[str] = None, new_tokens: int = NEW_TOKENS, tp: int = 1) -> Served:
-    """tests/engine/serve.py: one sglang.Engine, the prompts, its responses and log."""
+                 prompts: Optional[str] = None, new_tokens: int = NEW_TOKENS, tp: int = 1,
+                 metrics: bool = False, second_round: bool = False) -> Served:
+    """tests/engine/serve.py: one sglang.Engine, the prompts, its responses and log (`metrics`: with
+    --enable-metrics, and what its /metrics would show after the last response, in Served.metrics)."""
     out = os.path.join(pair.root, f"{name}.jsonl")
+    metrics_path = os.path.join(pair.root, f"{name}.metrics.txt")
+    second_path = os.path.join(pair.root, f"{name}.second.jsonl")
+    extra = (["--metrics-out", metrics_path] if metrics else []) + (["--second-round", second_path]
+                                                                    if second_round else [])
     s, k, d = flags
     t0 = time.time()
     p = subprocess.run([sys.executable, os.path.join(HERE, "serve.py"), "--target", pair.target, "--draft", draft,
                         "--prompts", prompts or pair.prompts, "--out", out, "--steps", str(s), "--topk", str(k),
                         "--draft-tokens", str(d), "--new-tokens", str(new_tokens), "--context-length", "56",
-                        "--tp", str(tp)],
+                        "--tp", str(tp), *extra],
                        capture_output=True, text=True, timeout=ENGINE_TIMEOUT_S, env=_env(env), cwd=REPO)
     log = p.stdout + p.stderr
     with open(os.path.join(pair.root, f"{name}.log"), "w") as f:
@@ -140,7 +149,15 @@ def serve_engine(pair: Pair, name: str, draft: str, flags=CHAIN, env: Optional[D
     error = lines[0]["error"] if len(lines) == 1 and "error" in lines[0] else None
     if error is None and p.returncode != 0:
         error = f"serve.py exited {p.returncode}"
-    return Served([] if error else lines, out, log, time.time() - t0, error)
+    text = None
+    if metrics and os.path.exists(metrics_path):
+        with open(metrics_path) as f:
+            text = f.read()
+    second = None
+    if second_round and os.path.exists(second_path):
+        with open(second_path) as f:
+            second = [json.loads(line) for line in f if line.strip()]
+    return Served([] if error else lines, out, log, time.time() - t0, error, text, second)
 
 
 def _free_port() -> int:
@@ -190,6 +207,13 @@ class LaunchedServer:
     def log(self) -> str:
         with open(self.log_path) as f:
             return f.read()
+
+    def metrics(self, settle_s: float = 2.5) -> str:
+        """GET /metrics (with --enable-metrics), after `settle_s` so that the plugin's per-second flush of what
+        was served so far has run."""
+        time.sleep(settle_s)
+        with urllib.request.urlopen(self.url + "/metrics", timeout=30) as r:
+            return r.read().decode()
 
     def __exit__(self, *exc):
         if self.proc is not None and self.proc.poll() is None:

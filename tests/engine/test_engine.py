@@ -5,6 +5,7 @@ Each configuration starts one server (session fixtures below); the tests read it
 """
 import glob
 import json
+import math
 import os
 import re
 import time
@@ -16,6 +17,8 @@ from engine_fixtures import (CHAIN, NEW_TOKENS, PROMPTS, TREE, LaunchedServer, d
                              Served, post_json, serve_engine, wait_for_files)
 from engine_doctor import (NO_TARGET_TOKENS, TRAINING_READINGS, accept_with_target, dump_env, fingerprint_training,
                            online_without_target)
+from engine_metrics import Watch, acceptance, expected_from_responses, minus, what_prometheus_saw
+from prometheus_server import PrometheusServer
 
 pytestmark = [pytest.mark.engine, pytest.mark.sglang, pytest.mark.slow]
 
@@ -35,10 +38,35 @@ def _meta(responses):
 # ----------------------------------------------------------------------------------------------------------------
 
 DOCTOR_RID = "eagle3-doctor-engine-0"
+PROFILE_PROMPTS = 32   # the expected profile's sample: 32 held-out prompts (the servers serve the first 8)
+STEPS = CHAIN[0]
 
 
 @pytest.fixture(scope="session")
-def launched(pair):
+def profile(pair):
+    """The correct draft's expected acceptance per position: `doctor accept --profile-out` with the transformers
+    target on 32 held-out prompts, chain flags. The launched and miswired servers run against it."""
+    path = os.path.join(pair.root, "profile.json")
+    out = os.path.join(pair.root, "accept_profile.json")
+    code, text, err = doctor("accept", "--target", pair.target, "--draft", pair.draft, "--prompts",
+                             pair.first_prompts(PROFILE_PROMPTS), "--server-args", flags_text(CHAIN), "--new-tokens",
+                             NEW_TOKENS, "--json", out, "--profile-out", path, "--no-progress", "--device", "cpu",
+                             "--threads", 1)
+    assert code == 0, text + err
+    return path
+
+
+def _acceptance_window(srv, pair, name: str) -> dict:
+    """The plugin's counters over one window in which only the prompts, sent once more, were served: their
+    responses and the counters' difference."""
+    before = acceptance(srv.metrics(), STEPS)
+    served = record_responses(pair, srv.url, name)
+    text = srv.metrics()
+    return {"served": served, "counted": minus(acceptance(text, STEPS), before), "metrics": text}
+
+
+@pytest.fixture(scope="session")
+def launched(pair, profile):
     """Plugin on, the draft as shipped (ids [-1, 0, 3]), chain flags, through `python -m sglang.launch_server`, the
     capture dump on (every forward, the full stream of the doctor's requests: EAGLE3_CAPTURE_DUMP_STREAM=all) and the
     stand-ins' witness of what the draft is fed. While it runs: `doctor online` with the transformers target, the
@@ -48,10 +76,11 @@ def launched(pair):
     out = os.path.join(pair.root, "online_launched.json")
     dump = os.path.join(pair.root, "dump_launched")
     fed = os.path.join(pair.root, "draft_fed_launched")
-    env = {**dump_env(dump), "E3_SGLANG_CPU_RECORD_DRAFT": fed}
+    env = {**dump_env(dump), "E3_SGLANG_CPU_RECORD_DRAFT": fed, "EAGLE3_CAPTURE_PROFILE": profile}
     with open(pair.prompts) as f:
         prompt = json.load(f)[0]
-    with LaunchedServer(pair, pair.draft, CHAIN, env=env) as srv:
+    with LaunchedServer(pair, pair.draft, CHAIN, env=env, extra=["--enable-metrics"]) as srv, \
+            PrometheusServer(srv.url + "/metrics") as prom, Watch(srv.url, profile, pair.root, "launched") as watch:
         code, text, err = doctor("online", "--server", srv.url, "--prompts", pair.prompts, "--target", pair.target,
                                  "--draft", pair.draft, "--new-tokens", NEW_TOKENS, "--json", out, "--no-progress",
                                  "--device", "cpu", "--threads", 1)
@@ -65,12 +94,15 @@ def launched(pair):
         no_target = online_without_target(pair, srv.url, dump, "launched")
         training = {name: fingerprint_training(pair, srv.url, dump, name, layers)
                     for name, layers in TRAINING_READINGS.items()}
+        window = _acceptance_window(srv, pair, "launched_counted")
+        window["prometheus"] = what_prometheus_saw(prom, STEPS)
         log = srv.log()
     with open(os.path.join(pair.root, "online_launched.txt"), "w") as f:
         f.write(text)
     return {"code": code, "text": text, "err": err, "json": json.load(open(out)) if os.path.exists(out) else None,
             "log": log, "dump": dump, "fed": fed, "prompt": prompt, "served": served, "teacher": teacher,
-            "forced": forced, "no_target": no_target, "training": training}
+            "forced": forced, "no_target": no_target, "training": training, "window": window,
+            "watch": watch.result()}
 
 
 def _holds(path, rid):
@@ -102,7 +134,7 @@ def stock_shipped(pair):
 
 
 @pytest.fixture(scope="session")
-def miswired(pair):
+def miswired(pair, profile):
     """Plugin on, but the draft config declares its ids as layer inputs [1, 4, 7] = [LayerOutput(0), LayerOutput(3),
     LayerOutput(6)] (the plugin captures what is declared): no embedding, every slot one tap later than trained.
     The capture dump is on (the full stream of the doctor's requests). While it runs: `doctor online` with the
@@ -111,15 +143,19 @@ def miswired(pair):
     out = os.path.join(pair.root, "online_miswired.json")
     variant = pair.draft_variant("miswired", eagle_aux_hidden_state_layer_ids=[1, 4, 7],
                                  eagle_aux_hidden_state_convention="layer_inputs")
-    with LaunchedServer(pair, variant, CHAIN, env=dump_env(dump)) as srv:
+    env = {**dump_env(dump), "EAGLE3_CAPTURE_PROFILE": profile}
+    with LaunchedServer(pair, variant, CHAIN, env=env, extra=["--enable-metrics"], name="miswired") as srv, \
+            PrometheusServer(srv.url + "/metrics") as prom, Watch(srv.url, profile, pair.root, "miswired") as watch:
         code, text, err = doctor("online", "--server", srv.url, "--prompts", pair.prompts, "--target", pair.target,
                                  "--draft", pair.draft, "--new-tokens", NEW_TOKENS, "--json", out, "--no-progress",
                                  "--device", "cpu", "--threads", 1)
         no_target = online_without_target(pair, srv.url, dump, "miswired")
-        served = record_responses(pair, srv.url, "miswired")
+        window = _acceptance_window(srv, pair, "miswired")
+        window["prometheus"] = what_prometheus_saw(prom, STEPS)
         log = srv.log()
     return {"code": code, "text": text, "err": err, "json": json.load(open(out)) if os.path.exists(out) else None,
-            "log": log, "dump": dump, "no_target": no_target, "served": served}
+            "log": log, "dump": dump, "no_target": no_target, "served": window["served"], "window": window,
+            "watch": watch.result()}
 
 
 def record_responses(pair, url: str, name: str) -> Served:
@@ -137,9 +173,12 @@ def record_responses(pair, url: str, name: str) -> Served:
     return Served(rows, path, "", time.time() - t0)
 
 
+TREE_PROMPTS = 4  # a tree verify costs about twice a chain's on the CPU: half the prompts keep CI's time
+
+
 @pytest.fixture(scope="session")
 def tree(pair):
-    return serve_engine(pair, "plugin_tree", pair.draft, flags=TREE)
+    return serve_engine(pair, "plugin_tree", pair.draft, flags=TREE, prompts=pair.first_prompts(TREE_PROMPTS))
 
 
 @pytest.fixture(scope="session")
@@ -254,7 +293,8 @@ def test_accept_predicts_the_servers_accept_length(pair, request, which):
         assert tree.error is None, tree.log[-3000:]
         flags, online, length = TREE, _meta(tree.responses), tree.tokens_per_verify
     out = os.path.join(pair.root, f"accept_{which}.json")
-    code, text, err = doctor("accept", "--target", pair.target, "--draft", pair.draft, "--prompts", pair.prompts,
+    prompts = pair.prompts if which == "chain" else pair.first_prompts(TREE_PROMPTS)
+    code, text, err = doctor("accept", "--target", pair.target, "--draft", pair.draft, "--prompts", prompts,
                              "--server-args", flags_text(flags), "--new-tokens", NEW_TOKENS, "--json", out,
                              "--no-progress", "--device", "cpu", "--threads", 1)
     assert code == 0, text + err
@@ -285,7 +325,7 @@ def tp2(pair):
     dump = os.path.join(pair.root, "dump_tp2")
     srv = serve_engine(pair, "plugin_tp2", pair.draft, env={"SGLANG_CPU_OMP_THREADS_BIND": "0|1",
                                                            "EAGLE3_CAPTURE_DUMP": dump}, prompts=two,
-                       new_tokens=8, tp=2)
+                       new_tokens=8, tp=2, metrics=True)
     return srv, two, dump
 
 
@@ -568,3 +608,131 @@ def test_every_served_response_passes_the_doctors_count_checks(request, which, f
     meta = srv.responses[0]["meta_info"]
     assert {"spec_verify_ct", "spec_correct_drafts_histogram", "spec_num_correct_drafts",
             "spec_num_proposed_drafts", "spec_accept_length"} <= set(meta), sorted(meta)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# (e) acceptance while serving: the plugin's per-position counters, the drift alarm, the self-test re-run
+# ----------------------------------------------------------------------------------------------------------------
+
+def _equal_counts(counted, responses):
+    """The plugin's (verifies, attempts, accepted) against the sum of the responses' histograms, exactly."""
+    want = expected_from_responses(responses, STEPS)
+    assert want[0] > 0, "no verify served"
+    assert counted == want, f"counted {counted}, the responses' histograms give {want}"
+
+
+def test_per_position_counters_equal_the_responses_histograms_tp1(launched):
+    w = launched["window"]
+    _equal_counts(w["counted"], w["served"].responses)
+
+
+def test_per_position_counters_equal_the_responses_histograms_tp2(tp2):
+    srv, _, _ = tp2
+    assert srv.error is None and srv.metrics, srv.log[-3000:]
+    _equal_counts(acceptance(srv.metrics, STEPS), srv.responses)
+    # one rank counts and says so (attention-TP rank 0); the other only runs the hook
+    said = [ln for ln in srv.log.splitlines() if "eagle3_capture: acceptance: counting on (attention-TP rank 0" in ln]
+    assert len(said) == 1 and "exported to SGLang's /metrics" in said[0], said
+
+
+def test_no_alarm_on_the_correct_server(launched):
+    from engine_metrics import by_position, total
+    from eagle3_capture.acceptance import names
+
+    text, log = launched["window"]["metrics"], launched["log"]
+    assert "acceptance drift ALARM" not in log, [ln for ln in log.splitlines() if "ALARM" in ln]
+    assert total(text, names.ALARMS) == 0 and set(by_position(text, names.ALARM).values()) == {0.0}
+    verifies = total(text, names.VERIFIES)
+    assert verifies >= 200, f"only {verifies:.0f} verifies: too short a run to say the alarm keeps quiet"
+    exp = by_position(text, names.EXPECTED_ACCEPTANCE)
+    assert sorted(exp) == [1, 2, 3] and all(0 < v <= 1 for v in exp.values()), exp
+
+
+def test_the_drift_alarm_names_the_position_on_the_miswired_server(miswired, profile):
+    from engine_metrics import by_position, total
+    from eagle3_capture.acceptance import drift, names, profile as profiles
+
+    log, text = miswired["log"], miswired["window"]["metrics"]
+    lines = [ln for ln in log.splitlines() if "acceptance drift ALARM at draft position" in ln]
+    assert lines, log[-3000:]
+    m = re.search(r"ALARM at draft position (\d+): (\d+) of (\d+) verifies", lines[0])
+    position, accepted, attempts = int(m.group(1)), int(m.group(2)), int(m.group(3))
+    assert position == 1, lines[0]
+    # detection delay: within twice the attempts a position that stopped accepting needs (drift.py)
+    mon = drift.DriftMonitor.from_profile(profiles.read(profile))
+    p = mon.positions[0]
+    bound = 2 * math.ceil(drift.DEFAULT_THRESHOLD / math.log((1 - p.p1) / (1 - p.p0)))
+    assert attempts <= bound, (lines[0], bound)
+    assert total(text, names.ALARMS, position=1) >= 1 and by_position(text, names.ALARM)[1] == 1.0
+
+
+@pytest.fixture(scope="session")
+def broken_later(pair):
+    """Plugin on, the self-test re-run on every served forward (EAGLE3_CAPTURE_SELFTEST_EVERY=1, no clock) with
+    =raise, and the capture moved one layer later from the 2nd served target forward on (the stand-ins' fault): the
+    start-up test passes, the re-check on the next forward names the slot, the requests in flight finish and the
+    server refuses every request sent after (each prompt once more, alone)."""
+    two = pair.first_prompts(2)
+    return serve_engine(pair, "broken_later", pair.draft, prompts=two, new_tokens=8, metrics=True,
+                        env={"E3_SGLANG_CPU_SHIFT_CAPTURE_AFTER": "2", "EAGLE3_CAPTURE_SELFTEST_EVERY": "1",
+                             "EAGLE3_CAPTURE_SELFTEST_SECONDS": "0", "EAGLE3_CAPTURE_SELFTEST": "raise"},
+                        second_round=True)
+
+
+def test_the_self_test_rerun_names_a_capture_broken_while_serving(broken_later):
+    from engine_metrics import total
+    from eagle3_capture.acceptance import names
+
+    srv = broken_later
+    log = srv.log
+    assert srv.error is None and len(srv.responses) == 2, (srv.error, log[-3000:])   # in flight: served
+    assert "capture self-test passed" in log and "run at start-up" in log, log[-3000:]
+    failed = [ln for ln in log.splitlines() if "capture self-test FAILED" in ln]
+    assert failed and "slot 0 should hold Embedding" in failed[0] and "run after 1 served forwards" in failed[0], \
+        log[-3000:]
+    assert "refusing new requests from now on" in log
+    assert total(srv.metrics, names.SELFTEST_FAILURES) >= 1 and total(srv.metrics, names.CAPTURE_BROKEN) == 1
+    refused = [r for r in srv.second_round if "error" in r]
+    assert refused and len(refused) == len(srv.second_round), srv.second_round
+    assert all("request refused: the capture self-test failed while serving" in r["error"] for r in refused), refused
+
+
+def test_a_real_prometheus_evaluates_the_rules_on_the_server(launched, profile):
+    from eagle3_capture.acceptance import profile as profiles
+
+    seen = launched["window"]["prometheus"]
+    assert seen["rule_errors"] == [], seen["rule_errors"]
+    rec = seen["recorded"]
+    for name, series in rec.items():
+        assert series, f"{name}: no series from the real server"
+    acc = {int(labels["position"]): v for labels, v in rec["eagle3_capture:spec_draft_acceptance:rate5m"]}
+    assert sorted(acc) == [1, 2, 3] and all(0.0 <= v <= 1.0 for v in acc.values()), acc
+    want = profiles.read(profile).acceptance()
+    exp = {int(labels["position"]): v for labels, v in rec["eagle3_capture:expected_acceptance:max"]}
+    assert exp == pytest.approx({p + 1: w for p, w in enumerate(want)}, rel=1e-9), (exp, want)
+    [(_, length)] = rec["eagle3_capture:spec_accept_length:rate5m"]
+    [(_, sglang_length)] = rec["eagle3_capture:sglang_spec_accept_length:avg5m"]
+    assert 1.0 <= length <= 1.0 + STEPS and abs(length - sglang_length) < 0.5, (length, sglang_length)
+    firing = [a for a in seen["alerts"] if a["state"] == "firing"]
+    assert firing == [], firing
+
+
+def test_a_real_prometheus_fires_the_drift_alert_on_the_miswired_server(miswired):
+    seen = miswired["window"]["prometheus"]
+    assert seen["rule_errors"] == [], seen["rule_errors"]
+    drift = [a for a in seen["alerts"] if a["name"] == "Eagle3AcceptanceDrift" and a["state"] == "firing"]
+    assert [a["labels"]["position"] for a in drift] == ["1"], seen["alerts"]
+
+
+def test_doctor_watch_stays_quiet_on_the_correct_server(launched):
+    w = launched["watch"]
+    assert w["code"] == 0, w["out"][-3000:] + w["err"][-2000:]
+    assert os.path.getsize(w["plot"]) > 0 and json.load(open(w["json"]))
+
+
+def test_doctor_watch_exits_1_on_the_miswired_server(miswired):
+    w = miswired["watch"]
+    assert w["code"] == 1, w["out"][-3000:] + w["err"][-2000:]
+    assert "position 1" in (w["out"] + w["err"]), w["out"][-3000:]
+    with open(w["plot"], "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
