@@ -53,7 +53,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 STANDINS = os.path.join(HERE, "standins")
 
-ORDER = ("plugin_eager", "plugin_graphs", "stock_graphs", "plugin_metrics", "stock_eager")
+ORDER = ("plugin_eager", "plugin_graphs", "stock_graphs", "plugin_metrics", "stock_metrics", "stock_eager")
 DUMP_MAX = 32
 
 def config_table(pair: dict, out: str) -> Dict[str, dict]:
@@ -72,6 +72,9 @@ def config_table(pair: dict, out: str) -> Dict[str, dict]:
         # beside plugin_graphs; no dump, whose writes would be inside its tokens/s
         "plugin_metrics": {"graph": "on", "draft": pair["draft"], "metrics": True,
                            "env": {"EAGLE3_CAPTURE_PROFILE": pair["profile"]} if pair.get("profile") else {}},
+        # stock SGLang with its metrics on: plugin_metrics' baseline (SGLang's own metrics cost per step too)
+        "stock_metrics": {"graph": "on", "draft": pair["draft_stock"], "metrics": True,
+                          "env": {"EAGLE3_CAPTURE_DISABLE": "all"}},
         "stock_eager": {"graph": "off", "draft": pair["draft_stock"], "env": {"EAGLE3_CAPTURE_DISABLE": "all"}},
     }
 
@@ -432,7 +435,7 @@ def main(argv=None) -> int:
     p.add_argument("--reserve-s", type=float, default=20,
                    help="side by side: no round is released unless this much time would be left after it")
     p.add_argument("--only", default=",".join(ORDER), help=f"comma-separated subset of {','.join(ORDER)}")
-    p.add_argument("--timed-repeats", type=int, default=4, help="each timed round serves the prompts this many times")
+    p.add_argument("--timed-repeats", type=int, default=8, help="each timed round serves the prompts this many times")
     p.add_argument("--rounds", type=int, default=5, help="timed rounds of each graph-on server (interleaved)")
     p.add_argument("--eager-rounds", type=int, default=1, help="timed rounds of each --disable-cuda-graph server")
     p.add_argument("--mem-fraction", type=float, default=0.12,

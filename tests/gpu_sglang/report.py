@@ -67,11 +67,13 @@ def accept_figures(rows: List[dict]) -> dict:
     reqs = per_request(rows)
     tok = sum(r["tokens"] or 0 for r in reqs)
     ver = sum(r["verify_ct"] or 0 for r in reqs)
+    from eagle3_capture.acceptance.positions import add
+
     hist = None
     for r in reqs:
         h = r["histogram"]
-        if isinstance(h, list):
-            hist = [x + y for x, y in zip(hist, h)] if hist else list(h)
+        if isinstance(h, list):  # histograms end at the request's largest count: add bin by bin, never zip
+            hist = add(hist, h) if hist else list(h)
     return {"completion_tokens": tok, "verify_ct": ver, "tokens_per_verify": round(tok / ver, 4) if ver else None,
             "correct_drafts_histogram": hist}
 
@@ -187,9 +189,9 @@ def selftest_problems(name: str, lg: dict) -> List[str]:
 
 
 PAIRS = (("plugin_graphs", "plugin_eager"), ("stock_graphs", "stock_eager"), ("plugin_graphs", "stock_graphs"),
-         ("plugin_eager", "stock_eager"), ("plugin_metrics", "stock_graphs"))
+         ("plugin_eager", "stock_eager"), ("plugin_metrics", "stock_graphs"), ("plugin_metrics", "stock_metrics"))
 # each plugin configuration's stock counterpart (the same CUDA-graph mode): what it must serve request for request
-STOCK_OF = {"plugin_graphs": "stock_graphs", "plugin_eager": "stock_eager", "plugin_metrics": "stock_graphs"}
+STOCK_OF = {"plugin_graphs": "stock_graphs", "plugin_eager": "stock_eager", "plugin_metrics": "stock_metrics"}
 REFERENCE = "vs the target's greedy continuation (transformers)"
 
 
@@ -247,7 +249,8 @@ def per_round_ratio(a: Dict[int, float], b: Dict[int, float]) -> Dict[int, float
     return {r: a[r] / b[r] for r in sorted(set(a) & set(b)) if b[r] > 0}
 
 
-RATIOS = (("plugin_graphs", "stock_graphs"), ("plugin_metrics", "stock_graphs"))
+RATIOS = (("plugin_graphs", "stock_graphs"), ("plugin_metrics", "stock_graphs"), ("plugin_metrics", "stock_metrics"),
+          ("plugin_metrics", "plugin_graphs"))
 
 
 def speed(runs: Dict[str, dict]) -> dict:

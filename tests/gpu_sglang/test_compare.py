@@ -49,6 +49,9 @@ def test_reference_and_accept_figures():
     acc = report.accept_figures(rows)
     assert acc == {"completion_tokens": 8, "verify_ct": 6, "tokens_per_verify": round(8 / 6, 4),
                    "correct_drafts_histogram": [3, 1]}
+    # histograms of different lengths (each ends at its request's largest count) add bin by bin
+    longer = rows + [_row([5, 5, 5, 5], 2, [1]), _row([6, 6, 6, 6], 2, [0, 0, 2])]
+    assert report.accept_figures(longer)["correct_drafts_histogram"] == [4, 1, 2]
 
 
 def test_log_checks_reads_the_plugin_and_graph_lines():
@@ -182,13 +185,13 @@ def test_a_graphs_difference_stock_shows_too_is_sglangs_own():
     """Graphs on vs off differing in the same request with and without the plugin (SGLang's own numerics: its
     graphed prefill takes MLA, the eager one MHA) is a finding; the same difference with the plugin only fails."""
     runs = {n: _run(n, graph="off" if n.endswith("eager") else "on") for n in compare.ORDER}
-    for n in ("plugin_graphs", "stock_graphs", "plugin_metrics"):
+    for n in ("plugin_graphs", "stock_graphs", "plugin_metrics", "stock_metrics"):
         runs[n]["round1_rows"] = [_row([1, 3], 2, [0])]
     comp = report.comparisons(runs, [[1, 2]])
     assert report.verdict(runs, comp) == []
     own = report.attributed(comp)
     assert set(own["pairs"]) == {"plugin_graphs vs plugin_eager", "stock_graphs vs stock_eager"}
-    assert set(own["reference"]) == {"plugin_graphs", "stock_graphs", "plugin_metrics"}
+    assert set(own["reference"]) == {"plugin_graphs", "stock_graphs", "plugin_metrics", "stock_metrics"}
     lines = report.findings(runs, comp)
     assert any("SGLang's own graphs-on vs off numerics" in ln for ln in lines)
     result = {"configs": {n: {k: v for k, v in r.items() if k != "round1_rows"} for n, r in runs.items()},
@@ -197,7 +200,7 @@ def test_a_graphs_difference_stock_shows_too_is_sglangs_own():
     assert [ln.split()[0] for ln in summary].count("FAIL") == 0
     assert any(ln.startswith("INFO plugin_graphs vs plugin_eager") for ln in summary)
     # the plugin alone differing: a failure, and nothing is attributed to SGLang
-    runs["stock_graphs"]["round1_rows"] = [_row([1, 2], 1, [1])]
+    runs["stock_graphs"]["round1_rows"] = runs["stock_metrics"]["round1_rows"] = [_row([1, 2], 1, [1])]
     comp = report.comparisons(runs, [[1, 2]])
     bad = "\n".join(report.verdict(runs, comp))
     assert "plugin_graphs vs plugin_eager: 3 differences" in bad and "plugin_graphs vs stock_graphs: 3" in bad
@@ -207,6 +210,7 @@ def test_a_graphs_difference_stock_shows_too_is_sglangs_own():
     # plugin_metrics serving what stock_graphs serves: its difference from transformers is SGLang's own
     runs["plugin_metrics"]["round1_rows"] = [_row([1, 2], 1, [1])]
     runs["stock_graphs"]["round1_rows"] = runs["plugin_metrics"]["round1_rows"] = [_row([1, 4], 1, [1])]
+    runs["stock_metrics"]["round1_rows"] = [_row([1, 4], 1, [1])]
     own = report.attributed(report.comparisons(runs, [[1, 2]]))["reference"]
     assert "plugin_metrics" in own and "stock_graphs" not in own, own
 
@@ -356,9 +360,9 @@ def test_the_timed_plan_runs_the_eager_rounds_first_then_the_graph_rounds_interl
     servers = [_stub(n, 1 if n.endswith("eager") else 3) for n in compare.ORDER]
     plan = compare.timed_plan(servers)
     assert plan[:2] == [("plugin_eager", 1), ("stock_eager", 1)]
-    assert plan[2:5] == [("plugin_graphs", 1), ("stock_graphs", 1), ("plugin_metrics", 1)]
-    assert plan[5:8] == [("stock_graphs", 2), ("plugin_metrics", 2), ("plugin_graphs", 2)]
-    assert len(plan) == 2 + 9
+    assert plan[2:6] == [("plugin_graphs", 1), ("stock_graphs", 1), ("plugin_metrics", 1), ("stock_metrics", 1)]
+    assert plan[6:10] == [("stock_graphs", 2), ("plugin_metrics", 2), ("stock_metrics", 2), ("plugin_graphs", 2)]
+    assert len(plan) == 2 + 12
     # a server asked for fewer rounds (timed repeats 0: none) keeps its place and gets only its own
     servers[1] = _stub("plugin_graphs", 0)
     assert [x for x in compare.timed_plan(servers) if x[0] == "plugin_graphs"] == []
@@ -488,7 +492,7 @@ def test_the_interleaved_schedule_end_to_end_with_stand_in_servers(tmp_path, mon
                        "--timed-repeats", "2", "--budget-s", "120", "--per-round-s", "5", "--reserve-s", "2"])
     r = json.loads((out / "gpu_sglang.json").read_text())
     sched = r["schedule"]
-    assert len(sched["plan"]) == 2 * 2 + 3 * 3 and sched["stopped_for_budget"] is None and not sched["not_released"]
+    assert len(sched["plan"]) == 2 * 2 + 4 * 3 and sched["stopped_for_budget"] is None and not sched["not_released"]
     assert [x[:2] for x in sched["released"]] == sched["plan"] and all(x[3] for x in sched["released"])
     # the servers' own clocks: the timed rounds ran one at a time, in the plan's order
     served = sorted((t["wall"][0], t["wall"][1], n, t["round"]) for n, c in r["configs"].items() for t in c["timed"])
@@ -496,7 +500,7 @@ def test_the_interleaved_schedule_end_to_end_with_stand_in_servers(tmp_path, mon
     assert all(a[1] <= b[0] for a, b in zip(served, served[1:])), "two timed rounds overlapped"
     cfg = r["configs"]
     assert all(c["ok"] and c["rc"] == 0 for c in cfg.values()), {n: c["error"] for n, c in cfg.items()}
-    assert [len(cfg[n]["timed"]) for n in compare.ORDER] == [2, 3, 3, 3, 2]
+    assert [len(cfg[n]["timed"]) for n in compare.ORDER] == [2, 3, 3, 3, 3, 2]
     summary = json.loads((out / "runs" / "stock_graphs" / "summary.json").read_text())
     assert summary["flush_retries"] == 4, "every flush (after round 1 and each timed round) retried once"
     assert cfg["plugin_graphs"]["timed_equal_round1"]["equal"] and cfg["plugin_graphs"]["timed_equal_round1"]["n"] == 12
@@ -520,7 +524,7 @@ def test_the_interleaved_schedule_end_to_end_with_stand_in_servers(tmp_path, mon
     lines = report.summary_lines(r)
     assert "PASS plugin_metrics vs stock_graphs: outputs, verify counts, histograms (0 differences over 2 requests)" \
         in lines
-    assert any(ln.startswith("INFO timed rounds: 13 of 13 served one server at a time") for ln in lines)
+    assert any(ln.startswith("INFO timed rounds: 16 of 16 served one server at a time") for ln in lines)
     assert any(ln.startswith("INFO plugin_metrics profile ") for ln in lines)
 
 
@@ -562,7 +566,7 @@ def test_a_server_that_never_gets_through_round_1_does_not_hold_the_others(tmp_p
     assert not r["configs"]["stock_graphs"]["ok"] and "engine start: RuntimeError" in r["configs"]["stock_graphs"]["error"]
     assert [len(r["configs"][n]["timed"]) for n in ("plugin_graphs", "plugin_metrics")] == [2, 2]
     assert "stock_graphs: did not serve" in "\n".join(r["failures"])
-    assert r["speed"]["ratios"] == {}
+    assert set(r["speed"]["ratios"]) == {"plugin_metrics / plugin_graphs"}   # no stock figure to divide by
 
 
 def test_the_servers_gate_files(tmp_path):
