@@ -9,6 +9,7 @@ import math
 import os
 import re
 import time
+from typing import Optional
 
 import pytest
 import torch
@@ -57,10 +58,12 @@ def profile(pair):
 
 
 def _acceptance_window(srv, pair, name: str) -> dict:
-    """The plugin's counters over one window in which only the prompts, sent once more, were served: their
-    responses and the counters' difference."""
+    """The plugin's counters over one window in which only the profile's prompts, sent once more, were served:
+    their responses and the counters' difference."""
     before = acceptance(srv.metrics(), STEPS)
-    served = record_responses(pair, srv.url, name)
+    # the profile's own prompts, 8 at a time: live traffic drawn as the profile was (the first 8 alone accept
+    # less at position 1 than the 32 do); the recorded file holds the first PROMPTS responses
+    served = record_responses(pair, srv.url, name, pair.first_prompts(PROFILE_PROMPTS), workers=8, first=PROMPTS)
     text = srv.metrics()
     return {"served": served, "counted": minus(acceptance(text, STEPS), before), "metrics": text}
 
@@ -158,18 +161,25 @@ def miswired(pair, profile):
             "watch": watch.result()}
 
 
-def record_responses(pair, url: str, name: str) -> Served:
-    """The prompts once more through the launched server's /generate (greedy, ignore_eos, NEW_TOKENS), written as
-    serve.py writes an Engine's responses: what `doctor online` reads as a recorded --server file."""
+def record_responses(pair, url: str, name: str, prompts: Optional[str] = None, workers: int = 1,
+                     first: Optional[int] = None) -> Served:
+    """Prompts (default: the PROMPTS ones) once more through the launched server's /generate (greedy, ignore_eos,
+    NEW_TOKENS), `workers` at a time (SGLang batches concurrent requests), written as serve.py writes an Engine's
+    responses: what `doctor online` reads as a recorded --server file (the `first` rows only, when given)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     t0 = time.time()
     path = os.path.join(pair.root, f"{name}_launched.jsonl")
-    rows = []
-    for ids in json.load(open(pair.prompts)):
+
+    def one(ids):
         r = post_json(url + "/generate", {"input_ids": ids, "sampling_params": {
             "temperature": 0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}})
-        rows.append({"input_ids": ids, "output_ids": r.get("output_ids"), "meta_info": r.get("meta_info")})
+        return {"input_ids": ids, "output_ids": r.get("output_ids"), "meta_info": r.get("meta_info")}
+
+    with ThreadPoolExecutor(workers) as pool:
+        rows = list(pool.map(one, json.load(open(prompts or pair.prompts))))
     with open(path, "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in rows)
+        f.writelines(json.dumps(r) + "\n" for r in rows[:first])
     return Served(rows, path, "", time.time() - t0)
 
 
@@ -659,10 +669,17 @@ def test_the_drift_alarm_names_the_position_on_the_miswired_server(miswired, pro
     m = re.search(r"ALARM at draft position (\d+): (\d+) of (\d+) verifies", lines[0])
     position, accepted, attempts = int(m.group(1)), int(m.group(2)), int(m.group(3))
     assert position == 1, lines[0]
-    # detection delay: within twice the attempts a position that stopped accepting needs (drift.py)
-    mon = drift.DriftMonitor.from_profile(profiles.read(profile))
-    p = mon.positions[0]
-    bound = 2 * math.ceil(drift.DEFAULT_THRESHOLD / math.log((1 - p.p1) / (1 - p.p0)))
+    # detection delay: the CUSUM's expected count at the acceptance the miswired server serves at position 1
+    # (its window's counts), h / E[LLR per attempt], doubled for chance and the one-second blocks (drift.py)
+    p = drift.DriftMonitor.from_profile(profiles.read(profile)).positions[0]
+    _, att, acc = miswired["window"]["counted"]
+    r = acc[0] / att[0]
+    per_attempt = r * math.log(p.p1 / p.p0) + (1 - r) * math.log((1 - p.p1) / (1 - p.p0))
+    assert per_attempt > 0, (r, p.p0, p.p1)
+    bound = 2 * math.ceil(drift.DEFAULT_THRESHOLD / per_attempt)
+    print(f"drift alarm: position 1 after {attempts} attempts ({accepted} accepted); served acceptance {r:.3f}, "
+          f"profile {p.expected:.3f} (p0 {p.p0:.3f}, p1 {p.p1:.3f}); expected delay "
+          f"{drift.DEFAULT_THRESHOLD / per_attempt:.0f} attempts")
     assert attempts <= bound, (lines[0], bound)
     assert total(text, names.ALARMS, position=1) >= 1 and by_position(text, names.ALARM)[1] == 1.0
 
