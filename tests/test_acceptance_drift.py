@@ -16,6 +16,7 @@ from eagle3_capture.acceptance.drift import (
     Alarm, DriftMonitor, DriftSettings, false_alarms_per_hour, threshold_for, wilson_lower,
 )
 from eagle3_capture.acceptance.positions import attempts_accepted
+from acceptance_sim import simulated_verify
 
 RATES = (0.8, 0.7, 0.6)        # the profile's acceptance per position
 SAMPLE = 4000                  # the profile's verifies
@@ -32,13 +33,7 @@ def _profile_counts(rates=RATES, n=SAMPLE):
     return out
 
 
-def _verify(rates, rnd) -> int:
-    k = 0
-    for r in rates:
-        if rnd.random() >= r:
-            break
-        k += 1
-    return k
+_verify = simulated_verify
 
 
 def _block(rates, rnd, n=PER_BLOCK):

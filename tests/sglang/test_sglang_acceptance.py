@@ -22,6 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from sglang_fixtures import harness, require_sglang, sglang_plugin  # noqa: F401  (fixtures)
+from acceptance_sim import simulated_verify
 
 pytestmark = pytest.mark.sglang
 
@@ -180,15 +181,7 @@ def test_exporter_interface(sglang_plugin):
 # the alarm
 # ----------------------------------------------------------------------------------------------------------------
 
-def _verify(rates, rnd):
-    """Correct drafts of one verify whose draft at position p is accepted with probability rates[p-1] (given the
-    earlier ones were)."""
-    k = 0
-    for r in rates:
-        if rnd.random() >= r:
-            break
-        k += 1
-    return k
+_verify = simulated_verify
 
 
 def _traffic(live, rates, blocks, per_block, rnd):
