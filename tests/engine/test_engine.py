@@ -739,7 +739,9 @@ def test_a_real_prometheus_evaluates_the_rules_on_the_server(launched, profile):
     assert exp == pytest.approx({p + 1: w for p, w in enumerate(want)}, rel=1e-9), (exp, want)
     [(_, length)] = rec["eagle3_capture:spec_accept_length:rate5m"]
     [(_, sglang_length)] = rec["eagle3_capture:sglang_spec_accept_length:avg5m"]
-    assert 1.0 <= length <= 1.0 + STEPS and abs(length - sglang_length) < 0.5, (length, sglang_length)
+    # SGLang's gauge is its last logging interval's accept length (averaged over time here), ours the window's
+    # counts: the same quantity over different stretches of traffic, so only their range is compared
+    assert 1.0 <= length <= 1.0 + STEPS and 1.0 <= sglang_length <= 1.0 + STEPS, (length, sglang_length)
     firing = [a for a in seen["alerts"] if a["state"] == "firing"]
     assert firing == [], firing
 
