@@ -20,7 +20,7 @@ demo: build
 	$(PY) -m eagle3_capture selfcheck
 	$(PY) -m eagle3_capture doctor demo --out build/demo
 
-# The engine tests (SGLang's real serving loop, about 26 minutes on two cores) run after the rest; the release smoke
+# The engine tests (SGLang's real serving loop, about 32 minutes on two cores) run after the rest; the release smoke
 # (tests/engine/test_release_smoke.py) repeats test_engine's plugin-vs-stock checks on 0.5.23, so it runs only in
 # make test-sglang / test-releases, on the other releases.
 test: build gate $(VENV)/.sglang-stamp prometheus
