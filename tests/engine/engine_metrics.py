@@ -106,8 +106,11 @@ class Watch:
         import subprocess
         import sys
 
-        self.proc = subprocess.Popen([sys.executable, *self.cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True)
+        # into files, not pipes: the view is printed every interval, and a pipe nobody reads until the end fills
+        # (64 KiB) and blocks the watch mid-run
+        self._out = open(self.json + ".stdout", "w+")
+        self._err = open(self.json + ".stderr", "w+")
+        self.proc = subprocess.Popen([sys.executable, *self.cmd], stdout=self._out, stderr=self._err, text=True)
         return self
 
     def __exit__(self, *exc):
@@ -118,12 +121,21 @@ class Watch:
             time.sleep(3.0)  # one more refresh after the last request
             self.proc.send_signal(signal.SIGTERM)
         try:
-            self.out, self.err = self.proc.communicate(timeout=60)
+            self.proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            self.out, self.err = self.proc.communicate()
+            self.proc.wait()
         self.code = self.proc.returncode
+        self.out, self.err = (self._read(f) for f in (self._out, self._err))
         return False
+
+    @staticmethod
+    def _read(f) -> str:
+        f.flush()
+        f.seek(0)
+        text = f.read()
+        f.close()
+        return text
 
     def result(self) -> dict:
         return {"code": self.code, "out": self.out, "err": self.err, "plot": self.plot, "json": self.json}
