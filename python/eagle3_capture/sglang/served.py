@@ -78,7 +78,8 @@ def runner_forward_hook(original, self, forward_batch, *args, **kwargs):
     """AROUND ``ModelRunner.forward``: the self-test on the served target forwards it is due on (the first that
     captures every row, then periodically and after a weight update: selftest.due() counts them), and the capture
     dump (with the doctor's stream) when it is switched on."""
-    test = not getattr(self, "is_draft_worker", False) and selftest.due() and switches.enabled(switches.SELFTEST)
+    test = (not getattr(self, "is_draft_worker", False) and switches.enabled(switches.SELFTEST)
+            and selftest.due())  # due() counts the forward: only where the self-test is on
     dumping = dump.wants(forward_batch)
     if not (test or dumping):
         return original(self, forward_batch, *args, **kwargs)
