@@ -30,9 +30,25 @@ def short(path: str) -> str:
     return ".".join(path.split(".")[-2:])
 
 
+# `eagle3-capture info` with sgl_kernel importable where the release needs it to import its scheduler (0.5.12): a GPU
+# server always has sglang-kernel, so the table says what the plugin finds and hooks there (the import-only
+# stand-in of e3_sglang_cpu.sgl_kernel_standin, as the model-level tests and the release smoke use)
+INFO_AS_A_GPU_SERVER_SEES_IT = """
+import atexit, runpy, shutil, sys, tempfile
+from e3_sglang_cpu import sgl_kernel_standin
+if sgl_kernel_standin.needed():
+    d = sgl_kernel_standin.make_folder(tempfile.mkdtemp(prefix="e3-sgl-kernel-standin-"))
+    atexit.register(shutil.rmtree, d, True)
+    sys.path.append(d)
+sys.argv = ["eagle3-capture", "info"]
+runpy.run_module("eagle3_capture", run_name="__main__")
+"""
+
+
 def summary(version: str, folder: str) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (folder, os.path.join(REPO, "python")) if p))
-    out = subprocess.run([sys.executable, "-W", "ignore", "-m", "eagle3_capture", "info"], env=env,
+    paths = (folder, os.path.join(REPO, "python"), os.path.join(REPO, "tests", "sglang_cpu_plugin"))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p))
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c", INFO_AS_A_GPU_SERVER_SEES_IT], env=env,
                          capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
         raise SystemExit(f"plugin_releases_table.py: eagle3-capture info failed on SGLang {version}:\n"

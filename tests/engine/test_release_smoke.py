@@ -18,7 +18,6 @@ to the pair's directory.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import os
 import re
@@ -27,6 +26,7 @@ from typing import List, Optional
 
 import pytest
 
+from e3_sglang_cpu import sgl_kernel_standin
 from engine_fixtures import CHAIN, REPO, LaunchedServer, doctor, flags_text, pair, post_json  # noqa: F401
 
 pytestmark = [pytest.mark.engine, pytest.mark.sglang, pytest.mark.slow]
@@ -35,7 +35,6 @@ SMOKE_PROMPTS = 4       # a few prompts, one batched /generate: each server cost
 SMOKE_NEW_TOKENS = 16
 # the demo draft's trained taps [Embedding, LayerOutput(0), LayerOutput(3)] as layer-input indices
 TRAINED_LAYER_INPUTS = [0, 1, 4]
-STANDINS = os.path.join(REPO, "tests", "gpu_sglang", "standins")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -86,23 +85,6 @@ def stock_draft_ids() -> tuple:
                          f"{stock_layer_inputs([-1, 0, 3])}")
 
 
-def needs_sgl_kernel_standin() -> bool:
-    """The release's serving path imports sgl_kernel whatever the device and none is installed: importing
-    ``srt/mem_cache/memory_pool_host.py`` (reached from ``entrypoints/http_server.py`` through the scheduler) fails
-    on ``sgl_kernel`` (0.5.12: ``from sgl_kernel.kvcacheio import ...`` unless NPU/XPU/MPS; 0.5.23 guards it)."""
-    import importlib
-
-    if importlib.util.find_spec("sgl_kernel") is not None:
-        return False
-    try:
-        importlib.import_module("sglang.srt.mem_cache.memory_pool_host")
-    except ModuleNotFoundError as e:
-        if (e.name or "").split(".")[0] == "sgl_kernel":
-            return True
-        raise
-    return False
-
-
 def server_flags() -> List[str]:
     """Flags the release needs beside LaunchedServer's: 0.5.12 turns on its piecewise CUDA graph for prefill by
     default (``model_executor/piecewise_cuda_graph_runner.py`` then asks ``torch.cpu`` for a graph pool handle)."""
@@ -125,15 +107,8 @@ class Release:
 def release(pair) -> Release:
     ids, inputs, note = stock_draft_ids()
     extra = None
-    if needs_sgl_kernel_standin():
-        # only sgl_kernel (and the stub machinery it imports), not the GPU kit's IPython stand-in, which would
-        # shadow the installed IPython
-        extra = os.path.join(pair.root, "sgl_kernel_standin")
-        os.makedirs(extra, exist_ok=True)
-        for name in ("sgl_kernel", "e3_standin_stubs.py"):
-            link = os.path.join(extra, name)
-            if not os.path.lexists(link):
-                os.symlink(os.path.join(STANDINS, name), link)
+    if sgl_kernel_standin.needed():
+        extra = sgl_kernel_standin.make_folder(os.path.join(pair.root, "sgl_kernel_standin"))
     return Release(sglang_version(), ids, inputs, note, server_flags(), extra)
 
 

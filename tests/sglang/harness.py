@@ -72,38 +72,21 @@ def setup_process(world_size: int = 1, rank: int = 0, port: Optional[int] = None
     _SETUP_DONE = True
 
 
-STANDINS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gpu_sglang", "standins")
-
-
 def _sgl_kernel_import_standin() -> None:
-    """Where the release imports sgl_kernel whatever the device and none is installed, make it importable.
-
-    0.5.12's mem_cache/memory_pool_host.py runs `from sgl_kernel.kvcacheio import ...` unless NPU/XPU/MPS (0.5.14 on
-    guard it), and it is reached from speculative/eagle_worker_v2.py through managers/scheduler.py: on a CPU host
-    without sglang-kernel, those modules (which the plugin hooks) cannot even be imported, as they can on every GPU
-    server. The import-only stand-in of tests/gpu_sglang/standins (every name resolves, calling one raises; nothing
-    on the tested paths calls one) goes last on sys.path, alone (not the GPU kit's other stand-ins), as the
-    serving smoke does for the same release (docs/sglang_cpu_releases.md)."""
-    import importlib
-    import importlib.util
-    import sys
-
-    if importlib.util.find_spec("sgl_kernel") is not None:
-        return
-    try:
-        importlib.import_module("sglang.srt.mem_cache.memory_pool_host")
-        return
-    except ModuleNotFoundError as e:
-        if (e.name or "").split(".")[0] != "sgl_kernel":
-            return  # another missing module: not this helper's business (the tests that need it will say)
+    """Where the release imports sgl_kernel whatever the device and none is installed, make it importable with the
+    import-only stand-in (e3_sglang_cpu.sgl_kernel_standin), last on sys.path, as the serving smoke does."""
     import atexit
+    import importlib
     import shutil
+    import sys
     import tempfile
 
-    d = tempfile.mkdtemp(prefix="e3-sgl-kernel-standin-")
+    from e3_sglang_cpu import sgl_kernel_standin
+
+    if not sgl_kernel_standin.needed():
+        return
+    d = sgl_kernel_standin.make_folder(tempfile.mkdtemp(prefix="e3-sgl-kernel-standin-"))
     atexit.register(shutil.rmtree, d, True)
-    for name in ("sgl_kernel", "e3_standin_stubs.py"):
-        os.symlink(os.path.join(STANDINS, name), os.path.join(d, name))
     sys.path.append(d)
     importlib.invalidate_caches()
 
