@@ -44,6 +44,32 @@ def init_draft_from_target(arch: DraftArch, target, seed: int) -> Eagle3Draft:
     return draft
 
 
+IGNORE = -100  # a label the loss skips: a target token outside the draft's vocabulary, or one the source left unknown
+
+
+def label_map(draft: Eagle3Draft) -> Optional[torch.Tensor]:
+    """Target id -> draft id for a draft with a reduced vocabulary (SpecForge's d2t: draft id i proposes target id
+    i + d2t[i]); IGNORE for target ids it cannot propose. None when the draft's vocabulary is the target's."""
+    d2t = draft.d2t
+    n, V = d2t.numel(), draft.arch.vocab_size
+    if n == V and not bool((d2t != 0).any()):
+        return None
+    target_ids = torch.arange(n, device=d2t.device) + d2t
+    if int(target_ids.min()) < 0 or int(target_ids.max()) >= V or target_ids.unique().numel() != n:
+        raise ValueError(f"the draft's d2t maps its {n} ids onto target ids outside [0, {V}) or onto one id twice")
+    out = torch.full((V,), IGNORE, dtype=torch.int64, device=d2t.device)
+    out[target_ids] = torch.arange(n, device=d2t.device)
+    return out
+
+
+def draft_labels(labels: torch.Tensor, to_draft: Optional[torch.Tensor]) -> torch.Tensor:
+    """Target-id labels as the draft's lm_head indexes them; unknown labels (< 0) become IGNORE."""
+    known = labels >= 0
+    if to_draft is not None:
+        labels = to_draft[labels.clamp(min=0)]
+    return torch.where(known, labels, torch.full_like(labels, IGNORE))
+
+
 def step_losses(draft: Eagle3Draft, taps: torch.Tensor, seq: torch.Tensor, greedy: torch.Tensor, steps: int,
                 use_op: bool = False) -> List[torch.Tensor]:
     """Per-step logits for anchors 0..T-steps-1 of a batch: taps [B, T, K*H], seq [B, T] tokens, greedy [B, T]."""
@@ -54,16 +80,16 @@ def step_losses(draft: Eagle3Draft, taps: torch.Tensor, seq: torch.Tensor, greed
 def train_draft(draft: Eagle3Draft, taps: torch.Tensor, seq: torch.Tensor, greedy: torch.Tensor,
                 cfg: TrainConfig, progress: Optional[Callable[[int, float], None]] = None) -> dict:
     """Train on taps [N, T, K*H], sequences [N, T], target greedy tokens [N, T] (the label of step j at anchor t is
-    greedy[t + j]). Returns a small log (loss curve, iterations run, seconds)."""
+    greedy[t + j]; a negative label, a token the source does not know, is skipped). A draft with a reduced
+    vocabulary (d2t) learns the target tokens it can propose; the others are skipped. Returns a small log (loss
+    curve, iterations run, seconds)."""
     gen = torch.Generator().manual_seed(cfg.seed)
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=cfg.iters, pct_start=0.1)
     N, T = seq.shape
     S = cfg.steps
-    d2t = draft.d2t
-    if bool((d2t != 0).any()):
-        raise ValueError("training with a reduced draft vocabulary is not supported here")
+    to_draft = label_map(draft)
     losses = []
     t0 = time.perf_counter()
     draft.train()
@@ -73,9 +99,13 @@ def train_draft(draft: Eagle3Draft, taps: torch.Tensor, seq: torch.Tensor, greed
         logits = step_losses(draft, taps[idx], seq[idx], greedy[idx], S)
         loss = 0.0
         for j, lg in enumerate(logits, start=1):
-            labels = greedy[idx][:, j: j + T - S]
+            labels = draft_labels(greedy[idx][:, j: j + T - S], to_draft)
+            if not bool((labels != IGNORE).any()):
+                continue  # nothing the draft can learn at this step of this batch (a mean over none is NaN)
             loss = loss + (cfg.step_decay ** (j - 1)) * F.cross_entropy(lg.reshape(-1, lg.shape[-1]),
-                                                                         labels.reshape(-1))
+                                                                         labels.reshape(-1), ignore_index=IGNORE)
+        if not torch.is_tensor(loss):
+            continue
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -88,8 +118,11 @@ def train_draft(draft: Eagle3Draft, taps: torch.Tensor, seq: torch.Tensor, greed
         if cfg.time_limit_s is not None and time.perf_counter() - t0 > cfg.time_limit_s:
             break
     draft.eval()
+    if not losses:
+        raise ValueError("no label the draft can learn: every target token of the data is outside its vocabulary "
+                         "(d2t) or unknown")
     return {"iters": it + 1, "seconds": time.perf_counter() - t0, "loss_first": losses[0], "loss_last": losses[-1],
             "loss_curve": losses[:: max(1, len(losses) // 50)]}
 
 
-__all__ = ["TrainConfig", "init_draft_from_target", "train_draft", "step_losses"]
+__all__ = ["TrainConfig", "init_draft_from_target", "train_draft", "step_losses", "label_map", "draft_labels", "IGNORE"]
