@@ -26,6 +26,9 @@ forward (a capture wired wrong at run time, for the plugin's self-test to find);
 (N >= 1) moves it at the N-th served target forward (``ModelRunner.forward`` of the target's runner) instead, so that
 the start-up self-test passes and a re-check while serving fails.
 
+``E3_SGLANG_RESHAPE_TARGET=<gain>[:<seed>]`` (reshape.py, on a GPU too, without the stand-ins): a dummy-weight
+target gets weights whose layers differ, right after its load.
+
 A test witness, changing nothing: ``E3_SGLANG_CPU_RECORD_DRAFT=<dir>`` saves what the EAGLE-3 Llama draft was fed
 (``spec_info.hidden_states``, the packed target slots before its fc) at each draft forward that takes them, so a
 test can compare the plugin's dump with what the served draft really got.
@@ -138,9 +141,16 @@ def init_model_parallel_group_hook(original, *args, **kwargs):
 
 
 def register() -> None:
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from .reshape import ENV as RESHAPE_ENV
+
+    if os.environ.get(RESHAPE_ENV):  # GPU runs too (reshape.py): independent of the CPU stand-ins
+        from .reshape import register_reshape
+
+        register_reshape(HookRegistry, HookType)
     if os.environ.get(ENV) != "1":
         return
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     stub_vllm()
     HookRegistry.register("sglang.srt.layers.rotary_embedding.factory.get_rope_cpu", get_rope_cpu_hook,
