@@ -134,6 +134,7 @@ class Server:
                     "--mem-fraction", str(mem_fraction)]
         if cfg.get("metrics"):
             self.cmd.append("--enable-metrics")
+        self.cmd += [str(x) for x in cfg.get("serve_args", ())]  # serve_gpu.py's other options (the Kimi run's)
         if gated and self.rounds:
             self.cmd.append("--gated")
         self.device = device

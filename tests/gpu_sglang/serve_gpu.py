@@ -4,7 +4,8 @@ an Engine owns scheduler and detokenizer processes, and SGLang's ``load_plugins(
 
     python tests/gpu_sglang/serve_gpu.py --target DIR --draft DIR --prompts prompts.json --out-dir DIR \
         [--cuda-graph on|off] [--steps 3 --topk 1 --draft-tokens 4] [--new-tokens 16] [--timed-repeats 4] \
-        [--timed-rounds 1] [--gated] [--enable-metrics]
+        [--timed-rounds 1] [--gated] [--enable-metrics] [--dtype float32|bfloat16] [--load-format auto|dummy]
+        [--draft-load-format auto|dummy] [--timed-batches 1,16]
 
 Round 1 serves every prompt once (its responses are what the comparisons read, and a first round pays the Triton /
 JIT compiles). Then ``--timed-rounds`` R timed rounds, each serving the prompts ``--timed-repeats`` times over
@@ -38,11 +39,15 @@ def engine_kwargs(a) -> dict:
     kw = dict(
         model_path=a.target, speculative_algorithm="EAGLE3", speculative_draft_model_path=a.draft,
         speculative_num_steps=a.steps, speculative_eagle_topk=a.topk, speculative_num_draft_tokens=a.draft_tokens,
-        device=a.device, dtype="float32", tp_size=1, attention_backend="triton", skip_tokenizer_init=True,
+        device=a.device, dtype=a.dtype, tp_size=1, attention_backend="triton", skip_tokenizer_init=True,
         mem_fraction_static=a.mem_fraction, max_total_tokens=a.max_total_tokens, chunked_prefill_size=512,
         max_running_requests=a.max_running, context_length=a.context_length, log_level="info",
         disable_cuda_graph=(a.cuda_graph == "off"), enable_metrics=bool(getattr(a, "enable_metrics", False)),
     )
+    if a.load_format != "auto":
+        kw["load_format"] = a.load_format
+    if a.draft_load_format is not None:
+        kw["speculative_draft_load_format"] = a.draft_load_format
     if a.cuda_graph == "on":
         # fewer captured sizes than SGLang's defaults (24 decode, 30 prefill) to keep the start short; every size
         # runs the same capture code
@@ -154,6 +159,9 @@ def timed_rounds(engine, prompts, params, a, gate: Gate, summary: dict) -> None:
     """Rounds 2..R+1: each after a radix-cache flush, released by the gate, timed alone. ``summary["timed"]`` gets
     one entry per round served; ``summary["round2"]`` is the first (as before there were several)."""
     timed = prompts * a.timed_repeats
+    # (batch size, requests): a last group smaller than its batch size still counts for that size
+    groups = ([(b, timed[i:i + b]) for b in a.timed_batches for i in range(0, len(timed), b)] if a.timed_batches
+              else [(len(timed), timed)])
     summary["timed"] = []
     flush(engine, summary)
     gate.ready()
@@ -164,12 +172,24 @@ def timed_rounds(engine, prompts, params, a, gate: Gate, summary: dict) -> None:
             return
         waited = round(time.time() - t_wait, 2)
         w0, t0 = time.time(), time.perf_counter()
-        outs = engine.generate(input_ids=timed, sampling_params=params)
+        outs, per_batch = [], {}
+        for size, g in groups:
+            g0 = time.perf_counter()
+            got = engine.generate(input_ids=g, sampling_params=params)
+            b = per_batch.setdefault(str(size), {"tokens": 0, "seconds": 0.0})
+            b["tokens"] += _tokens(got)
+            b["seconds"] += time.perf_counter() - g0
+            outs += got
         t1, w1 = time.perf_counter(), time.time()
-        _write_jsonl(os.path.join(a.out_dir, f"round{r + 1}.jsonl"), timed, outs)
+        served = [x for _, g in groups for x in g]
+        _write_jsonl(os.path.join(a.out_dir, f"round{r + 1}.jsonl"), served, outs)
         tok = _tokens(outs)
-        entry = {"round": r, "requests": len(timed), "tokens": tok, "seconds": round(t1 - t0, 4),
+        entry = {"round": r, "requests": len(served), "tokens": tok, "seconds": round(t1 - t0, 4),
                  "tokens_per_s": round(tok / (t1 - t0), 1), "waited_s": waited, "wall": [w0, w1]}
+        if a.timed_batches:
+            entry["per_batch"] = {k: {"tokens": v["tokens"], "seconds": round(v["seconds"], 4),
+                                      "tokens_per_s": round(v["tokens"] / v["seconds"], 1)}
+                                  for k, v in per_batch.items()}
         summary["timed"].append(entry)
         summary["windows"][f"round{r + 1}"] = [w0, w1]
         if r == 1:
@@ -220,6 +240,14 @@ def main(argv=None, make_engine=None) -> int:
     p.add_argument("--context-length", type=int, default=56)
     p.add_argument("--max-total-tokens", type=int, default=8192)
     p.add_argument("--mem-fraction", type=float, default=0.2)
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--load-format", choices=("auto", "dummy"), default="auto",
+                   help="dummy: SGLang's random weights (the target needs only config.json)")
+    p.add_argument("--draft-load-format", choices=("auto", "dummy"), default=None,
+                   help="the draft's (default: --load-format's); auto reads the draft's weights, d2t included")
+    p.add_argument("--timed-batches", type=_int_list, default=None,
+                   help="each timed round serves the prompts in groups of each of these sizes, one generate() per "
+                        "group (tokens/s per batch size); default: all prompts x --timed-repeats at once")
     p.add_argument("--enable-metrics", action="store_true",
                    help="SGLang's Prometheus metrics on (enable_metrics=True); read into metrics.prom at the end")
     p.add_argument("--gated", action="store_true",
@@ -243,7 +271,7 @@ def main(argv=None, make_engine=None) -> int:
 
     os.makedirs(a.out_dir, exist_ok=True)
     summary = {"argv": sys.argv[1:] if argv is None else list(argv), "cuda_graph": a.cuda_graph, "pid": os.getpid(),
-               "env": {k: v for k, v in os.environ.items() if k.startswith(("EAGLE3_CAPTURE", "SGLANG_", "TORCH"))}}
+               "env": {k: v for k, v in os.environ.items() if k.startswith(("EAGLE3_CAPTURE", "SGLANG_", "TORCH", "E3_"))}}
     spath = os.path.join(a.out_dir, "summary.json")
 
     def finish(code: int) -> int:

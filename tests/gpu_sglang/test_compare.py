@@ -262,7 +262,8 @@ def test_stock_ids_and_the_stock_draft(tmp_path):
 def _ns(**kw):
     base = dict(target="t", draft="d", steps=3, topk=1, draft_tokens=4, device="cuda", mem_fraction=0.2,
                 max_total_tokens=8192, max_running=16, context_length=56, cuda_graph="on",
-                decode_bs=[1, 2, 4, 8, 12, 16, 24, 32], prefill_bs=[64, 512])
+                decode_bs=[1, 2, 4, 8, 12, 16, 24, 32], prefill_bs=[64, 512], dtype="float32", load_format="auto",
+                draft_load_format=None)
     base.update(kw)
     return argparse.Namespace(**base)
 
@@ -272,8 +273,12 @@ def test_engine_kwargs_graphs_on_and_off():
     assert on["disable_cuda_graph"] is False and on["device"] == "cuda" and on["dtype"] == "float32"
     assert on["cuda_graph_bs_decode"] == [1, 2, 4, 8, 12, 16] and on["cuda_graph_bs_prefill"] == [64, 512]
     assert (on["speculative_num_steps"], on["speculative_eagle_topk"], on["speculative_num_draft_tokens"]) == (3, 1, 4)
+    assert "load_format" not in on and "speculative_draft_load_format" not in on
     off = serve_gpu.engine_kwargs(_ns(cuda_graph="off"))
     assert off["disable_cuda_graph"] is True and "cuda_graph_bs_decode" not in off
+    # the real-width run (kimi_compare.py): bf16, SGLang's dummy target, the draft's weights (and d2t) from disk
+    kimi = serve_gpu.engine_kwargs(_ns(dtype="bfloat16", load_format="dummy", draft_load_format="auto"))
+    assert (kimi["dtype"], kimi["load_format"], kimi["speculative_draft_load_format"]) == ("bfloat16", "dummy", "auto")
     with pytest.raises(ValueError, match="needs --device cuda"):
         serve_gpu.engine_kwargs(_ns(device="cpu"))
     with pytest.raises(argparse.ArgumentTypeError):
