@@ -188,3 +188,23 @@ def test_check_warns_when_the_pipelines_read_the_ids_differently(tmp_path):
         code, text, err = cli("doctor", "check", "--target-config", KIMI, "--draft-config", p)
         assert "ids-convention-unknown" not in text, (ids, extra)
     assert os.path.isdir(CONFIGS)
+
+
+def test_a_slot_bit_equal_to_several_layers_is_ambiguous_not_exact():
+    """SGLang's dummy weights in bf16: each layer's update is below bf16's rounding step, so the stream holds the same
+    rows at several layer inputs. A slot equal to them bit for bit names none of them (the matcher once called the
+    lowest 'exact', a wrong layer on a stream that cannot tell them apart); one equal to a single entry is exact."""
+    from eagle3_capture.doctor.fingerprint.stream_match import StreamMatcher
+
+    g = torch.Generator().manual_seed(3)
+    moving = torch.cumsum(torch.randn(5, 12, 16, generator=g), 0)     # layer inputs 0..4, all different
+    still = moving.clone()
+    still[2] = still[1]
+    still[3] = still[1]                                                # inputs 1, 2, 3: the same rows
+    for stream, want in ((moving, [(2, "exact", True), (4, "exact", True)]),
+                         (still, [(1, "ambiguous", False), (4, "exact", True)])):
+        m = StreamMatcher(2, 16)
+        m.add(stream[[2, 4]].permute(1, 0, 2).reshape(12, -1), stream, list(range(5)))
+        got = m.matches()
+        assert [(x.best, x.verdict, x.exact) for x in got] == want
+    assert got[0].second in (2, 3) and got[0].second_cos == pytest.approx(1.0)

@@ -10,7 +10,8 @@ unless it beats the next best by more than two captures of the *same* tap differ
 the pair is known (``1 - cos`` of the best match, if the best is the same tap: the best cannot be closer to the
 slot than the slot's own tap's other capture is); a match is
 
-* ``exact``: equal bit for bit (the same capture, e.g. a served slot and the stream of the same forward);
+* ``exact``: equal bit for bit (the same capture, e.g. a served slot and the stream of the same forward) to that
+  entry alone; equal to several (a stream that does not change between them) is ``ambiguous``;
 * ``clear``: margin (best - next best) larger than ``NOISE_FACTOR`` x that noise, and the best wins on at least
   ``MIN_ROW_WINS`` of the rows one by one;
 * ``ambiguous``: otherwise -- the report says so instead of naming a layer;
@@ -168,8 +169,14 @@ class StreamMatcher:
             if second is not None:  # row by row, over the rows both entries could be compared on
                 both = ok[best] & ok[second]
                 wins = float((cos[best][both] > cos[second][both]).double().mean()) if bool(both.any()) else 0.0
-            exact = self.equal[(k, best)]
-            if exact:
+            # bit for bit names a layer only when no other entry is also bit-equal: a stream that does not move
+            # from one layer to the next (SGLang's dummy weights in bf16) holds the slot at several layer inputs
+            twins = [li for li in usable if li != best and self.equal[(k, li)]]
+            exact = self.equal[(k, best)] and not twins
+            if self.equal[(k, best)] and twins:
+                verdict = "ambiguous"
+                second, sc = twins[0], mean[twins[0]]
+            elif exact:
                 verdict = "exact"
             elif mean[best] < min_cos:
                 verdict = "none"
