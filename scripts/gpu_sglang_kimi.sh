@@ -17,7 +17,7 @@
 # $OUT/summary.txt (PASS / FAIL lines), $OUT/logs.tar.gz (server logs and the runs' files, weights left out).
 # The target has EXPERTS routed experts (default 4: 44 GB in bf16, so two servers fit side by side and their timed
 # rounds alternate; top-2 either way). Environment: OUT (default /tmp/e3out), BUDGET_S (default 560), PHASE,
-# ROUNDS (3), EXPERTS (4), GAIN (0.5: kimi_shape's projection gain), WHEELS.
+# ROUNDS (3), EXPERTS (4), GAIN (0.3: kimi_shape's projection gain), WHEELS.
 set -euo pipefail
 source "$(dirname "$0")/device_env.sh"
 no_arguments_but_help "$@"
@@ -27,7 +27,7 @@ case "$PHASE" in llama|mla|eager|dump|accept) ;; *)
 BUDGET_S=${BUDGET_S:-560}
 ROUNDS=${ROUNDS:-3}
 EXPERTS=${EXPERTS:-4}
-GAIN=${GAIN:-0.5}
+GAIN=${GAIN:-0.3}
 start_run "${OUT:-/tmp/e3out}"
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 WHEELS=${WHEELS:-.whl}

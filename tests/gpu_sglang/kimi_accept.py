@@ -1,7 +1,7 @@
 """A draft that accepts, at Kimi-K2.5's width: trained on the server's own dump, then online = offline against
 that server (test-only, tests/gpu_sglang).
 
-    python tests/gpu_sglang/kimi_accept.py --out DIR [--experts 4] [--gain 0.5] [--prompts 32] [--new-tokens 32]
+    python tests/gpu_sglang/kimi_accept.py --out DIR [--experts 4] [--gain 0.3] [--prompts 32] [--new-tokens 32]
         [--train-iters 300] [--budget-s 560] [--device cuda|cpu] [--small] [--result PATH] [--command TEXT]
 
 1. **Collect.** ``python -m sglang.launch_server`` serves the Kimi-shaped target (kimi_compare.py's, reshaped at
@@ -38,7 +38,7 @@ sys.path.insert(0, HERE)
 
 import kimi_shape  # noqa: E402
 from compare import CPU_DRY_RUN_ENV, child_env, machine  # noqa: E402
-from kimi_compare import RESHAPE_ENV, draft_arch, draft_ids, prompts, target_of, write_draft  # noqa: E402
+from kimi_compare import GAIN, RESHAPE_ENV, draft_arch, draft_ids, prompts, target_of, write_draft  # noqa: E402
 from make_pair import CHAIN  # noqa: E402
 
 DUMP_ENV = {"EAGLE3_CAPTURE_DUMP_MAX": "100000", "EAGLE3_CAPTURE_DUMP_REQUESTS": "100000",
@@ -194,7 +194,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True)
     p.add_argument("--experts", type=int, default=4)
-    p.add_argument("--gain", type=float, default=0.5)
+    p.add_argument("--gain", type=float, default=GAIN, help="kimi_shape's projection gain for the target")
     p.add_argument("--prompts", type=int, default=32, help="served and teacher-forced for training")
     p.add_argument("--held-out", type=int, default=8, help="prompts for doctor online (not trained on)")
     p.add_argument("--prompt-len", type=int, default=32)
