@@ -2,7 +2,7 @@
 # At Kimi-K2.5's width on ONE H200 (kind nvidia-h200): SGLang 0.5.23's real serving loop (sglang.Engine and
 # launch_server) with a 61-layer, 7168-wide MLA target in bf16 (SGLang's dummy weights, reshaped at load so that its
 # layers differ: tests/gpu_sglang/kimi_shape.py), one phase per device call, each under the 10-minute call:
-#   usage: PHASE=llama|mla|eager|dump|accept bash scripts/gpu_sglang_kimi.sh [--help]
+#   usage: PHASE=llama|mla|eager|dump|accept|miswired bash scripts/gpu_sglang_kimi.sh [--help]
 #   llama   plugin against stock, Llama EAGLE-3 draft (draft vocab 32000, a d2t map), CUDA graphs on, ROUNDS
 #           interleaved timed rounds at batch 1 and 16 (tests/gpu_sglang/kimi_compare.py)
 #   mla     the same with the MLA draft (Eagle3DeepseekV2ForCausalLM, kimi-k2.5-eagle3-mla)
@@ -10,6 +10,7 @@
 #   dump    the plugin with its capture dump on (declared taps, the doctor's requests' full stream) against off
 #   accept  a Llama draft trained on the server's own dump, then doctor online against a server serving it:
 #           predicted = served (tests/gpu_sglang/kimi_accept.py)
+#   miswired  a server serving the draft's taps one layer later: doctor online exits 1 and names each slot
 # Needs SGLang and its light deps as wheels in $WHEELS (default .whl; scripts/fetch_device_wheels.sh, carried).
 # Each phase: install the wheels into /tmp/e3site, build the extension for the GPU (kept between calls on a warm
 # machine), install the test-only SGLang plugin (tests/sglang_cpu_plugin: only its reshape hook acts on a GPU), run.
@@ -22,8 +23,9 @@ set -euo pipefail
 source "$(dirname "$0")/device_env.sh"
 no_arguments_but_help "$@"
 PHASE=${PHASE:-}
-case "$PHASE" in llama|mla|eager|dump|accept) ;; *)
-  echo "gpu_sglang_kimi.sh: PHASE must be one of llama, mla, eager, dump, accept; got '${PHASE}'" >&2; exit 2 ;; esac
+case "$PHASE" in llama|mla|eager|dump|accept|miswired) ;; *)
+  echo "gpu_sglang_kimi.sh: PHASE must be one of llama, mla, eager, dump, accept, miswired; got '${PHASE}'" >&2
+  exit 2 ;; esac
 BUDGET_S=${BUDGET_S:-560}
 ROUNDS=${ROUNDS:-3}
 EXPERTS=${EXPERTS:-4}
@@ -61,13 +63,16 @@ case "$PHASE" in
   dump) python3 tests/gpu_sglang/kimi_compare.py "${common[@]}" --draft llama --rounds "$ROUNDS" --against dump \
           || rc=$? ;;
   accept) python3 tests/gpu_sglang/kimi_accept.py "${common[@]}" || rc=$? ;;
+  miswired) python3 tests/gpu_sglang/kimi_accept.py "${common[@]}" --miswired || rc=$? ;;
 esac
 if [ -f "$LOGS/kimi_$PHASE.json" ]; then
   python3 - "$LOGS/kimi_$PHASE.json" "$rc" <<'EOF' | tee -a "$SUMMARY"
 import json, sys
 r = json.load(open(sys.argv[1]))
 word = "PASS" if r.get("ok") and sys.argv[2] == "0" else "FAIL"
-figures = {k: r.get(k) for k in ("accept_length", "ratios", "dump", "online_equals_offline") if r.get(k) is not None}
+figures = {k: r.get(k) for k in ("accept_length", "ratios", "dump", "online_equals_offline", "miswired")
+           if r.get(k) is not None}
+figures.get("miswired", {}).pop("text", None)
 print(f"{word} phase: {json.dumps(figures)[:1500]}; failures {r.get('failures')}")
 EOF
 else

@@ -160,10 +160,19 @@ def serve_engine(pair: Pair, name: str, draft: str, flags=CHAIN, env: Optional[D
     return Served([] if error else lines, out, log, time.time() - t0, error, text, second)
 
 
+# launch_server's HTTP port: one the kernel hands out, below 55536 -- SGLang 0.5.12 derives its gRPC port as the
+# HTTP port + 10000 and refuses to start when that passes 65535 (a port the kernel picks can be up to 60999)
+MAX_HTTP_PORT = 65535 - 10000
+
+
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port <= MAX_HTTP_PORT:
+            return port
+    raise RuntimeError(f"no free port <= {MAX_HTTP_PORT} in 200 tries")
 
 
 class LaunchedServer:

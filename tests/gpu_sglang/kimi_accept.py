@@ -2,7 +2,8 @@
 that server (test-only, tests/gpu_sglang).
 
     python tests/gpu_sglang/kimi_accept.py --out DIR [--experts 4] [--gain 0.3] [--prompts 32] [--new-tokens 32]
-        [--train-iters 300] [--budget-s 560] [--device cuda|cpu] [--small] [--result PATH] [--command TEXT]
+        [--train-iters 300] [--budget-s 560] [--device cuda|cpu] [--small] [--layers N] [--miswired]
+        [--result PATH] [--command TEXT]
 
 1. **Collect.** ``python -m sglang.launch_server`` serves the Kimi-shaped target (kimi_compare.py's, reshaped at
    load) with the plugin, its full-stream dump on for the doctor's requests and an untrained Llama draft; the
@@ -15,6 +16,10 @@ that server (test-only, tests/gpu_sglang).
 3. **Online = offline.** A second server with the trained draft (and its dump); ``eagle3-capture doctor online
    --server URL --draft D --dump DIR`` serves the held-out prompts, predicts every verify from the dump, and says
    whether predicted = served (accept length, per-prompt verify counts and histograms).
+
+``--miswired`` instead serves the untrained draft with every id one layer later and gives the doctor the draft as
+written: ``doctor online`` must exit 1 and its fingerprint name each served slot as the next layer, bit for bit
+from the full stream of the same forwards (the miswire a one-off convention slip makes, at 61 layers).
 
 Writes DIR/kimi_accept.json (machine, torch, command, the figures of every step, the doctor's JSON) and exits 0
 when the trained draft accepts (accept length > 1.5) and the doctor's prediction equals what the server served.
@@ -46,9 +51,14 @@ DUMP_ENV = {"EAGLE3_CAPTURE_DUMP_MAX": "100000", "EAGLE3_CAPTURE_DUMP_REQUESTS":
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below 55536 (older SGLang releases take the HTTP port + 10000 as their gRPC port)."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port <= 55535:
+            return port
+    raise RuntimeError("no free port below 55536 in 200 tries")
 
 
 class Server:
@@ -205,6 +215,9 @@ def main(argv=None) -> int:
     p.add_argument("--small", action="store_true", help="kimi_shape.SMALL widths (a dry run)")
     p.add_argument("--layers", type=int, default=None, help="override the target's 61 layers (a dry run: >= 8)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--miswired", action="store_true",
+                   help="instead: a server whose draft declares every tap one layer later than the draft the doctor "
+                        "is given; doctor online must exit 1 and name each served slot's layer")
     p.add_argument("--result", default=None)
     p.add_argument("--command", default=None)
     a = p.parse_args(argv)
@@ -243,8 +256,10 @@ def main(argv=None) -> int:
         print(json.dumps({k: result.get(k) for k in ("ok", "failures", "seconds")}), flush=True)
         return 0 if ok else 1
 
-    # 1. collect
     untrained = write_draft("llama", cfg, os.path.join(a.out, "draft_untrained"), device=a.device)["path"]
+    if a.miswired:
+        return finish(*miswired(a, cfg, target, untrained, held_path, context, base_env, left, result))
+    # 1. collect
     dump1 = os.path.join(a.out, "dump_collect")
     from eagle3_capture.doctor.target.server_side import ServerTarget
     from eagle3_capture.doctor.target.side import layer_inputs
@@ -302,6 +317,48 @@ def main(argv=None) -> int:
     if not result["online_equals_offline"]["counts_equal"]:
         failures.append(f"predicted != served: {j.get('verdict')}")
     return finish(not failures, failures)
+
+
+def miswired(a, cfg: dict, target: str, draft: str, held_path: str, context: int, base_env: dict, left,
+             result: dict):
+    """The fingerprint at depth: the server serves the draft with every id one layer later (LayerOutput(k + 1)),
+    the doctor is given the draft as trained; the online check must fail (exit 1) and name each served slot as
+    the layer after the declared one, bit for bit from the full stream of the same forwards. (ok, failures)."""
+    ids = draft_ids(cfg["num_hidden_layers"])
+    later = os.path.join(a.out, "draft_one_layer_later")
+    os.makedirs(later, exist_ok=True)
+    with open(os.path.join(draft, "config.json")) as f:
+        dcfg = json.load(f)
+    dcfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [i + 1 for i in ids]
+    with open(os.path.join(later, "config.json"), "w") as f:
+        json.dump(dcfg, f, indent=1)
+    link = os.path.join(later, "model.safetensors")
+    if not os.path.lexists(link):
+        os.symlink(os.path.join(draft, "model.safetensors"), link)
+    dump = os.path.join(a.out, "dump_miswired")
+    try:
+        with Server("miswired", target, later, a.out, {**base_env, "EAGLE3_CAPTURE_DUMP": dump, **DUMP_ENV},
+                    a.device, context, a.mem_fraction, max(60.0, left() - 60)) as srv:
+            online = doctor_online(srv.url, held_path, draft, dump, a.new_tokens, a.device,
+                                   os.path.join(a.out, "online_miswired.json"))
+            online["server_start_s"] = srv.start_s
+    except Exception as e:
+        return False, [f"miswired: {type(e).__name__}: {e}"[:2000]]
+    fp = ((online["json"] or {}).get("fingerprint") or {}).get("slots") or []
+    slots = [{k: s.get(k) for k in ("verdict", "best", "expected", "margin", "ok")} for s in fp]
+    result["what"] = "a server serving its draft's taps one layer later: doctor online names each slot"
+    result["miswired"] = {"code": online["code"], "seconds": online["seconds"], "peak": online["peak"],
+                          "slots": slots, "verdict": (online["json"] or {}).get("verdict"), "text": online["text"]}
+    want = [(i + 2, i + 1) for i in ids]  # layer inputs: served LayerOutput(k + 1) = k + 2, declared k + 1
+    failures = []
+    if online["code"] != 1:
+        failures.append(f"doctor online exited {online['code']} on the miswired server, expected 1: "
+                        f"{online['err'][-400:]}")
+    got = [(s.get("best"), s.get("expected")) for s in fp]
+    if got != want or any(s.get("verdict") != "exact" for s in fp):
+        failures.append(f"the fingerprint named (served, declared) layer inputs {got} with verdicts "
+                        f"{[s.get('verdict') for s in fp]}, expected {want}, each exact")
+    return not failures, failures
 
 
 def online_figure(report: Optional[dict], which: str) -> Optional[float]:
