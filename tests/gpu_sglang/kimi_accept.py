@@ -136,7 +136,8 @@ def hot_tokens(seqs: List[List[int]], n: int, vocab: int) -> "object":
     return torch.tensor(sorted(ids), dtype=torch.int64)
 
 
-def trained_draft(cfg: dict, taps, seq, greedy, iters: int, device: str, out: str, seed: int = 0) -> dict:
+def trained_draft(cfg: dict, gain: float, taps, seq, greedy, iters: int, device: str, out: str,
+                  seed: int = 0) -> dict:
     """Step 2: the draft built, initialised from the target's embedding and lm_head, trained, saved (bf16)."""
     import torch
 
@@ -147,10 +148,10 @@ def trained_draft(cfg: dict, taps, seq, greedy, iters: int, device: str, out: st
     arch = draft_arch("llama", cfg, draft_ids(cfg["num_hidden_layers"]))
     torch.manual_seed(seed)
     draft = Eagle3Draft(arch).to(device)
-    first, last = next(kimi_shape.layer_batches(cfg, 1.0, 0, torch.float32, device, batches=[0])), None
-    last = next(kimi_shape.layer_batches(cfg, 1.0, 0, torch.float32, device,
-                                         batches=[cfg["num_hidden_layers"] + 1]))
-    embed, head = dict(first)["model.embed_tokens.weight"], dict(last)["lm_head.weight"]
+    # the target's embedding (batch 0) and lm_head (the last batch), as the reshape hook gave them to the server
+    ends = dict(t for batch in kimi_shape.layer_batches(cfg, gain, 0, torch.float32, device,
+                                                         batches=[0, cfg["num_hidden_layers"] + 1]) for t in batch)
+    embed, head = ends["model.embed_tokens.weight"], ends["lm_head.weight"]
     hot = hot_tokens(seq.tolist() + greedy.clamp(min=0).tolist(), arch.draft_vocab_size, arch.vocab_size).to(device)
     with torch.no_grad():
         draft.embed_tokens.weight.copy_(embed)
@@ -282,7 +283,7 @@ def main(argv=None) -> int:
         return finish(False, [f"collect: {type(e).__name__}: {e}"[:2000]])
     # 2. train
     try:
-        draft = trained_draft(cfg, batch.taps, batch.seq, batch.greedy, a.train_iters, a.device,
+        draft = trained_draft(cfg, a.gain, batch.taps, batch.seq, batch.greedy, a.train_iters, a.device,
                               os.path.join(a.out, "draft_trained"))
         result["train"] = draft
     except Exception as e:

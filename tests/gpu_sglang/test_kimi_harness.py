@@ -116,3 +116,28 @@ def test_timed_batches_time_each_batch_size_and_serve_every_prompt_in_each(tmp_p
         assert one["tokens_per_s"] > 0 and two["tokens_per_s"] > 0
     rows = [json.loads(ln) for ln in (out / "round2.jsonl").read_text().splitlines()]
     assert [r["input_ids"] for r in rows] == [[5, 6], [7, 8], [9, 10]] * 2
+
+
+def test_the_trained_draft_starts_from_the_servers_own_embedding_and_lm_head(tmp_path):
+    """kimi_accept's draft takes the target's embedding and lm_head rows exactly as the reshape hook gave them to the
+    server (the same gain and seed), learns, and saves a d2t over the most frequent tokens."""
+    from safetensors.torch import load_file
+
+    cfg, gain = small(), 0.3
+    ids = kimi_compare.draft_ids(8)
+    H, n, T = cfg["hidden_size"], 4, 12
+    g = torch.Generator().manual_seed(4)
+    seq = torch.randint(0, 50, (n, T), generator=g)
+    greedy = torch.roll(seq, -1, 1)
+    greedy[:, 0] = -1
+    d = kimi_accept.trained_draft(cfg, gain, torch.randn(n, T, len(ids) * H, generator=g), seq, greedy, 5, "cpu",
+                                  str(tmp_path / "d"))
+    state = load_file(os.path.join(d["path"], "model.safetensors"))
+    ends = dict(t for b in kimi_shape.layer_batches(cfg, gain, 0, torch.float32, batches=[0, 9]) for t in b)
+    hot = torch.arange(state["d2t"].numel()) + state["d2t"]
+    assert torch.equal(state["embed_tokens.weight"], ends["model.embed_tokens.weight"])
+    assert set(seq.flatten().tolist()) <= set(hot.tolist())
+    assert d["train"]["iters"] == 5 and d["labels_in_the_hot_set"] == 1.0
+    # lm_head rows moved in training from the server's rows of the hot tokens: close, not equal, at lr 2e-3 x 5 steps
+    start = ends["lm_head.weight"][hot]
+    assert torch.allclose(state["lm_head.weight"], start, atol=0.05) and not torch.equal(state["lm_head.weight"], start)
