@@ -34,12 +34,9 @@ def short(path: str) -> str:
 # server always has sglang-kernel, so the table says what the plugin finds and hooks there (the import-only
 # stand-in of e3_sglang_cpu.sgl_kernel_standin, as the model-level tests and the release smoke use)
 INFO_AS_A_GPU_SERVER_SEES_IT = """
-import atexit, runpy, shutil, sys, tempfile
+import runpy, sys
 from e3_sglang_cpu import sgl_kernel_standin
-if sgl_kernel_standin.needed():
-    d = sgl_kernel_standin.make_folder(tempfile.mkdtemp(prefix="e3-sgl-kernel-standin-"))
-    atexit.register(shutil.rmtree, d, True)
-    sys.path.append(d)
+sgl_kernel_standin.install()
 sys.argv = ["eagle3-capture", "info"]
 runpy.run_module("eagle3_capture", run_name="__main__")
 """

@@ -8,9 +8,10 @@ side by side, CUDA graphs on, bf16, timed rounds interleaved at batch 1 and batc
 
 The target: kimi_shape.target_config (61 layers x 7168, MLA, yarn, vocab 163840, `--experts` routed top-2 + one
 shared), SGLang's dummy weights reshaped at load (kimi_shape.py says why), identical on both servers
-(``E3_SGLANG_RESHAPE_TARGET``: the test-only plugin's load hook, tests/sglang_cpu_plugin/e3_sglang_cpu/reshape.py). With 4 experts the target is 44 GB in bf16, so the plugin and stock servers fit on one
-H200 together and their timed rounds can alternate (plugin, stock; stock, plugin; ...); a top-2 step reads two
-routed experts at batch 1 whatever their number, so the batch-1 step costs what it would with more experts.
+(``E3_SGLANG_RESHAPE_TARGET``: the test-only plugin's load hook, tests/sglang_cpu_plugin/e3_sglang_cpu/
+reshape.py). With 4 experts the target is 44 GB in bf16, so the plugin and stock servers fit on one H200
+together and their timed rounds can alternate (plugin, stock; stock, plugin; ...); a top-2 step reads two routed
+experts at batch 1 whatever their number, so the batch-1 step costs what it would with more experts.
 
 The drafts (weights written here, read from disk: `speculative_draft_load_format=auto`, so the d2t map is loaded):
 * llama: ``LlamaForCausalLMEagle3`` at width 7168, 64 heads (8 KV), MLP 18432, draft vocab 32000 with a d2t
@@ -22,10 +23,10 @@ what the stock server's copy of the draft declares; :func:`draft_ids` at a dry r
 ``--against dump`` serves the plugin with its capture dump on (EAGLE3_CAPTURE_DUMP, every forward's declared taps,
 the doctor's requests' full stream) beside the plugin without it: the dump's cost, and its bytes per served token.
 
-Writes DIR/kimi_<draft>_graphs-<on|off>_vs-<stock|dump>.json: machine, torch, command, per server the start, memory lines, the plugin's startup and
-self-test lines, tokens/s per timed round and batch size; the two servers' outputs, verify counts and histograms
-compared, and plugin / the other per round pair at each batch size (median, min, max). Exit 0 when both served
-the same.
+Writes DIR/kimi_<draft>_graphs-<on|off>_vs-<stock|dump>.json: machine, torch, command, per server the start,
+memory lines, the plugin's startup and self-test lines, tokens/s per timed round and batch size; the two servers'
+outputs, verify counts and histograms compared, and plugin / the other per round pair at each batch size (median,
+min, max). Exit 0 when both served the same.
 """
 from __future__ import annotations
 

@@ -87,16 +87,15 @@ def _layer_shapes(cfg: dict, i: int) -> Dict[str, Tuple[int, ...]]:
         p + "self_attn.o_proj.weight": (H, nh * cfg["v_head_dim"]),
     }
     if i < cfg["first_k_dense_replace"]:
-        mlps, width = [p + "mlp."], cfg["intermediate_size"]
+        mlps = {p + "mlp.": cfg["intermediate_size"]}                # MLP prefix -> its width
     else:
-        E, width = cfg["n_routed_experts"], cfg["moe_intermediate_size"]
+        E = cfg["n_routed_experts"]
         s[p + "mlp.gate.weight"] = (E, H)
         s[p + "mlp.gate.e_score_correction_bias"] = (E,)
-        mlps = [p + f"mlp.experts.{e}." for e in range(E)]
-        mlps += [p + "mlp.shared_experts."] if cfg["n_shared_experts"] else []
-        width_shared = cfg["moe_intermediate_size"] * cfg["n_shared_experts"]
-    for m in mlps:
-        w = width_shared if m.endswith("shared_experts.") else width
+        mlps = {p + f"mlp.experts.{e}.": cfg["moe_intermediate_size"] for e in range(E)}
+        if cfg["n_shared_experts"]:
+            mlps[p + "mlp.shared_experts."] = cfg["moe_intermediate_size"] * cfg["n_shared_experts"]
+    for m, w in mlps.items():
         s.update({m + "gate_proj.weight": (w, H), m + "up_proj.weight": (w, H), m + "down_proj.weight": (H, w)})
     return s
 

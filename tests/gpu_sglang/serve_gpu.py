@@ -271,7 +271,8 @@ def main(argv=None, make_engine=None) -> int:
 
     os.makedirs(a.out_dir, exist_ok=True)
     summary = {"argv": sys.argv[1:] if argv is None else list(argv), "cuda_graph": a.cuda_graph, "pid": os.getpid(),
-               "env": {k: v for k, v in os.environ.items() if k.startswith(("EAGLE3_CAPTURE", "SGLANG_", "TORCH", "E3_"))}}
+               "env": {k: v for k, v in os.environ.items()
+                       if k.startswith(("EAGLE3_CAPTURE", "SGLANG_", "TORCH", "E3_"))}}
     spath = os.path.join(a.out_dir, "summary.json")
 
     def finish(code: int) -> int:

@@ -75,20 +75,9 @@ def setup_process(world_size: int = 1, rank: int = 0, port: Optional[int] = None
 def _sgl_kernel_import_standin() -> None:
     """Where the release imports sgl_kernel whatever the device and none is installed, make it importable with the
     import-only stand-in (e3_sglang_cpu.sgl_kernel_standin), last on sys.path, as the serving smoke does."""
-    import atexit
-    import importlib
-    import shutil
-    import sys
-    import tempfile
-
     from e3_sglang_cpu import sgl_kernel_standin
 
-    if not sgl_kernel_standin.needed():
-        return
-    d = sgl_kernel_standin.make_folder(tempfile.mkdtemp(prefix="e3-sgl-kernel-standin-"))
-    atexit.register(shutil.rmtree, d, True)
-    sys.path.append(d)
-    importlib.invalidate_caches()
+    sgl_kernel_standin.install()
 
 
 def _server_args(ServerArgs, world_size: int):

@@ -59,7 +59,7 @@ def reshape_model(model, gain: float, seed: int) -> dict:
             model.load_weights(batch)
             tensors += len(batch)
             batches += 1
-            del batch
+            del batch  # before the next batch is made: one layer's tensors alive at a time, not two
     if weight.device.type == "cuda":
         torch.cuda.synchronize()
     return {"gain": gain, "seed": seed, "batches": batches, "tensors": tensors, "seconds": round(time.time() - t0, 2)}

@@ -40,3 +40,18 @@ def make_folder(folder: str) -> str:
         if not os.path.lexists(link):
             os.symlink(os.path.join(STANDINS, name), link)
     return folder
+
+
+def install() -> None:
+    """Where :func:`needed`, the stand-in in a temporary folder (removed at exit), last on sys.path."""
+    import atexit
+    import shutil
+    import sys
+    import tempfile
+
+    if not needed():
+        return
+    d = make_folder(tempfile.mkdtemp(prefix="e3-sgl-kernel-standin-"))
+    atexit.register(shutil.rmtree, d, True)
+    sys.path.append(d)
+    importlib.invalidate_caches()

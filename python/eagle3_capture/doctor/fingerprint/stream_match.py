@@ -174,8 +174,7 @@ class StreamMatcher:
             twins = [li for li in usable if li != best and self.equal[(k, li)]]
             exact = self.equal[(k, best)] and not twins
             if self.equal[(k, best)] and twins:
-                verdict = "ambiguous"
-                second, sc = twins[0], mean[twins[0]]
+                verdict = "ambiguous"  # the twins' cosines equal best's, so `second` (the next in order) is one
             elif exact:
                 verdict = "exact"
             elif mean[best] < min_cos:
