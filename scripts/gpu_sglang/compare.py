@@ -86,9 +86,13 @@ CPU_DRY_RUN_ENV = {"E3_SGLANG_CPU_STANDINS": "1", "TRITON_INTERPRET": "1", "TORC
 # On the GPU machine (torch 2.11): the sglang-kernel version check off (stand-ins), SGLang's own Python radix-tree
 # core instead of its Rust one (mem_cache.*.so links torch 2.14's libtorch through tch and panics on torch 2.11 at
 # the first cache insert: "Rust TreeCore panicked: ... UnknownKind(31)"), and fewer inductor compile workers per
-# server (servers start side by side).
+# server (servers start side by side). flashinfer is not on the machine; releases up to 0.5.12 import
+# flashinfer.sampling unguarded on CUDA, so a stand-in provides that one module (scripts/gpu_sglang/standins), and
+# SGLANG_IS_FLASHINFER_AVAILABLE=false keeps SGLang from taking that stand-in for flashinfer anywhere else; likewise
+# deep_gemm (imported unguarded by 0.5.20) and SGLANG_ENABLE_JIT_DEEPGEMM=false.
 CUDA_ENV = {"SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK": "1", "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND": "python",
-            "TORCHINDUCTOR_COMPILE_THREADS": "4"}
+            "TORCHINDUCTOR_COMPILE_THREADS": "4", "SGLANG_IS_FLASHINFER_AVAILABLE": "false",
+            "SGLANG_ENABLE_JIT_DEEPGEMM": "false"}
 
 
 def config_graph(name: str) -> str:

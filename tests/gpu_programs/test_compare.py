@@ -270,18 +270,24 @@ def _ns(**kw):
 
 
 def test_engine_kwargs_graphs_on_and_off():
-    on = serve_gpu.engine_kwargs(_ns())
+    on = serve_gpu.engine_kwargs(_ns(), fields={"cuda_graph_bs_decode", "cuda_graph_bs_prefill", "dtype"})
     assert on["disable_cuda_graph"] is False and on["device"] == "cuda" and on["dtype"] == "float32"
     assert on["cuda_graph_bs_decode"] == [1, 2, 4, 8, 12, 16] and on["cuda_graph_bs_prefill"] == [64, 512]
     assert (on["speculative_num_steps"], on["speculative_eagle_topk"], on["speculative_num_draft_tokens"]) == (3, 1, 4)
     assert "load_format" not in on and "speculative_draft_load_format" not in on
+    # a release with one list of decode sizes (0.5.12's ServerArgs) gets it, and no prefill sizes
+    one = serve_gpu.engine_kwargs(_ns(), fields={"cuda_graph_bs", "dtype"})
+    assert one["cuda_graph_bs"] == [1, 2, 4, 8, 12, 16] and "cuda_graph_bs_prefill" not in one
     off = serve_gpu.engine_kwargs(_ns(cuda_graph="off"))
-    assert off["disable_cuda_graph"] is True and "cuda_graph_bs_decode" not in off
+    assert off["disable_cuda_graph"] is True and "cuda_graph_bs_decode" not in off and "cuda_graph_bs" not in off
     # the real-width run (kimi_compare.py): bf16, SGLang's dummy target, the draft's weights (and d2t) from disk
-    kimi = serve_gpu.engine_kwargs(_ns(dtype="bfloat16", load_format="dummy", draft_load_format="auto"))
+    kimi = serve_gpu.engine_kwargs(_ns(dtype="bfloat16", load_format="dummy", draft_load_format="auto"),
+                                  fields={"cuda_graph_bs_decode"})
     assert (kimi["dtype"], kimi["load_format"], kimi["speculative_draft_load_format"]) == ("bfloat16", "dummy", "auto")
     with pytest.raises(ValueError, match="needs --device cuda"):
         serve_gpu.engine_kwargs(_ns(device="cpu"))
+    with pytest.raises(ValueError, match="accepts none of"):  # graphs asked of a release with no size option
+        serve_gpu.engine_kwargs(_ns(), fields={"dtype"})
     with pytest.raises(argparse.ArgumentTypeError):
         serve_gpu._int_list("1,x")
 

@@ -301,9 +301,53 @@ def is_arch_support_pdl() -> bool:
     return torch.cuda.get_device_capability(torch.cuda.current_device())[0] >= 9
 
 
+def moe_fused_gate(input_tensor: torch.Tensor, bias: torch.Tensor, num_expert_group: int, topk_group: int, topk: int,
+                   num_fused_shared_experts: int = 0, routed_scaling_factor: float = 1.0,
+                   apply_routed_scaling_factor_on_output: bool = False):
+    """DeepSeek's biased grouped top-k (SGLang 0.5.12 calls it on CUDA for a sigmoid router whose experts are a power
+    of two, at most 32 per group): sigmoid scores, choice = score + bias, the groups with the largest sum of their
+    two best choices, the top-k choices among those groups; weights are the chosen experts' scores renormalised to
+    sum 1 (x routed_scaling_factor when apply_routed_scaling_factor_on_output). Returns (weights float32 [T, topk],
+    ids int32 [T, topk]). A fused shared expert (only for 256-expert checkpoints) is not stood in for."""
+    _need_tensor("input_tensor", input_tensor, 2, floating=True)
+    _need_tensor("bias", bias, 1, floating=True)
+    T, E = input_tensor.shape
+    if num_fused_shared_experts:
+        raise NotImplementedError("moe_fused_gate stand-in: num_fused_shared_experts > 0 (SGLang fuses a shared expert "
+                                  "only for 256 routed experts) is not implemented")
+    if bias.numel() != E or E % num_expert_group or not 1 <= topk_group <= num_expert_group or not 1 <= topk <= E:
+        raise ValueError(f"moe_fused_gate: {E} experts, bias {tuple(bias.shape)}, {num_expert_group} groups, "
+                         f"topk_group {topk_group}, topk {topk}")
+    scores = input_tensor.float().sigmoid()
+    choice = scores + bias.float()[None]
+    per = E // num_expert_group
+    group = choice.view(T, num_expert_group, per).topk(min(2, per), dim=-1)[0].sum(-1)
+    keep = torch.zeros_like(group, dtype=torch.bool).scatter_(1, group.topk(topk_group, dim=-1)[1], True)
+    choice = choice.masked_fill(~keep[:, :, None].expand(T, num_expert_group, per).reshape(T, E), float("-inf"))
+    ids = choice.topk(topk, dim=-1)[1]
+    w = scores.gather(1, ids)
+    w = w / w.sum(-1, keepdim=True)
+    if apply_routed_scaling_factor_on_output:
+        w = w * routed_scaling_factor
+    return w.float(), ids.to(torch.int32)
+
+
+def fast_topk(values: torch.Tensor, topk: int, dim: int):
+    """(values, indices) of the top-k along dim; k = 1 as a max with the dim kept (SGLang's own torch fallback)."""
+    if topk == 1:
+        return torch.max(values, dim=dim, keepdim=True)
+    return torch.topk(values, topk, dim=dim)
+
+
 # the functions the stand-in package exports by name
 EXPORTS = ("rmsnorm", "fused_add_rmsnorm", "gemma_rmsnorm", "gemma_fused_add_rmsnorm", "silu_and_mul", "gelu_and_mul",
            "gelu_tanh_and_mul", "moe_sum_reduce", "moe_align_block_size", "top_k_renorm_prob", "top_p_renorm_prob",
-           "top_k_renorm_probs", "top_p_renorm_probs", "weak_ref_tensor")
+           "top_k_renorm_probs", "top_p_renorm_probs", "weak_ref_tensor", "moe_fused_gate", "fast_topk")
+
+# torch ops sgl_kernel registers that SGLang names at import time (0.5.12's topk.py registers a fake for
+# sgl_kernel::moe_fused_gate on CUDA, which needs the op to exist): their schemas and the implementations above
+OPS = {"moe_fused_gate": "(Tensor input_tensor, Tensor bias, int num_expert_group, int topk_group, int topk, "
+                         "int num_fused_shared_experts=0, float routed_scaling_factor=0, "
+                         "bool apply_routed_scaling_factor_on_output=False) -> Tensor[]"}
 
 __all__ = list(EXPORTS)
