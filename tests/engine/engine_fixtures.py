@@ -1,7 +1,7 @@
 """Fixtures of the engine tests: SGLang 0.5.23's real serving loop (``sglang.Engine`` and
 ``python -m sglang.launch_server``) running EAGLE-3 on the CPU for the demo pair, once per configuration.
 
-(Not a conftest.py, for the reason given in tests/sglang/sglang_fixtures.py.)
+(Not a conftest.py, for the reason given in tests/plugin/sglang_fixtures.py.)
 
 - The pair is the fast demo's tiny DeepseekV3 target and the draft trained on it (taps [Embedding, LayerOutput(0),
   LayerOutput(3)] = draft ids [-1, 0, 3]), trained once per test process.
@@ -30,7 +30,6 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, os.path.join(REPO, "tests", "doctor"))
 
 from doctor_helpers import demo_fast  # noqa: E402
 
