@@ -1,10 +1,10 @@
 """SGLang 0.5.23's real serving loop at Kimi-K2.5's width on one GPU: this project's plugin against stock SGLang,
-side by side, CUDA graphs on, bf16, timed rounds interleaved at batch 1 and batch 16 (test-only, tests/gpu_sglang).
+side by side, CUDA graphs on, bf16, timed rounds interleaved at batch 1 and batch 16 (scripts/gpu_sglang).
 
-    python tests/gpu_sglang/kimi_compare.py --out DIR --draft llama|mla [--experts 4] [--rounds 3] [--budget-s 540]
+    python scripts/gpu_sglang/kimi_compare.py --out DIR --draft llama|mla [--experts 4] [--rounds 3] [--budget-s 540]
         [--prompts 16] [--new-tokens 48] [--gain 0.3] [--result PATH] [--command TEXT]
         [--cuda-graph on|off] [--against stock|dump]
-    python tests/gpu_sglang/kimi_compare.py --out DIR --draft llama --small --layers 8 --device cpu   (a dry run)
+    python scripts/gpu_sglang/kimi_compare.py --out DIR --draft llama --small --layers 8 --device cpu   (a dry run)
 
 The target: kimi_shape.target_config (61 layers x 7168, MLA, yarn, vocab 163840, `--experts` routed top-2 + one
 shared), SGLang's dummy weights reshaped at load (kimi_shape.py says why), identical on both servers

@@ -1,4 +1,4 @@
-"""The torch stand-ins for sgl_kernel (tests/gpu_sglang/standins/sgl_kernel/native.py) against float64 references
+"""The torch stand-ins for sgl_kernel (scripts/gpu_sglang/standins/sgl_kernel/native.py) against float64 references
 written here, fuzzed with hypothesis, on the CPU and (marked `cuda`) on a GPU, where each is also captured in a
 CUDA graph and replayed with new inputs. A wrong stand-in would make the GPU serving comparison meaningless, so
 each keeps sgl_kernel's convention: argument order, in-place outputs, untouched bytes where the kernel writes none.
@@ -18,8 +18,9 @@ from hypothesis import strategies as st
 from conftest import DEVICES, fuzz_examples
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+PROGRAMS = os.path.join(os.path.dirname(os.path.dirname(HERE)), "scripts", "gpu_sglang")  # the GPU programs
 _spec = importlib.util.spec_from_file_location("e3_sgl_kernel_native",
-                                               os.path.join(HERE, "standins", "sgl_kernel", "native.py"))
+                                               os.path.join(PROGRAMS, "standins", "sgl_kernel", "native.py"))
 nat = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(nat)
 

@@ -1,6 +1,6 @@
 """serve_gpu.py with a stand-in for ``sglang.Engine`` (test-only): the same rounds, gate files, summary and metrics
 snapshot, without SGLang, so compare.py's side-by-side schedule runs end to end on the CPU in seconds
-(tests/gpu_sglang/test_compare.py sets compare.SERVE to this file).
+(tests/gpu_programs/test_compare.py sets compare.SERVE to this file).
 
 The stand-in answers every prompt with a continuation that depends only on the prompt (greedy-like: the same each
 round), one verify per 2 tokens and a fixed histogram of correct drafts, and takes ``FAKE_ENGINE_ROUND_S`` seconds
@@ -20,6 +20,7 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+PROGRAMS = os.path.join(os.path.dirname(os.path.dirname(HERE)), "scripts", "gpu_sglang")  # the GPU programs
 HISTOGRAM = [1, 0, 2, 1]  # per response: 4 verifies accepting 0, 2, 2 and 3 drafts
 
 
@@ -82,7 +83,7 @@ class FakeEngine:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, HERE)
+    sys.path.insert(0, PROGRAMS)
     import serve_gpu
 
     sys.exit(serve_gpu.main(sys.argv[1:], make_engine=FakeEngine))

@@ -1,4 +1,4 @@
-"""A Kimi-K2.5-shaped target for SGLang's real serving loop (test-only, tests/gpu_sglang): its config, the shapes
+"""A Kimi-K2.5-shaped target for SGLang's real serving loop (scripts/gpu_sglang): its config, the shapes
 of its checkpoint, and weights whose layers differ, loaded through the model's own ``load_weights``.
 
 **The config.** Kimi-K2.5's language model as SGLang serves it (``DeepseekV3ForCausalLM``): 61 layers, hidden 7168,
@@ -20,14 +20,14 @@ server and rank). The test-only plugin (``E3_SGLANG_RESHAPE_TARGET``, tests/sgla
 reshape.py) hands each batch to the target's ``load_weights`` right after SGLang loads it, before CUDA graphs are
 captured: the function SGLang's checkpoint loader and its update-weights API call (DeepseekV2's fuses ``q_a_proj``
 with ``kv_a_proj_with_mqa`` within one call and re-derives the absorbed MLA weights of the layers whose
-``kv_b_proj`` came). tests/gpu_sglang/test_kimi_shape.py checks every parameter against the batches, and the model
+``kv_b_proj`` came). tests/gpu_programs/test_kimi_shape.py checks every parameter against the batches, and the model
 against transformers' on the same checkpoint.
 
 (Engine.update_weights_from_tensor after the start was tried first: on SGLang 0.5.23 the update reaches the
 draft's runner too, whose ``load_weights`` asserts on the target's vocabulary and takes the server down, even with
 ``begin_weight_update(selector="target")``.)
 
-    python tests/gpu_sglang/kimi_shape.py --out DIR [--experts 8 --topk 2] [--small]   (writes DIR/config.json)
+    python scripts/gpu_sglang/kimi_shape.py --out DIR [--experts 8 --topk 2] [--small]   (writes DIR/config.json)
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """SGLang 0.5.23's real serving loop on one GPU, CUDA graphs on against off, with this project's plugin and
-without it (test-only, tests/gpu_sglang; run by scripts/gpu_sglang.sh after make_pair.py).
+without it (scripts/gpu_sglang; run by scripts/gpu_sglang.sh after make_pair.py).
 
-Serves the demo pair once per configuration (tests/gpu_sglang/serve_gpu.py, its own process each, every one
+Serves the demo pair once per configuration (scripts/gpu_sglang/serve_gpu.py, its own process each, every one
 time-boxed inside one deadline):
 
     plugin_eager    plugin on, --disable-cuda-graph, capture dump on
@@ -27,7 +27,7 @@ warm-ups), the metrics plugin_metrics exported, and tokens/s per timed round wit
 configuration and the ratios plugin_graphs / stock_graphs and plugin_metrics / stock_graphs per round (report.py).
 A configuration that fails is reported with its error and the tail of its log, and the rest still run.
 
-    python tests/gpu_sglang/compare.py --pair DIR --out DIR [--budget-s 400] [--rounds 5] [--result PATH]
+    python scripts/gpu_sglang/compare.py --pair DIR --out DIR [--budget-s 400] [--rounds 5] [--result PATH]
         [--only NAMES]
 
 Exit status: 0 when every configuration that ran served and every comparison held, 1 otherwise (the JSON says
@@ -523,7 +523,7 @@ def main(argv=None) -> int:
         "what": "SGLang 0.5.23's real serving loop (sglang.Engine, EAGLEWorkerV2) on one GPU with the demo pair "
                 "(tiny DeepseekV3 target + trained LlamaForCausalLMEagle3 draft, float32, triton attention, chain "
                 f"{CHAIN[0]}/{CHAIN[1]}/{CHAIN[2]}): CUDA graphs on vs off, plugin vs stock SGLang given ids in its "
-                "own convention; sgl_kernel / flash_mla / cutlass stood in by tests/gpu_sglang/standins",
+                "own convention; sgl_kernel / flash_mla / cutlass stood in by scripts/gpu_sglang/standins",
         "command": a.command or " ".join(sys.argv), "machine": served_on or machine(), "pair": pair,
         "prompts": len(prompts), "new_tokens": pair["new_tokens"], "timed_repeats": a.timed_repeats,
         "rounds": {"graphs": a.rounds, "eager": a.eager_rounds}, "mem_fraction": a.mem_fraction,

@@ -1,5 +1,5 @@
 """Build SGLang 0.5.23's JIT kernels (tvm-ffi + nvcc) that the tested serving path loads, in parallel, before the
-first server starts (test-only, tests/gpu_sglang; scripts/gpu_sglang.sh runs it beside the extension build).
+first server starts (scripts/gpu_sglang; scripts/gpu_sglang.sh runs it beside the extension build).
 
 A server compiles each at its first use, one after another; built here side by side, they land in SGLang's own
 JIT cache (same sources, flags and build key), so the servers load them. It is also the check that they build on
@@ -7,7 +7,7 @@ this machine at all: a failure is reported with the compiler's message. The list
 for a float32 DeepseekV3 target (MLA rope head 8) + Llama EAGLE-3 draft (4 KV heads x 16) with the triton
 backend; a kernel missing from it is simply compiled later by the server.
 
-    python tests/gpu_sglang/jit_warmup.py [--workers 6]
+    python scripts/gpu_sglang/jit_warmup.py [--workers 6]
 
 Prints one line per kernel (seconds or error) and a JSON summary; exit status 0 when every one built.
 """

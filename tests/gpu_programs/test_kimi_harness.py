@@ -1,4 +1,4 @@
-"""The real-width GPU harness's own logic, on the CPU (tests/gpu_sglang/kimi_compare.py, kimi_accept.py): the drafts
+"""The real-width GPU harness's own logic, on the CPU (scripts/gpu_sglang/kimi_compare.py, kimi_accept.py): the drafts
 it writes load in the doctor with the d2t map intact, the stock copy carries stock's ids, the taps at any depth, the
 hot-token choice, the per-round-pair ratios, and the reshape setting's parsing (e3_sglang_cpu/reshape.py). The
 serving itself: `kimi_compare.py --small --layers 8 --device cpu` and scripts/gpu_sglang_kimi.sh."""
@@ -10,7 +10,8 @@ import pytest
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+PROGRAMS = os.path.join(os.path.dirname(os.path.dirname(HERE)), "scripts", "gpu_sglang")  # the GPU programs
+sys.path.insert(0, PROGRAMS)
 
 import kimi_accept  # noqa: E402
 import kimi_compare  # noqa: E402

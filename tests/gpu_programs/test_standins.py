@@ -1,4 +1,4 @@
-"""The import-side stand-ins (tests/gpu_sglang/standins): how their names behave, and that SGLang 0.5.23's modules
+"""The import-side stand-ins (scripts/gpu_sglang/standins): how their names behave, and that SGLang 0.5.23's modules
 on the CUDA serving path import with them (import_check.py, CUDA pretended). Each runs in a fresh interpreter:
 ``sgl_kernel`` in this process's modules would change the branches SGLang takes in the CPU tests."""
 import json
@@ -10,7 +10,8 @@ import textwrap
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-STANDINS = os.path.join(HERE, "standins")
+PROGRAMS = os.path.join(os.path.dirname(os.path.dirname(HERE)), "scripts", "gpu_sglang")  # the GPU programs
+STANDINS = os.path.join(PROGRAMS, "standins")
 
 
 def _run(code: str, timeout: int = 120):
@@ -77,7 +78,7 @@ def test_a_real_submodule_file_wins_over_the_finder():
 def test_sglang_cuda_path_imports_with_the_stand_ins():
     """Every `if _is_cuda:` import block on the serving path, answered by the stand-ins, calling none of the
     import-only names (what failed before: sglang/utils.py's IPython import, the version check, the finder)."""
-    p = subprocess.run([sys.executable, os.path.join(HERE, "import_check.py")], capture_output=True, text=True,
+    p = subprocess.run([sys.executable, os.path.join(PROGRAMS, "import_check.py")], capture_output=True, text=True,
                        timeout=900)
     report = json.loads(p.stdout[p.stdout.index("{"):])
     bad = {m: v for m, v in report["modules"].items() if v != "ok"}

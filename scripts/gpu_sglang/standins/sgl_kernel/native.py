@@ -1,13 +1,13 @@
 """Test-only torch implementations of the sgl_kernel functions that SGLang 0.5.23 calls on the CUDA path of a
 tiny DeepseekV3 target + LlamaForCausalLMEagle3 draft with ``--attention-backend triton`` (read in its source;
-tests/gpu_sglang/README.md lists the call sites). sglang-kernel (CUDA only, built for torch 2.14.1) cannot be
+scripts/gpu_sglang/README.md lists the call sites). sglang-kernel (CUDA only, built for torch 2.14.1) cannot be
 installed on the GPU machine, so these stand in for it there; they are never part of eagle3-capture.
 
 Each function keeps sgl_kernel's calling convention: argument order, in-place outputs (``fused_add_rmsnorm``
 writes ``input`` and ``residual``, ``moe_sum_reduce`` and ``moe_align_block_size`` write their output
 arguments), return values, and the float32 arithmetic of its CUDA kernel for 16/32-bit inputs. Every one runs
 without a host synchronisation and at fixed shapes, so SGLang can capture it in a CUDA graph (checked by
-tests/gpu_sglang/test_native.py on CUDA when there is a GPU). Torch only: no import of SGLang or of the package.
+tests/gpu_programs/test_native.py on CUDA when there is a GPU). Torch only: no import of SGLang or of the package.
 """
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """Serve prompts through SGLang 0.5.23's real ``sglang.Engine`` (EAGLE-3) on one CUDA GPU, CUDA graphs on or off,
-and record each response and the timings. Test-only (tests/gpu_sglang; run by compare.py, one process per server:
+and record each response and the timings. (scripts/gpu_sglang; run by compare.py, one process per server:
 an Engine owns scheduler and detokenizer processes, and SGLang's ``load_plugins()`` runs once per process).
 
-    python tests/gpu_sglang/serve_gpu.py --target DIR --draft DIR --prompts prompts.json --out-dir DIR \
+    python scripts/gpu_sglang/serve_gpu.py --target DIR --draft DIR --prompts prompts.json --out-dir DIR \
         [--cuda-graph on|off] [--steps 3 --topk 1 --draft-tokens 4] [--new-tokens 16] [--timed-repeats 4] \
         [--timed-rounds 1] [--gated] [--enable-metrics] [--dtype float32|bfloat16] [--load-format auto|dummy]
         [--draft-load-format auto|dummy] [--timed-batches 1,16]
@@ -18,7 +18,7 @@ timed round, server info), or on a failure ``summary.json`` with ``"error"`` and
 ``--enable-metrics`` SGLang exports its Prometheus metrics (and this project's plugin its acceptance counts); the
 server reads them from SGLang's multiprocess directory after the last round into ``metrics.prom`` and the summary's
 ``metrics``. The caller's environment chooses what loads: this project's plugin (``EAGLE3_CAPTURE_DISABLE``,
-``EAGLE3_CAPTURE_DUMP``, ``EAGLE3_CAPTURE_PROFILE``), and the compiled-package stand-ins (tests/gpu_sglang/standins
+``EAGLE3_CAPTURE_DUMP``, ``EAGLE3_CAPTURE_PROFILE``), and the compiled-package stand-ins (scripts/gpu_sglang/standins
 on PYTHONPATH, ``SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1``).
 """
 from __future__ import annotations
@@ -221,7 +221,7 @@ def metrics_snapshot(out_dir: str) -> dict:
 
 
 def main(argv=None, make_engine=None) -> int:
-    """`make_engine`: what stands in for ``sglang.Engine`` (tests/gpu_sglang/fake_server.py); None: SGLang's."""
+    """`make_engine`: what stands in for ``sglang.Engine`` (tests/gpu_programs/fake_server.py); None: SGLang's."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--target", required=True)
     p.add_argument("--draft", required=True)

@@ -1,9 +1,9 @@
 """Import SGLang 0.5.23's modules on the CUDA serving path with the compiled-package stand-ins, on a machine
-without a GPU (test-only, tests/gpu_sglang): torch is told a Hopper GPU is present, so every ``if _is_cuda:``
+without a GPU (scripts/gpu_sglang): torch is told a Hopper GPU is present, so every ``if _is_cuda:``
 import block runs as it would on the H200, and the stand-ins must answer each name those blocks import. Nothing
 is computed on a GPU: this checks the import graph only (what the path *calls* is native.py's and its tests').
 
-    python tests/gpu_sglang/import_check.py [MODULE ...]
+    python scripts/gpu_sglang/import_check.py [MODULE ...]
 
 Prints one JSON object: per module "ok" or the error, the stand-in names that were called during the imports
 (must be none), and which stand-in modules were loaded. Exit status 0 when every module imported and no

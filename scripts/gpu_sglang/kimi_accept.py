@@ -1,7 +1,7 @@
 """A draft that accepts, at Kimi-K2.5's width: trained on the server's own dump, then online = offline against
-that server (test-only, tests/gpu_sglang).
+that server (scripts/gpu_sglang).
 
-    python tests/gpu_sglang/kimi_accept.py --out DIR [--experts 4] [--gain 0.3] [--prompts 32] [--new-tokens 32]
+    python scripts/gpu_sglang/kimi_accept.py --out DIR [--experts 4] [--gain 0.3] [--prompts 32] [--new-tokens 32]
         [--train-iters 300] [--budget-s 560] [--device cuda|cpu] [--small] [--layers N] [--miswired]
         [--result PATH] [--command TEXT]
 

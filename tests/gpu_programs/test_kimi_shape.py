@@ -20,7 +20,8 @@ import pytest
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+PROGRAMS = os.path.join(os.path.dirname(os.path.dirname(HERE)), "scripts", "gpu_sglang")  # the GPU programs
+sys.path.insert(0, PROGRAMS)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "sglang"))  # harness.py, sglang_fixtures.py
 
 import kimi_shape  # noqa: E402

@@ -1,4 +1,4 @@
-"""Test-only stand-in for ``sgl_kernel.utils`` (tests/gpu_sglang): ``is_arch_support_pdl`` is real (the triton
+"""Import stand-in for ``sgl_kernel.utils`` (scripts/gpu_sglang/standins): ``is_arch_support_pdl`` is real (the triton
 attention backend calls it); other names are import-only."""
 import e3_standin_stubs as _stubs
 

@@ -1,4 +1,4 @@
-"""Write the demo pair for the GPU serving comparison (test-only, tests/gpu_sglang), with the package's own code:
+"""Write the demo pair for the GPU serving comparison (scripts/gpu_sglang), with the package's own code:
 ``eagle3-capture doctor demo --fast``'s :func:`run_demo` trains the draft on the tiny DeepseekV3 target and saves
 both. Then, beside them:
 
@@ -13,7 +13,7 @@ both. Then, beside them:
   profile, ``profile_error`` says why, and the rest of the pair stands;
 * ``pair.json``: the paths, the device the demo ran on and the seconds it took.
 
-    python tests/gpu_sglang/make_pair.py --out DIR [--device auto|cuda|cpu] [--prompts 64] [--new-tokens 16]
+    python scripts/gpu_sglang/make_pair.py --out DIR [--device auto|cuda|cpu] [--prompts 64] [--new-tokens 16]
         [--profile on|off]
 
 ``auto`` runs the demo on CUDA when there is a GPU and falls back to the CPU (all cores) if that fails; the

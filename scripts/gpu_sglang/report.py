@@ -1,4 +1,4 @@
-"""Reading and judging the GPU serving comparison's runs (test-only, tests/gpu_sglang; compare.py runs the servers):
+"""Reading and judging the GPU serving comparison's runs (scripts/gpu_sglang; compare.py runs the servers):
 the per-request fields compared, equality between two runs, against the target's own greedy continuation, the
 accept figures, the plugin's and SGLang's log lines, what the capture dump holds, tokens/s per timed round (median,
 min/max) and the plugin / stock ratios per round pair, what the plugin's metrics counted against what was served,
@@ -517,7 +517,7 @@ if __name__ == "__main__":
     import sys
 
     if len(sys.argv) != 2:
-        print("usage: python tests/gpu_sglang/report.py RESULT.json   (prints the summary lines)", file=sys.stderr)
+        print("usage: python scripts/gpu_sglang/report.py RESULT.json   (prints the summary lines)", file=sys.stderr)
         sys.exit(2)
     with open(sys.argv[1]) as f:
         print("\n".join(summary_lines(json.load(f))))

@@ -1,5 +1,5 @@
 """Where served outputs part from the target's float64 greedy continuation, and by how much the target hesitated
-there (test-only, tests/gpu_sglang; run on the CPU after a GPU comparison, on its unpacked logs).
+there (scripts/gpu_sglang; run on the CPU after a GPU comparison, on its unpacked logs).
 
 For every request whose output differs between any two servers or from the transformers float32 continuation,
 the target's own greedy continuation is recomputed in float64 (transformers, eager experts) and, for each server,
@@ -7,7 +7,7 @@ the first position where the served output leaves it is reported with the float6
 small margin is a near-tie that float32 / TF32 arithmetic (SGLang's Triton GEMMs and attention use TF32 for float32
 inputs) can flip, and one flip changes the rest of the continuation.
 
-    python tests/gpu_sglang/margins.py --pair DIR --runs DIR/compare/runs --out margins.json
+    python scripts/gpu_sglang/margins.py --pair DIR --runs DIR/compare/runs --out margins.json
 """
 from __future__ import annotations
 

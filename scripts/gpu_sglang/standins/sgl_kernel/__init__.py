@@ -1,4 +1,4 @@
-"""Test-only stand-in for sglang-kernel's ``sgl_kernel`` (tests/gpu_sglang): the torch implementations in
+"""Import stand-in for sglang-kernel's ``sgl_kernel`` (scripts/gpu_sglang/standins): the torch implementations in
 native.py for what SGLang 0.5.23 calls on the tested CUDA path, and an import-only name (calling it raises) for
 everything else it imports, from this package or any submodule of it. Never part of eagle3-capture."""
 import e3_standin_stubs as _stubs

@@ -1,4 +1,4 @@
-"""The GPU serving comparison's own logic, on the CPU (tests/gpu_sglang/compare.py, make_pair.py, serve_gpu.py):
+"""The GPU serving comparison's own logic, on the CPU (scripts/gpu_sglang/compare.py, make_pair.py, serve_gpu.py):
 what it calls equal, what it reads from logs and dumps, what it reports as a failure, the stock-convention ids,
 the server arguments, the scripts' --help. The comparison itself runs on a GPU (scripts/gpu_sglang.sh); the
 `engine`-marked test at the end runs the same pipeline on SGLang's CPU path."""
@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, HERE)
+PROGRAMS = os.path.join(os.path.dirname(os.path.dirname(HERE)), "scripts", "gpu_sglang")  # the GPU programs
+sys.path.insert(0, PROGRAMS)
 
 import compare  # noqa: E402
 import make_pair  # noqa: E402
@@ -633,12 +634,12 @@ def test_the_pipeline_runs_on_the_cpu_path(tmp_path):
     _, demo = demo_fast()
     pair = tmp_path / "pair"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(REPO, "python"), os.environ.get("PYTHONPATH", "")]))
-    p = subprocess.run([sys.executable, os.path.join(HERE, "make_pair.py"), "--out", str(pair), "--reuse", demo,
+    p = subprocess.run([sys.executable, os.path.join(PROGRAMS, "make_pair.py"), "--out", str(pair), "--reuse", demo,
                         "--device", "cpu", "--prompts", "2", "--new-tokens", "4"],
                        capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 0, p.stderr
     out = tmp_path / "cmp"
-    p = subprocess.run([sys.executable, os.path.join(HERE, "compare.py"), "--pair", str(pair), "--out", str(out),
+    p = subprocess.run([sys.executable, os.path.join(PROGRAMS, "compare.py"), "--pair", str(pair), "--out", str(out),
                         "--device", "cpu", "--only", "plugin_eager,stock_eager", "--timed-repeats", "1",
                         "--budget-s", "1200", "--per-config-s", "600"],
                        capture_output=True, text=True, env=env, timeout=1300)

@@ -1,5 +1,5 @@
 """Test-only: the import machinery behind the compiled-package stand-ins (``sgl_kernel``, ``flash_mla``,
-``cutlass``) that let SGLang 0.5.23 import on a GPU machine without sglang-kernel (tests/gpu_sglang).
+``cutlass``) that let SGLang 0.5.23 import on a GPU machine without sglang-kernel (scripts/gpu_sglang).
 
 SGLang imports hundreds of names from these packages at module level, nearly all on paths a tiny DeepseekV3 +
 EAGLE-3 pair with ``--attention-backend triton`` never runs. Each such name resolves to an :class:`ImportOnly`
@@ -56,9 +56,9 @@ class ImportOnly:
             return args[0]
         CALLED[name] = CALLED.get(name, 0) + 1
         raise StandInNotImplemented(
-            f"{name} was called, but it is only an import stand-in (tests/gpu_sglang/standins): SGLang reached a "
+            f"{name} was called, but it is only an import stand-in (scripts/gpu_sglang/standins): SGLang reached a "
             f"path the stand-ins do not implement; write a torch-native version of it in "
-            f"tests/gpu_sglang/standins/sgl_kernel/native.py (or keep the server off that path)")
+            f"scripts/gpu_sglang/standins/sgl_kernel/native.py (or keep the server off that path)")
 
     def __mro_entries__(self, bases) -> Tuple[type, ...]:
         return (_ImportOnlyBase,)
