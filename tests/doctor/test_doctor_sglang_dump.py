@@ -2,7 +2,6 @@
 DeepseekV3 prefill, served through SGLang's ModelRunner.forward, fingerprinted by the doctor against a reference the
 doctor dumped from the transformers model with the same weights. Reuses the SGLang tests' CPU harness
 (tests/plugin/harness.py) and fixtures."""
-import os
 
 import pytest
 import torch
