@@ -14,7 +14,6 @@ Used in-process by the tests (after `setup_process()`); what needs a fresh proce
 from __future__ import annotations
 
 import os
-import socket
 from typing import List, Optional
 
 # The MoE grouped top-k is torch.compile'd in SGLang; on CPU compiling it is slow and useless.
@@ -30,10 +29,20 @@ _PUBLISHED = {}  # what setup_process published: {"server_args": ServerArgs}
 
 
 def free_port() -> int:
-    """A TCP port free on this host now (for the gloo rendezvous)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port for the gloo rendezvous, from this pytest-xdist worker's range (tests/free_ports.py; found by its
+    path, because the scenario and replica subprocesses import this module without tests/ on sys.path; they inherit
+    the worker's PYTEST_XDIST_WORKER, so they draw from its range too)."""
+    import importlib.util
+    import sys
+
+    module = sys.modules.get("free_ports")
+    if module is None:
+        path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "free_ports.py")
+        spec = importlib.util.spec_from_file_location("free_ports", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules["free_ports"] = module
+    return module.free_port()
 
 
 def setup_process(world_size: int = 1, rank: int = 0, port: Optional[int] = None) -> None:
