@@ -39,7 +39,7 @@ import time
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))  # bootstrap: the checkout's package, installed or not
 KIMI_SHAPE_DIR = os.path.join(os.path.dirname(HERE), "scripts", "gpu_sglang")  # kimi_shape.py (a GPU program)
 
 

@@ -85,7 +85,7 @@ class FakeEngine:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, PROGRAMS)
+    sys.path.insert(0, PROGRAMS)  # bootstrap: run as a script (a server process), outside pytest
     import serve_gpu
 
     sys.exit(serve_gpu.main(sys.argv[1:], make_engine=FakeEngine))

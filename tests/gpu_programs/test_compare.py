@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 PROGRAMS = os.path.join(os.path.dirname(os.path.dirname(HERE)), "scripts", "gpu_sglang")  # the GPU programs
-sys.path.insert(0, PROGRAMS)
 
 import compare  # noqa: E402
 import make_pair  # noqa: E402
@@ -634,7 +633,6 @@ def test_compare_rejects_bad_arguments(argv, needle, capsys):
 @pytest.mark.sglang
 @pytest.mark.slow
 def test_the_pipeline_runs_on_the_cpu_path(tmp_path):
-    sys.path.insert(0, os.path.join(REPO, "tests", "doctor"))
     from doctor_helpers import demo_fast
 
     _, demo = demo_fast()

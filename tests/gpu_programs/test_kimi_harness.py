@@ -4,19 +4,14 @@ hot-token choice, the per-round-pair ratios, and the reshape setting's parsing (
 serving itself: `kimi_compare.py --small --layers 8 --device cpu` and scripts/gpu_sglang_kimi.sh."""
 import json
 import os
-import sys
 
 import pytest
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-PROGRAMS = os.path.join(os.path.dirname(os.path.dirname(HERE)), "scripts", "gpu_sglang")  # the GPU programs
-sys.path.insert(0, PROGRAMS)
-
-import kimi_accept  # noqa: E402
-import kimi_compare  # noqa: E402
-import kimi_shape  # noqa: E402
-from e3_sglang_cpu import reshape  # noqa: E402
+import kimi_accept
+import kimi_compare
+import kimi_shape
+from e3_sglang_cpu import reshape
 
 
 def small(layers=8):

@@ -13,19 +13,13 @@ import json
 import logging
 import os
 import re
-import sys
 from unittest import mock
 
 import pytest
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-PROGRAMS = os.path.join(os.path.dirname(os.path.dirname(HERE)), "scripts", "gpu_sglang")  # the GPU programs
-sys.path.insert(0, PROGRAMS)
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "sglang"))  # harness.py, sglang_fixtures.py
-
-import kimi_shape  # noqa: E402
-from sglang_fixtures import harness, require_sglang  # noqa: E402,F401  (fixtures)
+import kimi_shape  # scripts/gpu_sglang, on pytest's pythonpath
+from sglang_fixtures import harness, require_sglang  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.sglang
 

@@ -3,8 +3,6 @@ it: Eagle3DeepseekV2ForCausalLM.load_weights takes every tensor (names, shapes; 
 as SGLang fuses them), the parameters are the checkpoint's, and SGLang's softmax scale (yarn mscale) is the
 doctor's."""
 import json
-import os
-import sys
 
 import pytest
 import torch
@@ -12,8 +10,6 @@ import torch
 from sglang_fixtures import harness, require_sglang  # noqa: F401,F811  (fixtures)
 
 pytestmark = pytest.mark.sglang
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "doctor"))
 
 
 def _sglang_config(arch, tmp_path, draft=None):

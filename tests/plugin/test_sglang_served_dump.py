@@ -1,5 +1,5 @@
 """The capture dump and the self-test around SGLang's real ModelRunner.forward (served.py, dump.py, stream.py), on
-SGLang's real DeepseekV3 on the CPU (tests/sglang/harness.py: ServedRunner runs ModelRunner.forward -> _forward_raw
+SGLang's real DeepseekV3 on the CPU (tests/plugin/harness.py: ServedRunner runs ModelRunner.forward -> _forward_raw
 -> EagerRunner for real): served forwards dumped as eagle3_capture/dump_format/contract.py says, nothing on SGLang's warm-up
 and capture passes (its own capture-mode flag set), the doctor's residual stream without a change to what the draft
 is fed, the graph-or-eager decision for doctor forwards, the bounds, a failing disk. SGLang's real serving loop:

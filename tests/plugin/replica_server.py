@@ -3,13 +3,13 @@
 ``load_plugins()``), so that every record it dumps goes through the plugin's real dump and writer
 (sglang/dump.py, sglang/dump_writer.py) into ``$EAGLE3_CAPTURE_DUMP``:
 
-    python tests/sglang/replica_server.py OUT.json IDS REQUESTS [DECODES]
+    python tests/plugin/replica_server.py OUT.json IDS REQUESTS [DECODES]
 
 IDS: the ids passed to ``set_eagle3_layers_to_capture`` (comma separated; what the replica's draft declares: two
 replicas with different ids hold two capture declarations). Each of REQUESTS requests is one prefill of the prompt
 and DECODES decode steps, each a served forward and so one record. OUT.json: this process's pid (in its own PID
 namespace), how many forwards it served, how many records the plugin says it wrote (``dump.written()``), and the
-rids. Run by tests/sglang/test_sglang_replicas.py and tests/sweep_issue32_plugin.py, two at a time, each in its own
+rids. Run by tests/plugin/test_sglang_replicas.py and tests/sweep_issue32_plugin.py, two at a time, each in its own
 PID namespace (``unshare --pid --fork``): both are pid 1 there.
 """
 from __future__ import annotations

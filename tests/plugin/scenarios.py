@@ -1,12 +1,12 @@
 """What the SGLang plugin tests run in a fresh process (SGLang's `load_plugins()` runs once per process and its
 patches cannot be undone, and a TP run needs one process a rank), on harness.py's CPU setup:
 
-    python tests/sglang/scenarios.py native OUT.pt     stock SGLang (plugin not loaded): what it captures
-    python tests/sglang/scenarios.py stock OUT.pt      stock SGLang on valid layer-input ids vs the HF model
-    python tests/sglang/scenarios.py hooks OUT.json    load_plugins() under the caller's environment: which hooks
-    python tests/sglang/scenarios.py draft_tp OUT_DIR RANK WORLD PORT    one TP rank of the draft fc (gloo)
-    python tests/sglang/scenarios.py settings CASES.json OUT.json   load_plugins() once per case of settings
-    python tests/sglang/scenarios.py graph_gate OUT.json   load_plugins() with the dump on; doctor forwards eager
+    python tests/plugin/scenarios.py native OUT.pt     stock SGLang (plugin not loaded): what it captures
+    python tests/plugin/scenarios.py stock OUT.pt      stock SGLang on valid layer-input ids vs the HF model
+    python tests/plugin/scenarios.py hooks OUT.json    load_plugins() under the caller's environment: which hooks
+    python tests/plugin/scenarios.py draft_tp OUT_DIR RANK WORLD PORT    one TP rank of the draft fc (gloo)
+    python tests/plugin/scenarios.py settings CASES.json OUT.json   load_plugins() once per case of settings
+    python tests/plugin/scenarios.py graph_gate OUT.json   load_plugins() with the dump on; doctor forwards eager
 
 The tests call them through :func:`run_script` and :func:`run_ranks`.
 """

@@ -14,7 +14,6 @@ Used in-process by the tests (after `setup_process()`); what needs a fresh proce
 from __future__ import annotations
 
 import os
-import socket
 from typing import List, Optional
 
 # The MoE grouped top-k is torch.compile'd in SGLang; on CPU compiling it is slow and useless.
@@ -23,14 +22,27 @@ os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 import torch  # noqa: E402
 
 _SETUP_DONE = False
+# the first set-up failure's text: a later call raises it again instead of retrying (a retry would die on "tensor
+# model parallel group is already initialized" and hide the cause behind one error per test)
+_SETUP_FAILED: List[str] = []
 _PUBLISHED = {}  # what setup_process published: {"server_args": ServerArgs}
 
 
 def free_port() -> int:
-    """A TCP port free on this host now (for the gloo rendezvous)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port for the gloo rendezvous, from this pytest-xdist worker's range (tests/free_ports.py; found by its
+    path, because the scenario and replica subprocesses import this module without tests/ on sys.path; they inherit
+    the worker's PYTEST_XDIST_WORKER, so they draw from its range too)."""
+    import importlib.util
+    import sys
+
+    module = sys.modules.get("free_ports")
+    if module is None:
+        path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "free_ports.py")
+        spec = importlib.util.spec_from_file_location("free_ports", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules["free_ports"] = module
+    return module.free_port()
 
 
 def setup_process(world_size: int = 1, rank: int = 0, port: Optional[int] = None) -> None:
@@ -40,6 +52,17 @@ def setup_process(world_size: int = 1, rank: int = 0, port: Optional[int] = None
     global _SETUP_DONE
     if _SETUP_DONE:
         return
+    if _SETUP_FAILED:  # SGLang's parallel state is half made and cannot be made again in this process: say why once
+        raise RuntimeError(f"harness: set-up failed earlier in this process: {_SETUP_FAILED[0]}")
+    try:
+        _setup(world_size, rank, port)
+    except BaseException as e:
+        _SETUP_FAILED.append(f"{type(e).__name__}: {e}")
+        raise
+    _SETUP_DONE = True
+
+
+def _setup(world_size: int, rank: int, port: Optional[int]) -> None:
     if not torch.cuda.is_available():  # SGLang's rotary embedding imports vllm only where there is no GPU
         from e3_sglang_cpu import stub_vllm  # the test-only CPU stand-ins (tests/sglang_cpu_plugin)
 
@@ -69,7 +92,6 @@ def setup_process(world_size: int = 1, rank: int = 0, port: Optional[int] = None
             _initialize_model_parallel(parallel_state, world_size)
     _initialize_dp_attention(server_args)
     _route_torch_native_to_mla()
-    _SETUP_DONE = True
 
 
 def _sgl_kernel_import_standin() -> None:
@@ -161,34 +183,33 @@ def _initialize_dp_attention(server_args) -> None:
     from sglang.srt.configs.model_config import ModelConfig
 
     model_config = ModelConfig.from_server_args(server_args, model_path=tiny_config_dir())
-    with _device_named_cpu(server_args) as args:
+    with _device_named_cpu(server_args, dp_attention) as args:
         dp_attention.initialize_dp_attention(args, model_config)
 
 
-def _device_named_cpu(server_args):
+def _device_named_cpu(server_args, dp_attention):
     """For one call that hands the device to torch.device (the DP-gathered buffer's metadata, unused at dp size 1):
     a "dummy" model path stops ServerArgs.__post_init__ before it resolves `device`, so it is None. Name the CPU for
     that call only; the published args keep None, so the layers keep choosing the paths they choose on a GPU host
-    (a "cpu" device would route every rope to get_rope_cpu).
+    (a "cpu" device would route every rope to get_rope_cpu). Chosen by where the release's dp_attention reads the
+    device:
 
-    - 0.5.12-0.5.16 (layers/dp_attention.py reads `server_args.device`): a copy of the args with device "cpu".
-    - 0.5.18, 0.5.20 (it reads `runtime_context.get_device().device`): that leaf overridden in scope."""
+    - 0.5.18 on (layers/dp_attention.py imports `get_device` and reads `get_device().device`): that runtime-context
+      leaf overridden in scope; the args are handed on untouched (from 0.5.19 ServerArgs is read-only once
+      resolved: assigning `device` raises "server_args.device assigned after resolution").
+    - 0.5.12-0.5.16 (it reads `server_args.device`): a copy of the args with device "cpu"."""
     import contextlib
     import copy
-    import importlib.util
 
     @contextlib.contextmanager
     def scope():
+        if hasattr(dp_attention, "get_device"):
+            with dp_attention.get_device().override(device="cpu"):
+                yield server_args
+            return
         args = copy.copy(server_args)
         args.device = "cpu"
-        ctx = contextlib.nullcontext()
-        if importlib.util.find_spec("sglang.srt.runtime_context") is not None:
-            from sglang.srt import runtime_context
-
-            if hasattr(runtime_context, "get_device") and "device" in runtime_context.get_device():
-                ctx = runtime_context.get_device().override(device="cpu")
-        with ctx:
-            yield args
+        yield args
 
     return scope()
 

@@ -1,6 +1,6 @@
 """Run server-like replicas (replica_server.py) at once, each in its own PID namespace, all writing one dump
 directory through the plugin's real dump (issue 32, kind 1: two replicas in separate containers were both pid 6 and
-overwrote each other's records). Used by tests/sglang/test_sglang_replicas.py and tests/sweep_issue32_plugin.py.
+overwrote each other's records). Used by tests/plugin/test_sglang_replicas.py and tests/sweep_issue32_plugin.py.
 
 ``unshare --pid --fork --mount-proc`` needs root (or a user namespace the kernel allows): :func:`unshare_problem`
 says why it cannot run here, or None.

@@ -138,7 +138,6 @@ def test_multiprocess_export_counts_each_verify_once(harness, tmp_path):
     assert res[0]["histogram"] == res[1]["histogram"] and res[0]["checks"] == res[1]["checks"] == 25
     h = res[0]["histogram"]
     assert sum(h) > 0
-    sys.path.insert(0, HERE)
     import acceptance_worker
 
     from eagle3_capture.acceptance.positions import attempts_accepted

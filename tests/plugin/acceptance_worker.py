@@ -1,7 +1,7 @@
 """One scheduler-like process of the acceptance export test (test_sglang_acceptance.py), in a fresh process with
 ``PROMETHEUS_MULTIPROC_DIR`` set before anything imports prometheus_client, as SGLang's launcher sets it:
 
-    python tests/sglang/acceptance_worker.py OUT.json RANK EXAMPLES
+    python tests/plugin/acceptance_worker.py OUT.json RANK EXAMPLES
 
 It loads the plugin with SGLang's own load_plugins(), stands in SGLang's parallel groups with the ranks of attention-TP
 rank RANK of a TP-2 server (this process has no process group: the three rank reads SGLang's parallel_state offers
