@@ -6,6 +6,7 @@ starts: ``sglang.Engine`` (entrypoints/engine.py, the scheduler, the runners) an
 sglang.launch_server`` (entrypoints/http_server.py and its OpenAI routes, which import soundfile through
 serving_transcription -> audio_chunking; the first real-width GPU run died there). Also which CUDA-graph size
 options each release's own ServerArgs accepts (scripts/gpu_sglang/server_flags.py)."""
+import importlib.util
 import json
 import os
 import subprocess
@@ -17,11 +18,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 PROGRAMS = os.path.join(REPO, "scripts", "gpu_sglang")
 DEVICE_LIKE = os.path.join(HERE, "device_like")
-sys.path.insert(0, PROGRAMS)
-sys.path.insert(0, DEVICE_LIKE)
 
 import server_flags  # noqa: E402
-import sitecustomize as device_like  # noqa: E402  (inert here: E3_DEVICE_LIKE is not set in this process)
+
+# the device-like start-up file, read as a module (inert here: E3_DEVICE_LIKE is not set in this process)
+_spec = importlib.util.spec_from_file_location("e3_device_like", os.path.join(DEVICE_LIKE, "sitecustomize.py"))
+device_like = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(device_like)
 
 LAUNCH_SERVER = ("sglang.launch_server", "sglang.srt.entrypoints.http_server",
                  "sglang.srt.entrypoints.openai.serving_transcription")
