@@ -199,6 +199,7 @@ def main(argv=None) -> int:
     p.add_argument("--against", choices=("stock", "dump"), default="stock",
                    help="stock: the plugin against stock SGLang; dump: the plugin with its capture dump on (the "
                         "declared taps of every forward, the full stream of the doctor's requests) against off")
+    p.add_argument("--plan", default=None, help="kimi_plan.py's JSON for this phase (recorded in the result)")
     p.add_argument("--result", default=None)
     p.add_argument("--command", default=None)
     a = p.parse_args(argv)
@@ -269,6 +270,7 @@ def main(argv=None) -> int:
         "what": f"SGLang's real serving loop (sglang.Engine) at Kimi-K2.5's width: the plugin against {other.name}, "
                 f"{a.draft} draft, CUDA graphs {graph}",
         "command": a.command or " ".join(sys.argv), "machine": machine(), "device": a.device,
+        "plan": json.load(open(a.plan)) if a.plan else None,
         "target": {k: cfg[k] for k in ("num_hidden_layers", "hidden_size", "n_routed_experts",
                                        "num_experts_per_tok", "vocab_size")},
         "target_parameters": kimi_shape.parameter_count(cfg), "gain": a.gain, "draft": draft,
