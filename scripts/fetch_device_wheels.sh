@@ -2,7 +2,8 @@
 # Download the wheels the GPU scripts install on the GPU machine (Python 3.12, x86-64, no registry there): SGLang
 # (--no-deps) and the packages it imports that the machine's image lacks, one list for every release plus the
 # release's own lines (scripts/gpu_sglang/device_wheels.txt: the one owner of that list).
-#   usage: SGLANG=0.5.23|0.5.12|0.5.20 bash scripts/fetch_device_wheels.sh [--help] [DEST]   (DEST default: .whl)
+#   usage: bash scripts/fetch_device_wheels.sh [--help] [DEST]   (DEST default: .whl; SGLANG=0.5.23|0.5.12|0.5.20,
+#   default 0.5.23: the release whose wheels)
 # DEST is emptied of *.whl first (two versions of one package stop the install). Prints the total size: the
 # wheels travel with the working tree, 64 MiB a call in all (a call that carries more is refused). Not carried:
 # sglang-kernel (CUDA, built for SGLang's torch), soundfile, IPython, flashinfer, flash_mla, cutlass, deep_gemm
