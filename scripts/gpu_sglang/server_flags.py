@@ -20,6 +20,38 @@ from typing import Dict, Iterable, List, Optional, Sequence
 DECODE, PREFILL, ONE_LIST = "--cuda-graph-bs-decode", "--cuda-graph-bs-prefill", "--cuda-graph-bs"
 
 
+def stock_layer_inputs(ids: List[int]) -> Optional[List[int]]:
+    """What the installed SGLang's own ``DeepseekV2ForCausalLM.set_eagle3_layers_to_capture`` makes of draft ids
+    (run on an object made with ``__new__``: it reads only pp_group, config and model), None if it raises."""
+    import types
+
+    from sglang.srt.models.deepseek_v2 import DeepseekV2ForCausalLM
+
+    m = DeepseekV2ForCausalLM.__new__(DeepseekV2ForCausalLM)
+    for attr in ("_modules", "_parameters", "_buffers"):  # nn.Module's attribute machinery without its __init__
+        object.__setattr__(m, attr, {})
+    m.__dict__.update(pp_group=types.SimpleNamespace(is_last_rank=True),
+                      config=types.SimpleNamespace(num_hidden_layers=64),
+                      model=types.SimpleNamespace(layers_to_capture=[]))
+    try:
+        m.set_eagle3_layers_to_capture(list(ids))
+    except Exception:
+        return None
+    return list(m.model.layers_to_capture)
+
+
+def id_rule() -> str:
+    """How the installed release turns draft ids into layer inputs: "shift_all" (+1 on every id, up to 0.5.12)
+    or "shift_if_first_is_1" (from 0.5.13: ids used unchanged unless the first is 1)."""
+    got = stock_layer_inputs([0, 2, 5])
+    if got == [1, 3, 6]:
+        return "shift_all"
+    if got == [0, 2, 5] and stock_layer_inputs([1, 2, 5]) == [2, 3, 6]:
+        return "shift_if_first_is_1"
+    raise ValueError(f"this SGLang's set_eagle3_layers_to_capture turns [0, 2, 5] into {got}: a rule this harness "
+                     "does not know")
+
+
 def release_options() -> dict:
     """The installed release's launch_server options and the matching ServerArgs attribute names (``dest``)."""
     import argparse
@@ -34,7 +66,7 @@ def release_options() -> dict:
         options += [o for o in action.option_strings if o.startswith("--")]
         fields.append(action.dest)
     return {"version": getattr(sglang, "__version__", None), "options": sorted(set(options)),
-            "fields": sorted(set(fields))}
+            "fields": sorted(set(fields)), "id_rule": id_rule()}
 
 
 def graph_options(options: Iterable[str], decode: Sequence[int], prefill: Sequence[int]) -> List[str]:

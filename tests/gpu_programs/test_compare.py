@@ -242,6 +242,11 @@ def test_child_env_puts_the_stand_ins_on_the_path_only_for_cuda(monkeypatch):
 def test_stock_ids_and_the_stock_draft(tmp_path):
     assert make_pair.stock_ids([-1, 0, 3]) == [0, 1, 4]
     assert make_pair.stock_ids([1, 29, 57]) == [2, 30, 58]
+    # up to 0.5.12 every id gets +1: LayerOutput ids are stock's own, the embedding stays -1 (which stock raises on)
+    assert make_pair.stock_ids([1, 29, 57], "shift_all") == [1, 29, 57]
+    assert make_pair.stock_ids([-1, 0, 3], "shift_all") == [-1, 0, 3]
+    with pytest.raises(ValueError, match="unknown id rule"):
+        make_pair.stock_ids([1, 2, 3], "sideways")
     with pytest.raises(ValueError, match="start with 1"):
         make_pair.stock_ids([0, 3, 5])
     with pytest.raises(ValueError, match="integers >= -1"):

@@ -133,7 +133,7 @@ def test_cuda_graph_sizes_are_named_as_the_installed_releases_parser_accepts():
     from sglang.srt.server_args import ServerArgs
 
     opts = _options("0.5.23")
-    assert opts["version"] == "0.5.23"
+    assert opts["version"] == "0.5.23" and opts["id_rule"] == "shift_if_first_is_1"
     cli = server_flags.graph_options(opts["options"], [1, 4, 16], [64, 512])
     assert cli == ["--cuda-graph-bs-decode", "1", "4", "16", "--cuda-graph-bs-prefill", "64", "512"]
     parser = argparse.ArgumentParser()
@@ -151,6 +151,11 @@ def test_cuda_graph_sizes_are_named_as_the_installed_releases_parser_accepts():
 def test_the_seeds_release_gets_its_single_list():
     opts = _options("0.5.12")
     assert opts["version"] == "0.5.12" and "--cuda-graph-bs-decode" not in opts["options"]
+    assert opts["id_rule"] == "shift_all"  # +1 on every id: stock's ids for the Kimi draft's [1, 29, 57] are those
+    import make_pair
+
+    assert make_pair.stock_ids([1, 29, 57], opts["id_rule"]) == [1, 29, 57]
+    assert make_pair.stock_ids([1, 29, 57], _options("0.5.23")["id_rule"]) == [2, 30, 58]
     assert server_flags.graph_options(opts["options"], [1, 4, 16], [64, 512]) == ["--cuda-graph-bs", "1", "4", "16"]
     assert server_flags.graph_kwargs(opts["fields"], [1, 4, 16], [64]) == {"cuda_graph_bs": [1, 4, 16]}
     with pytest.raises(ValueError, match="accepts none of"):
