@@ -23,7 +23,7 @@ def test_plugin_dump_fingerprints_as_the_declared_taps(harness, tiny, sglang_plu
     from eagle3_capture.doctor.fingerprint.reference import fingerprint, render
     from eagle3_capture.doctor.fingerprint.reference_dump import reference_tensors, write_reference
     from eagle3_capture.doctor.target.model import Target
-    from eagle3_capture.sglang import dump
+    from eagle3_capture.sglang.dump import forwards as dump
     from eagle3_capture.spec import TapSpec
 
     model, cfg, hf = tiny["model"], tiny["cfg"], tiny["hf"]
