@@ -255,7 +255,7 @@ def prepare_dump_dir(raw: str) -> str:
 
 @dataclass(frozen=True)
 class DumpSettings:
-    """The capture dump's directory and bounds (sglang/dump.py); each bound is per process."""
+    """The capture dump's directory and bounds (dump/forwards.py); each bound is per process."""
 
     directory: str
     max_records: int = 256      # served forwards (records), EAGLE3_CAPTURE_DUMP_MAX
