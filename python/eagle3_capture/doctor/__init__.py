@@ -9,7 +9,7 @@ The command line and what every part shares:
 
 The parts, one package each (its ``__init__`` says what it owns):
   commands/      one module per subcommand: check, fingerprint, dump_reference, accept, online, demo
-  target/        the target side behind one interface: a transformers model, a live server, a recorded dump,
+  target_side/   the target side behind one interface: a transformers model, a live server, a recorded dump,
                  training data; the one ``open`` of it
   draft/         the EAGLE-3 draft in plain torch (Llama and MLA layouts), its checkpoint, loaded for a target
   replay/        the draft replayed over a target side; accuracy per step and tau

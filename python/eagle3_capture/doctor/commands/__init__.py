@@ -10,6 +10,6 @@ Each module has the same four names, and ``doctor/cli.py`` wires every subcomman
 * ``exit_code(report)``: 0 fine, 1 an error finding or a mismatch (``common.EXIT_*``).
 
 A report with ``to_json()`` is written to ``--json`` by the CLI. No command imports another: what two of them share
-lives in the parts (``target``, ``draft``, ``replay``, ``fingerprint``, ``deployment``, ``sglang_model``, ``demo``).
-Nothing is imported here, so that ``doctor check`` loads no torch.
+lives in the parts (``target_side``, ``draft``, ``replay``, ``fingerprint``, ``deployment``, ``sglang_model``,
+``demo``). Nothing is imported here, so that ``doctor check`` loads no torch.
 """

@@ -11,7 +11,7 @@ not tau, is what a server's ``spec_accept_length`` is compared with.
 
 The taps fed to the draft are the declared ones unless ``--taps`` says otherwise (to predict a miswired server).
 
-The target side (:mod:`..target.open`) is a transformers model (``--target``), or a recorded dump of the doctor's
+The target side (:mod:`..target_side.open`) is a transformers model (``--target``), or a recorded dump of the doctor's
 teacher-forced requests (``--hidden-states DUMP``: the server's own residual stream; the continuation is the dumped
 request's tokens after the prompt -- the server's greedy output, which ``doctor online`` sent back -- and the
 target's greedy token after position t is the token at t+1). The replay is :mod:`..replay.evaluate`.
@@ -167,8 +167,8 @@ def _run(opts: Options, device: str) -> AcceptReport:
     from ..sglang_model.flag_rules import not_eagle3, resolve_speculative
     from ..sglang_model.serving import chain_accepted
     from ..sglang_model.server_args import parse_server_args
-    from ..target.checkpoint import CheckpointSide
-    from ..target.open import open_target
+    from ..target_side.checkpoint import CheckpointSide
+    from ..target_side.open import open_target
 
     progress = not opts.no_progress
     check_profile_out(opts.profile_out)  # before any model loads
@@ -217,7 +217,7 @@ def _run(opts: Options, device: str) -> AcceptReport:
     if target_model is not None:
         check_positions(target_model, prompts, new_tokens, S, "--new-tokens")
     from ..fingerprint.stream import with_slot_holdings
-    from ..target.dump_side import AnotherDeclaration
+    from ..target_side.dump_side import AnotherDeclaration
 
     try:
         runs = evaluate(side, ds.draft, prompts, spec, S, new_tokens, res, opts.batch_size, progress)

@@ -34,7 +34,7 @@ def run(opts: Options) -> ReferenceReport:
 
     from ..common import pick_device, read_prompts, torch_threads
     from ..fingerprint.reference_dump import dump_reference
-    from ..target.model import load_target
+    from ..target_side.model import load_target
 
     device = pick_device(opts.device)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[opts.dtype]

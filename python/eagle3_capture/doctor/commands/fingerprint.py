@@ -132,14 +132,14 @@ def run(opts: Options) -> FingerprintReport:
 
         return FingerprintReport("reference", fingerprint(opts.reference, opts.captured, declared=declared,
                                                           declared_source=src, min_cos=opts.min_cos))
-    from ..target.checkpoint import CheckpointSide
+    from ..target_side.checkpoint import CheckpointSide
 
     if opts.server is not None and opts.training_data is None:
         raise DoctorError("--server sends the training samples' token ids to the server: it needs --training-data")
     ck = CheckpointSide(opts.target_checkpoint)
     if opts.training_data is None:
         from ..fingerprint.stream import dump_fingerprint
-        from ..target.side import layer_inputs
+        from ..target_side.side import layer_inputs
 
         expected = layer_inputs(declared) if declared is not None else None
         return FingerprintReport("stream", dump_fingerprint(opts.captured, expected, ck.tensors, ck.config,
@@ -155,7 +155,7 @@ def run(opts: Options) -> FingerprintReport:
     rids = None
     if opts.server is not None:  # every sample checked against the target's vocabulary and the server first
         from ..sglang_model.request_guard import server_limits
-        from ..target.checkpoint import config_vocab
+        from ..target_side.checkpoint import config_vocab
 
         vocab, src = ck.vocab_size, f"--target-checkpoint {opts.target_checkpoint}"
         if vocab is None and opts.target_config is not None:

@@ -3,7 +3,7 @@
 The prompts go to the server's native ``/generate`` as token ids (temperature 0, ``ignore_eos``,
 ``max_new_tokens`` N), or come from a JSONL file of recorded responses (``{"input_ids", "output_ids",
 "meta_info"}`` a line). Each response's ``meta_info`` gives ``completion_tokens``, ``spec_verify_ct`` and
-``spec_correct_drafts_histogram``. Offline, the target side (:mod:`..target.open`: a transformers model with
+``spec_correct_drafts_histogram``. Offline, the target side (:mod:`..target_side.open`: a transformers model with
 ``--target``, or, without it, the server itself: its teacher-forced pass and residual-stream dump with a URL, a
 recorded dump of such a pass with a file) gives the greedy continuation of the same prompts and the draft's taps,
 and :mod:`..sglang_model.serving` replays SGLang's loop for the server's flags (``accept`` does the same). Then:
@@ -223,8 +223,8 @@ def _run(opts: Options, device: str) -> OnlineReport:
     from ..sglang_model.server_args import parse_server_args
     from ..sglang_model.server_url import is_url as url_like
     from ..sglang_model.serving import step_acceptance
-    from ..target.checkpoint import CheckpointSide
-    from ..target.open import TeacherForcing, open_target
+    from ..target_side.checkpoint import CheckpointSide
+    from ..target_side.open import TeacherForcing, open_target
 
     server, target_path, draft_path, dump = opts.server, opts.target, opts.draft, opts.dump
     server_args, new_tokens, timeout, progress = opts.server_args, opts.new_tokens, opts.timeout, not opts.no_progress
@@ -312,7 +312,7 @@ def _run(opts: Options, device: str) -> OnlineReport:
     res = SpecResolution(S, k, D, requested=flags)
     notes += ds.notes
     from ..fingerprint.stream import with_slot_holdings
-    from ..target.dump_side import AnotherDeclaration
+    from ..target_side.dump_side import AnotherDeclaration
 
     try:
         runs = evaluate(side, ds.draft, prompts, ds.taps, S, new_tokens, res, opts.batch_size, progress, desc="offline")

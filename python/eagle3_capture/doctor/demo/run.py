@@ -51,7 +51,7 @@ class DemoResult:
 
 
 def _settings(fast: bool) -> dict:
-    from ..target.model import demo_settings
+    from ..target_side.model import demo_settings
 
     s = demo_settings()
     run = dict(s["run"])
@@ -82,8 +82,8 @@ def _run(out_dir: str, fast: bool, dev: str, seed: int, plot: bool, progress: bo
     from ..fingerprint.files import save_captured
     from ..fingerprint.reference import fingerprint
     from ..fingerprint.reference_dump import reference_tensors, write_reference
-    from ..target.model import Target, build_demo_target, demo_target_config_dict, greedy_continue, residual_stream
-    from ..target.model_side import TransformersTarget
+    from ..target_side.model import Target, build_demo_target, demo_target_config_dict, greedy_continue, residual_stream
+    from ..target_side.model_side import TransformersTarget
     from .train import TrainConfig, init_draft_from_target, train_draft
 
     settings = _settings(fast)

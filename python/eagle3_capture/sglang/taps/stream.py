@@ -10,7 +10,8 @@ reads ``layers_to_capture``), and the stream's values are SGLang's own captures,
 
 Every attention-TP rank widens the same forwards (a capture may gather rows across ranks, a collective), so the decision
 never depends on which rank writes (dump/forwards.py). Runs only eagerly: dump/forwards.py keeps such forwards out of
-CUDA graphs, and under DP attention, where that decision is the DP group's, it asks for no stream at all. """
+CUDA graphs, and under DP attention, where that decision is the DP group's, it asks for no stream at all.
+"""
 from __future__ import annotations
 
 import contextvars
