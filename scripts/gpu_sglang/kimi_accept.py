@@ -340,8 +340,8 @@ def collect(a, cfg: dict, state: str, context: int, base_env: dict, left) -> dic
     STATE/train_data.pt for the train phase."""
     import torch
 
-    from eagle3_capture.doctor.target.server_side import ServerTarget
-    from eagle3_capture.doctor.target.side import layer_inputs
+    from eagle3_capture.doctor.target_side.server_side import ServerTarget
+    from eagle3_capture.doctor.target_side.side import layer_inputs
     from eagle3_capture.spec import TapSpec
 
     target = write_target(cfg, state)

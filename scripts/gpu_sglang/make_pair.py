@@ -198,7 +198,7 @@ def main(argv=None) -> int:
     info["id_rule"] = a.id_rule
 
     # the target's own greedy continuation (transformers), on the device the demo used
-    from eagle3_capture.doctor.target.model import greedy_continue, load_target
+    from eagle3_capture.doctor.target_side.model import greedy_continue, load_target
 
     t1 = time.time()
     dev = info["device"]

@@ -164,7 +164,7 @@ def test_a_served_token_that_is_the_teacher_forced_runner_up_is_a_target_near_ti
     """The served output differs from the teacher-forced argmax at one position where the served token is that
     pass's runner-up: within the bf16 gap a listed near-tie (the server stays lossless), beyond it a lossy
     difference."""
-    from eagle3_capture.doctor.target.dump_side import StreamedPrompt
+    from eagle3_capture.doctor.target_side.dump_side import StreamedPrompt
 
     prompt, served = [7, 8, 9], [4, 5, 6, 2]
     x = torch.tensor(prompt + served + [1, 1, 1, 1])
