@@ -661,3 +661,20 @@ def test_the_pipeline_runs_on_the_cpu_path(tmp_path):
     assert pe["dump"]["with_served_prompts"] >= 1 and pe["timed_equal_round1"]["equal"]
     assert r["speed"]["round2_tokens_per_s"]["plugin_eager"] > 0
     assert r["pair"].get("profile"), r["pair"].get("profile_error")  # make_pair's doctor accept ran on the CPU
+
+
+def test_a_release_that_cannot_capture_the_embedding_expects_stock_to_raise():
+    """0.5.12 (every id +1): stock's servers must fail on the embedding tap (residual None at layer input 0) while
+    the plugin's serve; a stock server that serves, or fails otherwise, is a failure."""
+    err = f"round 1: RuntimeError: scheduler died; TypeError: {report.STOCK_EMBEDDING_ERROR}"
+    raised = {"ok": False, "error": err, "cuda_graph": "off"}
+    other = {"ok": False, "error": "engine start: OSError: no GPU", "cuda_graph": "off"}
+    served = {"ok": True, "cuda_graph": "off", "log": report.log_checks(""), "timed_equal_round1": None}
+    assert report.stock_raises_as_expected(raised) and not report.stock_raises_as_expected(other)
+    assert not any(line.startswith("stock_eager") for line in report.verdict({"stock_eager": raised}, {}, True))
+    assert any("not on the embedding tap" in line for line in report.verdict({"stock_eager": other}, {}, True))
+    assert any("cannot capture" in line for line in report.verdict({"stock_eager": served}, {}, True))
+    assert any("did not serve" in line for line in report.verdict({"stock_eager": raised}, {}, False))
+    lines = report.summary_lines({"configs": {"stock_eager": raised}, "comparisons": {}, "stock_raises": True,
+                                  "ok": True, "failures": []})
+    assert lines[0].startswith("PASS serve stock_eager raised on the embedding tap")
