@@ -41,7 +41,7 @@ DOCTOR_GPU_GIB = 9.4e9 / GIB                         # its GPU memory beside the
 TOKENS_PER_S = {1: 41.0, 16: 308.0}                  # the H200 probe's plugin/stock tokens/s at batch 1 / 16
 # allowances, not measurements
 ALLOW = {"setup_cold_s": 150.0, "setup_warm_s": 40.0, "shutdown_s": 20.0, "train_load_s": 30.0,
-         "round1_s": 30.0, "margin_s": 25.0}
+         "round1_s": 30.0, "margin_s": 25.0, "write_draft_s": 30.0}
 DRAFT_VOCAB, DRAFT_MLP = 32000, 18432                # kimi_compare's Llama draft
 MAX_TOTAL_TOKENS = {"accept": 16384, "compare": 8192}
 MEM_FRACTION = {"one": 0.6, "two": 0.42}             # kimi_accept's / kimi_compare's defaults
@@ -127,6 +127,8 @@ def seconds(phase: str, warm: bool, rounds: int = 3, setup_done: bool = False) -
     start = START_S["warm" if warm else "cold"]
     steps = {} if setup_done or phase == "train" else {
         "setup (allowance)": ALLOW["setup_warm_s" if warm else "setup_cold_s"]}
+    if phase in ("collect", "miswired") or phase in SIDE_BY_SIDE:  # a 4.9 GB draft written before its server
+        steps["write the draft (allowance)"] = ALLOW["write_draft_s"]
     if phase == "collect":
         steps.update({"server start": start, "serve + teacher-force": COLLECT_S,
                       "shutdown (allowance)": ALLOW["shutdown_s"]})
