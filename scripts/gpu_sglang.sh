@@ -48,6 +48,9 @@ trap pack EXIT
 SGLANG=${SGLANG:-0.5.23}
 install_wheels "$WHEELS" "$WORK/wheels.log"
 export PYTHONPATH=/tmp/e3site${PYTHONPATH:+:$PYTHONPATH}
+# beside the import-only flashinfer / deep_gemm stand-ins, in every process here (the JIT warm-up too), as the
+# servers get them from compare.py's CUDA_ENV
+export SGLANG_IS_FLASHINFER_AVAILABLE=false SGLANG_ENABLE_JIT_DEEPGEMM=false
 got=$(python3 -c 'from importlib import metadata; print(metadata.version("sglang"))')
 if [ "$got" != "$SGLANG" ]; then
   result "FAIL wheels: SGLang $got installed, SGLANG=$SGLANG asked (SGLANG=$SGLANG bash scripts/fetch_device_wheels.sh, carry .whl)"
