@@ -87,7 +87,7 @@ def test_float32_lists_no_near_tie_and_predicts_the_served_counts(tf):
                     False)
     assert all(r.dtype == torch.float32 for r in runs)
     predicted = served_walks(runs, N)
-    responses = [type("R", (), {"served": s})() for s in tf.served]
+    responses = [type("R", (), {"served": s, "histogram": s.histogram})() for s in tf.served]
     ties, explained = draft_near_ties(runs, list(range(len(runs))), responses, predicted, N, [])
     assert ties == [] and explained == []
     assert [(p.verify_ct, p.histogram) for p in predicted] == [(s.verify_ct, s.histogram) for s in tf.served]

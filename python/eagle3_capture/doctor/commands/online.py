@@ -460,8 +460,8 @@ def draft_near_ties(runs, kept, responses, predicted, new_tokens: int, ties: lis
             continue
         found = draft_ties(kept[i], run.correct, run.accepted, run.top_vals, run.top_ids, run.labels, run.dtype,
                            new_tokens)
-        on, differs = resp.served, False
-        differs = (on.verify_ct, list(on.histogram)) != (pred.verify_ct, list(pred.histogram))
+        on = resp.served
+        differs = _counts(resp) != _counts(resp, pred)
         if differs:
             out += found
             if found and explains(on, run.accepted.tolist(), found, new_tokens):
@@ -475,14 +475,20 @@ def draft_near_ties(runs, kept, responses, predicted, new_tokens: int, ties: lis
     return out, explained
 
 
+def _counts(resp, served=None) -> tuple:
+    """(verifies, histogram) of the response (or of ``served``, the prediction, read as the response can be: without
+    the histogram when the response has none)."""
+    s = resp.served if served is None else served
+    return (s.verify_ct, list(s.histogram) if resp.histogram is not None else None)
+
+
 def _verdict(lossless, first, rows, on_tot, pr_tot, tolerance: float, responses, predicted, explained, kept,
              ties) -> Tuple[bool, str]:
     """verdict_of, unless every difference between served and predicted counts is a listed near-tie's: then the
     prediction matches by the near-tie rule (served accept length within the tolerance)."""
     from ..sglang_model.responses import verdict_of
 
-    differing = [kept[i] for i, (r, p) in enumerate(zip(responses, predicted))
-                 if (r.served.verify_ct, list(r.served.histogram)) != (p.verify_ct, list(p.histogram))]
+    differing = [kept[i] for i, (r, p) in enumerate(zip(responses, predicted)) if _counts(r) != _counts(r, p)]
     lo, lp = on_tot.served_accept_length, pr_tot.served_accept_length
     if (all(lossless) and differing and set(differing) <= set(explained)
             and math.isfinite(lo) and math.isfinite(lp) and abs(lo - lp) <= tolerance * max(1.0, lp)):

@@ -144,8 +144,10 @@ def draft_ties(prompt: int, correct: torch.Tensor, accepted: torch.Tensor, top_v
 
 def explains(served: Served, accepted: Sequence[int], ties: Sequence[NearTie], new_tokens: int) -> bool:
     """Whether flipping some of the listed draft decisions of one prompt reproduces the served verify count and
-    histogram (each anchor's accept count either as computed or as its tie's flip gives)."""
+    histogram (each anchor's accept count either as computed or as its tie's flip gives; the verify count alone
+    when the server reported no histogram)."""
     want = (served.verify_ct, list(served.histogram))
+    with_hist = bool(served.histogram)
     options: Dict[int, List[int]] = {}
     for t in ties:
         if t.side == "draft" and t.anchor is not None and t.flipped_accept is not None:
@@ -160,13 +162,13 @@ def explains(served: Served, accepted: Sequence[int], ties: Sequence[NearTie], n
             h.pop()
         return h
 
-    target = (want[0], norm(want[1]))
+    target = (want[0], norm(want[1]) if with_hist else None)
     base = [int(x) for x in accepted]
 
     def search(i: int, acc: List[int]) -> bool:
         if i == len(anchors):
             w = walk(acc, new_tokens)
-            return (w.verify_ct, norm(w.histogram)) == target
+            return (w.verify_ct, norm(w.histogram) if with_hist else None) == target
         a = anchors[i]
         for v in options[a]:
             acc2 = list(acc)
