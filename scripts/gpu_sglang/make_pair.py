@@ -56,6 +56,28 @@ def stock_ids(draft_ids, rule: str = "shift_if_first_is_1"):
     return out
 
 
+def write_without_embedding(draft_dir: str, out_dir: str) -> list:
+    """A copy of the draft whose taps are LayerOutputs only, for a release that cannot capture the embedding
+    (0.5.12): the embedding tap replaced by the lowest LayerOutput not yet declared ([-1, 0, 3] -> [0, 1, 3]).
+    Its ids mean the same layer inputs to the plugin and to such a release's stock SGLang (+1 on every id), so one
+    copy serves both: plugin = stock request for request, whatever the draft accepts with taps it was not trained
+    on."""
+    with open(os.path.join(draft_dir, "config.json")) as f:
+        cfg = json.load(f)
+    ids = list(cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
+    if -1 in ids:
+        free = next(i for i in range(len(ids) + 1) if i not in ids)
+        ids = sorted(free if i == -1 else i for i in ids)
+    if os.path.isdir(out_dir):
+        shutil.rmtree(out_dir)
+    shutil.copytree(draft_dir, out_dir)
+    cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = ids
+    cfg["eagle_config"].pop("eagle_aux_hidden_state_convention", None)
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+    return ids
+
+
 def write_stock_draft(draft_dir: str, out_dir: str, rule: str = "shift_if_first_is_1") -> list:
     """A copy of the draft whose eagle_config carries the ids in stock's convention (weights untouched)."""
     with open(os.path.join(draft_dir, "config.json")) as f:
@@ -196,6 +218,9 @@ def main(argv=None) -> int:
     draft_stock = os.path.join(a.out, "draft_stock_ids")
     info["stock_ids"] = write_stock_draft(draft, draft_stock, a.id_rule)
     info["id_rule"] = a.id_rule
+    if a.id_rule == "shift_all" and -1 in info["stock_ids"]:  # stock raises on the embedding: a pair without it
+        info["draft_noemb"] = os.path.join(a.out, "draft_without_embedding")
+        info["noemb_ids"] = write_without_embedding(draft, info["draft_noemb"])
 
     # the target's own greedy continuation (transformers), on the device the demo used
     from eagle3_capture.doctor.target_side.model import greedy_continue, load_target

@@ -678,3 +678,23 @@ def test_a_release_that_cannot_capture_the_embedding_expects_stock_to_raise():
     lines = report.summary_lines({"configs": {"stock_eager": raised}, "comparisons": {}, "stock_raises": True,
                                   "ok": True, "failures": []})
     assert lines[0].startswith("PASS serve stock_eager raised on the embedding tap")
+
+
+def test_a_release_without_the_embedding_gets_a_pair_that_both_sides_can_serve(tmp_path):
+    """0.5.12: the draft's embedding tap becomes the lowest LayerOutput not declared; that copy's ids mean the same
+    layer inputs to the plugin and to 0.5.12's stock (+1 on every id), so it serves both, compared on round 1."""
+    d = tmp_path / "draft"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [-1, 0, 3]}}))
+    (d / "model.safetensors").write_bytes(b"weights")
+    ids = make_pair.write_without_embedding(str(d), str(tmp_path / "noemb"))
+    assert ids == [0, 1, 3] and make_pair.stock_ids(ids, "shift_all") == ids
+    pair = {"draft": str(d), "draft_stock": "s", "draft_noemb": str(tmp_path / "noemb")}
+    table = compare.config_table(pair, str(tmp_path))
+    assert table["plugin_noemb_graphs"]["draft"] == table["stock_noemb_graphs"]["draft"] == pair["draft_noemb"]
+    assert table["stock_noemb_graphs"]["env"] == {"EAGLE3_CAPTURE_DISABLE": "all"}
+    assert ("plugin_noemb_graphs", "stock_noemb_graphs") in report.PAIRS
+    # its stock server must serve (not raise) even where stock's embedding servers must raise
+    noemb_failed = {"ok": False, "error": f"TypeError: {report.STOCK_EMBEDDING_ERROR}", "cuda_graph": "on"}
+    assert any(line.startswith("stock_noemb_graphs: did not serve")
+               for line in report.verdict({"stock_noemb_graphs": noemb_failed}, {}, True))
