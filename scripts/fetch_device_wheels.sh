@@ -17,7 +17,8 @@ cd "$(dirname "$0")/.."
 SGLANG=${SGLANG:-0.5.23}
 LIST=scripts/gpu_sglang/device_wheels.txt
 if ! grep -qx "\[$SGLANG\]" "$LIST"; then
-  echo "fetch_device_wheels.sh: no wheel list for SGLang '$SGLANG' in $LIST (there: $(grep -o '^\[[^]]*\]' "$LIST" | tr -d '[]' | tr '\n' ' '))" >&2
+  known=$(grep -o '^\[[^]]*\]' "$LIST" | tr -d '[]' | tr '\n' ' ')
+  echo "fetch_device_wheels.sh: no wheel list for SGLang '$SGLANG' in $LIST (there: ${known% })" >&2
   exit 2
 fi
 DEST=${1:-.whl}
@@ -33,7 +34,8 @@ PLATFORMS+=(--platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platf
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   "${PLATFORMS[@]}" -d "$DEST" "${WHEELS[@]}"
 bytes=$(du -cb "$DEST"/*.whl | tail -1 | cut -f1)
-echo "SGLang $SGLANG: $(ls "$DEST"/*.whl | wc -l) wheels in $DEST, $(awk -v b="$bytes" 'BEGIN { printf "%.1f MiB", b / 1048576 }')"
+mib=$(awk -v b="$bytes" 'BEGIN { printf "%.1f MiB", b / 1048576 }')
+echo "SGLang $SGLANG: $(ls "$DEST"/*.whl | wc -l) wheels in $DEST, $mib"
 if [ "$bytes" -gt $((64 * 1048576)) ]; then
   echo "fetch_device_wheels.sh: more than the 64 MiB a device call carries" >&2
   exit 1

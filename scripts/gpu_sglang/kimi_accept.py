@@ -15,8 +15,8 @@ train leave their files in --state for the next call (the GPU script keeps it at
    logprobs) reads the residual stream at the draft's taps back from the dump. No target outside the server. The
    taps, tokens and labels go to STATE/train_data.pt.
 2. **Train** (its own process, which exits before the next server loads: a server started beside the training
-   process was killed during its load on the H100). A ``LlamaForCausalLMEagle3`` draft at the target's width: its embedding and lm_head rows from the
-   target's (kimi_shape gives them exactly), a d2t hot-token map of the most frequent served tokens, the rest
+   process was killed during its load on the H100). A ``LlamaForCausalLMEagle3`` draft at the target's width: its
+   embedding and lm_head rows from the target's (kimi_shape gives them exactly), a d2t hot-token map of the most frequent served tokens, the rest
    trained with the doctor's multi-step loop (``doctor.demo.train``) on those taps.
 3. **Online = offline.** A second server with the trained draft (and its dump); ``eagle3-capture doctor online
    --server URL --draft D --dump DIR`` serves the held-out prompts, predicts every verify from the dump, and says
