@@ -9,8 +9,8 @@ OUT.json: {"outputs" (token ids per prompt), "metrics" ({name: value or per-posi
 (optional: path of a safetensors file with the captured rows), "seconds"}.
 
 The ``__main__`` guard is required: vLLM spawns its processes. The environment (VLLM_PLUGINS, EAGLE3_CAPTURE_*,
-VLLM_MLA_DISABLE) comes from the caller. ``observe`` registers a plain torch forward hook on the target's
-DeepseekV2Model through ``LLM.apply_model`` (vLLM's own way to reach the worker's model), and reads what it kept
+VLLM_MLA_DISABLE) comes from the caller. ``observe`` registers a plain torch forward hook on the target
+causal LM through ``LLM.apply_model`` (vLLM's own way to reach the worker's model), and reads what it kept
 the same way: the model's real forward output, (hidden_states, aux_hidden_states), whatever the plugin did.
 """
 from __future__ import annotations
@@ -23,21 +23,21 @@ import time
 
 
 def _attach(limit, model):
-    """Runs in the worker: keep the aux hidden states of the target's first ``limit`` forwards on the module."""
-    inner = model.model
-    inner._e3_observed = []
+    """Runs in the worker: keep the aux hidden states of the target's first ``limit`` forwards on the model. The hook
+    sits on the causal LM, whose forward returns its DeepseekV2Model's output: a hook on the DeepseekV2Model itself
+    would never run (vLLM's compile decorator calls its ``forward`` directly, around ``nn.Module.__call__``)."""
+    model._e3_observed = []
 
     def hook(module, args, output):
-        if isinstance(output, tuple) and len(module._e3_observed) < module._e3_observe_max:
+        if isinstance(output, tuple) and len(module._e3_observed) < limit:
             module._e3_observed.append([t.detach().clone().cpu() for t in output[1]])
 
-    inner._e3_observe_max = limit
-    inner.register_forward_hook(hook)
-    return type(inner).__name__
+    model.register_forward_hook(hook)
+    return type(model).__name__
 
 
 def _collect(model):
-    return [[t.tolist() for t in aux] for aux in model.model._e3_observed]
+    return [[t.tolist() for t in aux] for aux in model._e3_observed]
 
 
 def _metrics(llm) -> dict:

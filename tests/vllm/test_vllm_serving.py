@@ -103,7 +103,7 @@ def test_plugin_equals_stock_outputs_and_acceptance(pair):
     # the startup line: release, adapter, taps in every convention, what stock would store
     line = plugin.lines("eagle3_capture: vLLM 0.32.0")
     assert len(line) == 1, plugin.log[-3000:]
-    assert ("adapter aux-list" in line[0] and "draft ids [0, 1, 3]" in line[0] and "layer inputs [1, 2, 4]" in line[0]
+    assert ("adapter aux-list" in line[0] and "draft ids [0, 1, 3]" in line[0]
             and "aux_hidden_state_layers [1, 2, 4]" in line[0] and "stock vLLM stores [0, 1, 3]" in line[0]), line[0]
     assert not stock.lines("eagle3_capture: vLLM 0.32.0")
 
@@ -137,3 +137,32 @@ def test_undeclared_minus_one_refused_at_load_in_one_line(pair):
     refusals = [ln for ln in run.lines("eagle3_capture: refusing to serve on vLLM 0.32.0") if "RuntimeError" in ln]
     assert refusals, run.log[-3000:]
     assert "eagle_config.eagle_aux_hidden_state_convention = \"draft_ids\"" in refusals[0], refusals[0]
+
+
+CHAIN_FLAGS = (f"--speculative-algorithm EAGLE3 --speculative-num-steps {K} --speculative-eagle-topk 1 "
+               f"--speculative-num-draft-tokens {K + 1}")  # vLLM's chain of K speculative tokens, in SGLang's flags
+
+
+@pytest.mark.parametrize("which", ["interior", "embedding"])
+def test_doctor_prediction_equals_served_acceptance(pair, tmp_path, which):
+    """``doctor accept`` (the transformers target, the draft in plain torch, the served loop replayed) predicts
+    vLLM's counters: drafts (verifies) and accepted tokens per position, exactly."""
+    from vllm_fixtures import doctor
+
+    run = plugin_interior(pair) if which == "interior" else plugin_embedding(pair)
+    assert run.ok, run.log[-3000:]
+    out = tmp_path / "accept.json"
+    proc = doctor("accept", "--target", pair.target, "--draft", pair.draft(f"draft_{which}"), "--prompts",
+                  pair.prompts_file(), "--server-args", CHAIN_FLAGS, "--new-tokens", MAX_TOKENS, "--json", out,
+                  "--no-progress", "--device", "cpu", "--threads", 1)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    import json
+
+    from eagle3_capture.doctor.vllm_model import SpecCounters, predicted_counters
+
+    served = json.loads(out.read_text())["served"]
+    predicted = predicted_counters(served["correct_drafts_histogram"], K)
+    measured = SpecCounters(int(run.metric("vllm:spec_decode_num_drafts")),
+                            int(run.metric("vllm:spec_decode_num_draft_tokens")),
+                            int(run.metric("vllm:spec_decode_num_accepted_tokens")), run.accepted_per_pos)
+    assert measured == predicted, (served, run.result["metrics"])
