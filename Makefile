@@ -75,9 +75,9 @@ $(VLLM_VENV)/.deps-stamp: requirements-vllm.txt
 	$(VPY) -c "from vllm import LLM; import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
 	touch $@
 
-$(VLLM_VENV)/.project-stamp: $(VLLM_VENV)/.deps-stamp $(NATIVE_SOURCES) README.md
-	rm -rf $(VLLM_SRC) && mkdir -p $(VLLM_SRC)/python
-	cp -r csrc setup.py pyproject.toml README.md $(VLLM_SRC)/
+$(VLLM_VENV)/.project-stamp: $(VLLM_VENV)/.deps-stamp $(NATIVE_SOURCES)
+	rm -rf $(VLLM_SRC)/csrc && mkdir -p $(VLLM_SRC)/python
+	cp -rp csrc setup.py pyproject.toml README.md $(VLLM_SRC)/
 	tar -C python --exclude='*.so' --exclude=__pycache__ -cf - . | tar -C $(VLLM_SRC)/python -xf -
 	cd $(VLLM_SRC) && EAGLE3_CAPTURE_FORCE_CPU=1 EAGLE3_CAPTURE_REQUIRE_CUDA=0 $(abspath $(VPY)) -m pip install -q --no-build-isolation --no-deps -e .
 	$(VPY) -m eagle3_capture info

@@ -21,23 +21,7 @@ import os
 import sys
 import time
 
-
-def _attach(limit, model):
-    """Runs in the worker: keep the aux hidden states of the target's first ``limit`` forwards on the model. The hook
-    sits on the causal LM, whose forward returns its DeepseekV2Model's output: a hook on the DeepseekV2Model itself
-    would never run (vLLM's compile decorator calls its ``forward`` directly, around ``nn.Module.__call__``)."""
-    model._e3_observed = []
-
-    def hook(module, args, output):
-        if isinstance(output, tuple) and len(module._e3_observed) < limit:
-            module._e3_observed.append([t.detach().clone().cpu() for t in output[1]])
-
-    model.register_forward_hook(hook)
-    return type(model).__name__
-
-
-def _collect(model):
-    return [[t.tolist() for t in aux] for aux in model._e3_observed]
+import vllm_observer  # importable by name in every vLLM process: the caller puts tests/vllm on PYTHONPATH
 
 
 def _metrics(llm) -> dict:
@@ -63,13 +47,13 @@ def main(run_path: str, out_path: str) -> int:
     started = time.perf_counter() - t0
     observed = None
     if run.get("observe"):
-        llm.apply_model(functools.partial(_attach, int(run["observe"])))
+        llm.apply_model(functools.partial(vllm_observer.attach, int(run["observe"])))
     params = SamplingParams(max_tokens=run["max_tokens"], temperature=0.0, ignore_eos=True, detokenize=False)
     outs = llm.generate([{"prompt_token_ids": p} for p in run["prompts"]], params, use_tqdm=False)
     result = {"outputs": [list(o.outputs[0].token_ids) for o in outs], "metrics": _metrics(llm),
               "start_seconds": round(started, 1), "seconds": round(time.perf_counter() - t0, 1)}
     if run.get("observe"):
-        observed = llm.apply_model(_collect)[0]
+        observed = llm.apply_model(vllm_observer.collect)[0]
         result["observed"] = observed
     with open(out_path, "w") as f:
         json.dump(result, f)

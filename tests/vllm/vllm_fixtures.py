@@ -128,6 +128,7 @@ def serve(pair: Pair, name: str, draft: str, env: Optional[dict] = None, observe
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("EAGLE3_CAPTURE_")}
     full_env.update(BASE_ENV)
     full_env.update(env or {})
+    full_env["PYTHONPATH"] = os.pathsep.join([HERE] + [p for p in [os.environ.get("PYTHONPATH")] if p])
     proc = subprocess.run([sys.executable, os.path.join(HERE, "serve_llm.py"), run_path, out_path], env=full_env,
                           cwd=out_dir, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     log = proc.stdout + proc.stderr
