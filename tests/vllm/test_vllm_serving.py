@@ -50,7 +50,7 @@ def reference(pair, dtype=torch.float64):
         return _ref[dtype]
     from transformers import AutoModelForCausalLM
 
-    from eagle3_capture.doctor.target.model import greedy_continue, residual_stream
+    from eagle3_capture.doctor.target_side.model import greedy_continue, residual_stream
 
     model = AutoModelForCausalLM.from_pretrained(pair.target, dtype=torch.float32).eval()
     prompts = torch.tensor(pair.prompts())

@@ -63,7 +63,7 @@ def build(root: str) -> dict:
     from eagle3_capture.doctor.common import save_safetensors, write_json
     from eagle3_capture.doctor.demo.train import TrainConfig, init_draft_from_target, train_draft
     from eagle3_capture.doctor.draft.model import DraftArch
-    from eagle3_capture.doctor.target.model import (Target, build_demo_target, demo_target_config_dict,
+    from eagle3_capture.doctor.target_side.model import (Target, build_demo_target, demo_target_config_dict,
                                                     greedy_continue, residual_stream)
 
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
