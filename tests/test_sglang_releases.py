@@ -26,7 +26,6 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from eagle3_capture import sglang_releases as sr
-from eagle3_capture import sglang_rules
 from eagle3_capture.spec import EMBEDDING, LayerOutput, TapError, TapSpec
 from release_code import calls_in, exec_def, find_def, has_path
 from sglang_release_dirs import IMPORT_PROBED, install_hint, sglang_importable, sglang_source
@@ -141,7 +140,7 @@ def test_installed_version_is_read_without_importing_sglang():
 
 def test_modules_stay_torch_free():
     """The release model and the vLLM model import no torch and no engine (the doctor runs them anywhere)."""
-    code = ("import sys; import eagle3_capture.sglang_releases, eagle3_capture.vllm_rules, eagle3_capture.sglang_rules; "
+    code = ("import sys; import eagle3_capture.sglang_releases, eagle3_capture.vllm_rules, eagle3_capture.release_table; "
             "bad = [m for m in ('torch', 'sglang', 'vllm') if m in sys.modules]; assert not bad, bad")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": os.path.join(os.path.dirname(HERE), "python")})
@@ -274,13 +273,6 @@ def test_ids_for_reproduces_the_spec_on_every_release(spec, version, family):
     nc = sr.native_capture(ids, spec.num_layers, spec.hidden_size, version, family, cuda_graphs=False)
     assert nc.captured_taps == spec.taps and nc.error is None
     assert sr.compare_native_capture(spec, nc) == []
-
-
-@given(st.one_of(st.none(), st.lists(st.integers(-3, 70), max_size=6)), st.integers(1, 80),
-       st.sampled_from(sr.FAMILIES))
-def test_the_0523_names_are_release_0_5_23(ids, L, family):
-    assert sglang_rules.sglang_0523_layers_to_capture(ids, L, family) == sr.layers_to_capture(ids, L, "0.5.23", family)
-    assert sglang_rules.sglang_0523_native_capture(ids, L, 8, family) == sr.native_capture(ids, L, 8, "0.5.23", family)
 
 
 @given(st.lists(st.integers(-3, 70), max_size=6), st.integers(1, 80), st.sampled_from(sr.KNOWN_VERSIONS))

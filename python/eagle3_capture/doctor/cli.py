@@ -18,13 +18,14 @@ import types
 from types import ModuleType
 from typing import Optional, Sequence, Tuple
 
+from ..sglang_releases.versions import NEWEST, OLDEST
 from .common import EXIT_BAD_INPUT, EXIT_FINDINGS, DeploymentFinding, DoctorError, write_json
 from .options import add_arguments, options_from
 
 # (subcommand, its module under commands/, its line in `doctor --help`), in the order --help lists them.
 COMMANDS: Tuple[Tuple[str, str, str], ...] = (
-    ("check", "check", "trained taps vs what stock SGLang (any release 0.5.8-0.5.23) or vLLM / the plugin capture, "
-                       "config and flag traps"),
+    ("check", "check", f"trained taps vs what stock SGLang (any release {OLDEST}-{NEWEST}) or vLLM / the plugin "
+                       "capture, config and flag traps"),
     ("fingerprint", "fingerprint", "which layer each captured slot holds (a reference, the server's own stream, or "
                                    "training data)"),
     ("dump-reference", "dump_reference", "the training side's hidden states for some prompts (transformers)"),

@@ -35,19 +35,23 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple
 
-LIST_IN_LOOP = "list-in-loop"
-LIST_INTO_LAYER = "list-into-layer"
-PACKER = "packer"
-PACKER_LAYER_BOUNDARY = "packer+layer-boundary"
-ADAPTERS = (LIST_IN_LOOP, LIST_INTO_LAYER, PACKER, PACKER_LAYER_BOUNDARY)
+from ... import sglang_releases as releases
+from ...release_table import version_key
+
+# The adapters and the supported range are the release table's (sglang_releases/catalogue.py), read here.
+LIST_IN_LOOP = releases.VARIANT_LIST_IN_LOOP
+LIST_INTO_LAYER = releases.VARIANT_LIST_INTO_LAYER
+PACKER = releases.VARIANT_PACKER
+PACKER_LAYER_BOUNDARY = releases.VARIANT_PACKER_LAYER_BOUNDARY
+ADAPTERS = releases.VARIANTS
 
 # where the final boundary's value comes from
 FINAL_NORM = "final-norm"          # residual_batch.final_norm(capture=)
 RESIDUAL_NORM = "residual-norm"    # residual_batch.norm(capture_output=)
 LAST_LAYER = "last-layer"          # the last DeepseekV2DecoderLayer's (hidden, residual) output
 
-# The releases this plugin was read against and tested on (docs/sglang_releases.md).
-OLDEST, NEWEST = (0, 5, 12), (0, 5, 23)
+# The releases this plugin was read against and tested on, as (major, minor, patch) (docs/sglang_releases.md).
+OLDEST, NEWEST = (version_key(v)[:3] for v in (releases.supported()[0], releases.supported()[-1]))
 
 # Dotted paths, one name per SGLang attribute the plugin may hook or read.
 DEEPSEEK = "sglang.srt.models.deepseek_v2"
@@ -147,7 +151,7 @@ def version_tuple(version: str) -> Optional[Tuple[int, ...]]:
 
 
 def range_text() -> str:
-    return f"{'.'.join(map(str, OLDEST))} through {'.'.join(map(str, NEWEST))}"
+    return releases.SUPPORTED_RANGE
 
 
 def resolve(path: str):
@@ -282,12 +286,7 @@ def reset() -> None:
 
 def installed_version() -> Optional[str]:
     """The installed SGLang's version without importing it (None when not installed)."""
-    from importlib import metadata
-
-    try:
-        return metadata.version("sglang")
-    except metadata.PackageNotFoundError:
-        return None
+    return releases.installed_sglang_version()
 
 
 __all__ = [
