@@ -35,6 +35,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple
 
+from ... import draft_layouts
 from ... import sglang_releases as releases
 from ...release_table import version_key
 
@@ -102,8 +103,9 @@ REQ_ABORT_PATH = "sglang.srt.managers.schedule_batch.Req.set_finish_with_abort"
 TP_GROUP_PATHS = ("sglang.srt.distributed.parallel_state.get_tp_group",)
 ATTN_TP_GROUP_PATHS = ("sglang.srt.distributed.parallel_state.get_attn_tp_group",
                        "sglang.srt.layers.dp_attention.get_attention_tp_group")
-MLA_DRAFT_FORWARD_PATH = "sglang.srt.models.kimi_k25_eagle3.Eagle3MLAModel.forward"
-LLAMA_DRAFT_FORWARD_PATH = "sglang.srt.models.llama_eagle3.LlamaModel.forward"
+# the draft models' forwards (the draft layouts' table, draft_layouts.py)
+MLA_DRAFT_FORWARD_PATH = draft_layouts.MLA.sglang_forward
+LLAMA_DRAFT_FORWARD_PATH = draft_layouts.LLAMA.sglang_forward
 # Where SGLang builds a request's spec_correct_drafts_histogram, once per verify (every release read)
 ACCEPTANCE_HISTOGRAM_PATH = "sglang.srt.managers.schedule_batch.Req.update_spec_correct_drafts_histogram"
 DRAFT_EXTEND_PATHS = ("sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._draft_extend_for_decode",
@@ -250,7 +252,7 @@ def detect() -> Internals:
     gates = tuple(p for p in GRAPH_GATE_PATHS if resolve(p) is not None)
     extends = tuple(p for p in DRAFT_EXTEND_PATHS if resolve(p) is not None)
     mla = resolve(MLA_DRAFT_FORWARD_PATH.rsplit(".", 1)[0])
-    mla_fc_sharded = mla is not None and "_fc_gatherer" in _source(_unwrapped(mla.__init__))
+    mla_fc_sharded = mla is not None and draft_layouts.MLA.gather_attr in _source(_unwrapped(mla.__init__))
     for path in (SET_LAYERS_TO_CAPTURE_PATH, RUNNER_FORWARD_PATH, LOAD_MODEL_PATH):
         if resolve(path) is None:
             missing[path.rsplit(".", 2)[-2] + "." + path.rsplit(".", 1)[1]] = f"{path} does not exist"
