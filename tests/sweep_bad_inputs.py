@@ -3,7 +3,9 @@ limit, and counted by outcome: a clean error (exit 2, one line), a finding (exit
 traceback, a run killed at the time limit (a hang), a crash (a signal). Each case states what it must give; the
 table says how many cases of each kind gave what, and lists the ones that did not give what they must.
 
-Not a pytest module (no test_ prefix): it takes minutes. Run it from the repository root:
+Not a pytest module (no test_ prefix): it takes minutes. One file (about 600 lines): one case builder per kind
+around the forked runner and the outcome table they share (issue 32's kinds: sweep_issue32_*.py). Run it from the
+repository root:
 
     PYTHONPATH=$PWD/python python tests/sweep_bad_inputs.py [--only KIND] [--timeout S] [--json OUT]
 
