@@ -306,9 +306,13 @@ def add_doctor_parser(sub) -> None:
                                   "acceptance over the last interval and since the start against the expected "
                                   "profile, the server's drift statistic and alarm, verifies per second, the accept "
                                   "length and the capture self-test. With --profile the drift monitor also runs here, "
-                                  "one block per interval. Exit 1 when an alarm was seen (the server's, a broken "
-                                  "capture, or the monitor's), 0 otherwise, 2 on bad input or a server unreachable at "
-                                  "the start.")
+                                  "one block per interval. Each reading is judged whole (complete within its "
+                                  "deadline of min(10, max(2, interval)) s and its Content-Length, every expected "
+                                  "series, consistent counters) before any figure is taken from it. Exit codes: 0 "
+                                  "every reading judged and no alarm; 1 an alarm was seen (the server's, a broken "
+                                  "capture, or the monitor's); 3 no alarm seen but some reading could not be judged "
+                                  "(failed: unreachable, partial, contradictory); 2 bad input, or the first reading "
+                                  "failed.")
     s.add_argument("--server", required=True, metavar="URL", type=at.url,
                    help="http://host:port of the running SGLang server")
     s.add_argument("--profile", metavar="PROFILE.json",
