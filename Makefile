@@ -40,7 +40,7 @@ test-sglang: build $(VENV)/.sglang-stamp
 	@if [ -z "$(SGLANG)" ]; then echo "usage: make test-sglang SGLANG=<a release from 0.5.12 through 0.5.23> [SMOKE=0]" >&2; exit 2; fi
 	@dir=$$($(PY) tests/sglang_release_dirs.py sglang --importable $(SGLANG) | tail -n 1) || exit $$?; \
 	export PYTHONPATH="$$dir"; echo "test-sglang: SGLang $(SGLANG) from $${dir:-this environment}"; \
-	$(PY) -m pytest -m "sglang and not cuda" -q $(PYTEST_ARGS) tests/sglang || exit 1; \
+	$(PY) -m pytest -m "sglang and not cuda" -q $(PYTEST_ARGS) tests/plugin || exit 1; \
 	if [ "$(SMOKE)" = 1 ]; then $(PY) -m pytest -m engine -q --durations=0 $(PYTEST_ARGS) $(SMOKE_TESTS) || exit 1; fi
 
 # The release matrix (CI runs it after `make test`, which covers 0.5.23): the doctor's model of every release checked

@@ -38,7 +38,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(REPO, "python"))
+sys.path.insert(0, os.path.join(REPO, "python"))  # bootstrap: the checkout's package, installed or not
 
 KIMI_DRAFT = {  # SpecForge configs/kimi-k25-eagle3.json
     "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": 7168,
@@ -191,7 +191,6 @@ def make_dump(d: str, prompts_path: str, n_prompts: int, prompt_len: int, new_to
 def write_responses(path: str, prompts_path: str, accept_json: str, dump: str, new_tokens: int) -> None:
     """What the server would have answered: each prompt's continuation (the dumped tokens) and the served
     figures the replay predicts."""
-    sys.path.insert(0, os.path.join(REPO, "python"))
     from eagle3_capture.dump_format.reader import DumpReader, doctor_requests
 
     prompts = json.load(open(prompts_path))

@@ -14,14 +14,12 @@ floor_us = max(bytes / streaming read bandwidth, flops / bf16 matmul rate), both
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+import common  # benchmarks/common.py: the script's own folder is first on sys.path when run as a script
 
 from eagle3_capture import ops, tuning  # noqa: E402
 

@@ -18,7 +18,7 @@ called clear when it beats 2x the noise and wins on 90% of the rows one by one).
 
     python benchmarks/bench_fingerprint_depth.py --out benchmarks/results/fingerprint_depth-cpu.json
 
-``--models kimi``: the same figures for the Kimi-K2.5-layout target of tests/gpu_sglang (kimi_shape.target_config(
+``--models kimi``: the same figures for the Kimi-K2.5-layout target of scripts/gpu_sglang (kimi_shape.target_config(
 experts=4, topk=2, **kimi_shape.SMALL): 61 layers, hidden 256), (a) with the weights SGLang's load_format="dummy"
 leaves (its own initialize_dummy_weights) and (b) with kimi_shape.layer_batches at each --gains, each row with the
 learnability of the target's greedy text (what a draft is trained on; see :func:`learnability`):
@@ -39,8 +39,8 @@ import time
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
-KIMI_SHAPE_DIR = os.path.join(os.path.dirname(HERE), "tests", "gpu_sglang")  # kimi_shape.py (test-only)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))  # bootstrap: the checkout's package, installed or not
+KIMI_SHAPE_DIR = os.path.join(os.path.dirname(HERE), "scripts", "gpu_sglang")  # kimi_shape.py (a GPU program)
 
 
 def llama(layers: int, hidden: int, seed: int):

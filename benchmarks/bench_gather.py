@@ -20,8 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+import common  # benchmarks/common.py: the script's own folder is first on sys.path when run as a script
 
 
 def timed_graph(fn, reps: int, samples: int) -> float:

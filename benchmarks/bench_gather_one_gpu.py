@@ -18,8 +18,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+import common  # benchmarks/common.py: the script's own folder is first on sys.path when run as a script
 
 
 def main() -> int:

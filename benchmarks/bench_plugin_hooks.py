@@ -1,6 +1,6 @@
 """What the SGLang plugin's hooks cost per forward on the serving thread (host time), against stock SGLang and,
 optionally, against another version of the plugin, with SGLang 0.5.23's real classes: its tiny DeepseekV3 target and
-EAGLE-3 drafts, built and run through the plugin tests' harness (tests/sglang/harness.py), so it needs SGLang
+EAGLE-3 drafts, built and run through the plugin tests' harness (tests/plugin/harness.py), so it needs SGLang
 installed as `make test` installs it.
 
     PYTHONPATH=python python benchmarks/bench_plugin_hooks.py [--device cpu|cuda] [--json PATH] [--baseline TREE]
@@ -46,8 +46,9 @@ import time
 import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "sglang"))
+# bootstrap (a script, run outside pytest, which gets this folder from pyproject's pythonpath): the plugin tests'
+# harness.py
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "plugin"))
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 
 TARGET_IDS = [-1, 1, 3]          # layer inputs [0, 2, 4]: stock SGLang captures the same slots

@@ -134,8 +134,7 @@ def main() -> int:
             else:
                 print(f"ok: {arch} PTX: all {len(ptx[arch])} kernels present")
     if not args.no_resources:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        import cubin_resources
+        import cubin_resources  # scripts/: the script's own folder, first on sys.path
 
         fails = cubin_resources.check(cuobjdump, lib, want, sass)
         for f in fails:

@@ -5,8 +5,8 @@
 #   usage: bash scripts/fetch_device_wheels.sh [--help] [DEST]      (DEST default: .whl in the repository root)
 # DEST is emptied of *.whl first (two versions of one package stop the install). Prints the total size: the
 # wheels travel with the working tree, 64 MiB a call in all. Not carried: sglang-kernel (373 MB, CUDA, built for
-# torch 2.14.1; tests/gpu_sglang/standins stands in for it), soundfile (without cffi it breaks transformers'
-# audio import), IPython (a two-name stand-in in tests/gpu_sglang/standins). Versions are the CPU venv's
+# torch 2.14.1; scripts/gpu_sglang/standins stands in for it), soundfile (without cffi it breaks transformers'
+# audio import), IPython (a two-name stand-in in scripts/gpu_sglang/standins). Versions are the CPU venv's
 # (requirements-sglang.txt and its resolution); the image already has torch, triton, transformers, numpy,
 # anyio, httpx, requests, psutil, pyyaml, aiohttp, huggingface-hub, safetensors, cuda-bindings, nvidia-ml-py.
 set -euo pipefail

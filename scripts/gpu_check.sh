@@ -10,7 +10,7 @@
 #    add + RMSNorm with more rows than SMs, a malformed override raising, the capture and draft fc suites, the draft
 #    fc in its three hook forms inside graphs captured as SGLang does, an in-place fc_norm update between replays,
 #    the decode workspace first needed in a capture, the plugin's CUDA hook calls). Not the `sglang` ones: no SGLang
-#    here (tests/sglang/test_graphs_sglang_cuda.py runs where it imports).
+#    here (tests/plugin/test_graphs_sglang_cuda.py runs where it imports).
 # 3. compute-sanitizer memcheck and 4. racecheck over the gather protocol (sequential tests, timeouts, late blocks
 #    behind a busy kernel: no kernel waits on a concurrent one, which the sanitizer would serialise), the draft fc
 #    decode kernels incl. the fallback, the draft fc in graphs (decode sizes) and the fused add + RMSNorm

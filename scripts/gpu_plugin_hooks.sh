@@ -6,9 +6,9 @@
 #   usage: bash scripts/gpu_plugin_hooks.sh [--help]      (from the repository root or anywhere)
 # Needs SGLang and its light deps as wheels in $WHEELS (default .whl in the repository root): run
 # `bash scripts/fetch_device_wheels.sh` where pip works and name .whl in the device call's carry (about 58 MB).
-# sglang-kernel is stood in by tests/gpu_sglang/standins, as in scripts/gpu_sglang.sh.
+# sglang-kernel is stood in by scripts/gpu_sglang/standins, as in scripts/gpu_sglang.sh.
 # 1. install the wheels into /tmp/e3site (cleared first); build the extension for the GPU's arch and, beside it,
-#    SGLang's JIT kernels on the path (tests/gpu_sglang/jit_warmup.py)
+#    SGLang's JIT kernels on the path (scripts/gpu_sglang/jit_warmup.py)
 # 2. the benchmark -> $OUT/plugin_hooks-cuda.json (machine, torch, command, every row), its printout in
 #    $OUT/plugin_hooks-cuda.txt; a section that cannot run on this machine is reported in the JSON ("errors") and
 #    the others still run
@@ -29,11 +29,11 @@ mkdir -p "$WORK"
 
 install_wheels "$WHEELS" "$WORK/wheels.log"
 # SGLang and the stand-ins for its compiled packages; the kernel version check off (stand-ins)
-export PYTHONPATH=/tmp/e3site:$PWD/tests/gpu_sglang/standins${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONPATH=/tmp/e3site:$PWD/scripts/gpu_sglang/standins${PYTHONPATH:+:$PYTHONPATH}
 export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1
 if [ -z "${CUDA_HOME:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then export CUDA_HOME=/usr/local/cuda; fi
 
-(timeout "$(cap 200)" python3 tests/gpu_sglang/jit_warmup.py > "$WORK/jit_warmup.log" 2>&1) &
+(timeout "$(cap 200)" python3 scripts/gpu_sglang/jit_warmup.py > "$WORK/jit_warmup.log" 2>&1) &
 jit_pid=$!
 build_extension
 rc=0; wait "$jit_pid" || rc=$?

@@ -3,14 +3,14 @@
 #   usage: bash scripts/gpu_sglang.sh [--help]      (from the repository root or anywhere)
 # Needs SGLang and its light deps as wheels in $WHEELS (default .whl in the repository root): run
 # `bash scripts/fetch_device_wheels.sh` where pip works and name .whl in the device call's carry (about 58 MB).
-# sglang-kernel cannot travel: tests/gpu_sglang/standins stands in for sgl_kernel, flash_mla, cutlass and IPython
+# sglang-kernel cannot travel: scripts/gpu_sglang/standins stands in for sgl_kernel, flash_mla, cutlass and IPython
 # (torch versions of what the tested path calls, an error naming any other name that gets called).
 # 1. install the wheels into /tmp/e3site (cleared first); in the background: build the extension for the GPU's arch
-#    (pip install -e .), write the demo pair (tests/gpu_sglang/make_pair.py: doctor demo --fast, on CUDA with a
+#    (pip install -e .), write the demo pair (scripts/gpu_sglang/make_pair.py: doctor demo --fast, on CUDA with a
 #    CPU fallback, plus the target's greedy continuations and the expected-acceptance profile from doctor accept),
-#    build SGLang's JIT kernels on the path (tvm-ffi + nvcc, tests/gpu_sglang/jit_warmup.py) and test the
+#    build SGLang's JIT kernels on the path (tvm-ffi + nvcc, scripts/gpu_sglang/jit_warmup.py) and test the
 #    stand-ins on this GPU (CUDA graphs too)
-# 2. tests/gpu_sglang/compare.py: five sglang.Engine servers, started side by side and timed one at a time: the
+# 2. scripts/gpu_sglang/compare.py: five sglang.Engine servers, started side by side and timed one at a time: the
 #    plugin with --disable-cuda-graph and with CUDA graphs on, stock SGLang (plugin off, the draft's ids in stock's
 #    convention) likewise, and the plugin with CUDA graphs and SGLang's metrics on (--enable-metrics, the profile);
 #    the graph-on servers' timed rounds interleaved (ROUNDS each, the order rotated every round); one deadline
@@ -20,7 +20,7 @@
 # round (median, min/max) and plugin_graphs / stock_graphs, plugin_metrics / stock_graphs per round pair, what the
 # plugin's metrics counted against the responses and the profile.
 # $OUT/summary.txt: one PASS / FAIL / SKIP / INFO line per check (INFO: a difference stock SGLang shows too);
-# $OUT/logs.tar.gz: every log, response and dump (tests/gpu_sglang/compare.py --rejudge re-reads them).
+# $OUT/logs.tar.gz: every log, response and dump (scripts/gpu_sglang/compare.py --rejudge re-reads them).
 # Success: exit status 0, no summary line starts with FAIL or SKIP. Environment: OUT (default /tmp/e3out), BUDGET_S
 # (default 460), ROUNDS (default 5: timed rounds of each graph-on server; fewer run when time runs short, and the
 # summary says how many), WHEELS, TORCHDYNAMO_DISABLE (passed to the servers; unset: SGLang's torch.compile runs).
@@ -52,12 +52,12 @@ arch="${cc%?}.${cc: -1}a"
 (TORCH_CUDA_ARCH_LIST="$arch" MAX_JOBS="$(nproc)" timeout "$(cap 240)" \
   python3 -m pip install -q --no-build-isolation --no-deps -e . > "$WORK/build.log" 2>&1) &
 build_pid=$!
-(timeout "$(cap 200)" python3 tests/gpu_sglang/make_pair.py --out "$WORK/pair" > "$WORK/pair.log" 2>&1) &
+(timeout "$(cap 200)" python3 scripts/gpu_sglang/make_pair.py --out "$WORK/pair" > "$WORK/pair.log" 2>&1) &
 pair_pid=$!
 (E3_HYPOTHESIS_PROFILE=sanitizer timeout "$(cap 150)" python3 -m pytest -q -p no:cacheprovider \
-  tests/gpu_sglang/test_native.py > "$WORK/standin_tests.log" 2>&1) &
+  tests/gpu_programs/test_native.py > "$WORK/standin_tests.log" 2>&1) &
 tests_pid=$!
-(timeout "$(cap 200)" python3 tests/gpu_sglang/jit_warmup.py > "$WORK/jit_warmup.log" 2>&1) &
+(timeout "$(cap 200)" python3 scripts/gpu_sglang/jit_warmup.py > "$WORK/jit_warmup.log" 2>&1) &
 jit_pid=$!
 rc=0; wait "$build_pid" || rc=$?
 if [ $rc = 0 ]; then result "PASS build (TORCH_CUDA_ARCH_LIST=$arch)"
@@ -66,7 +66,7 @@ rc=0; wait "$pair_pid" || rc=$?
 if [ $rc = 0 ]; then result "PASS demo pair ($(tail -1 "$WORK/pair.log"))"
 else tail -30 "$WORK/pair.log"; result "FAIL demo pair (rc=$rc)"; exit 1; fi
 rc=0; wait "$tests_pid" || rc=$?
-pytest_result "stand-in tests on this GPU (tests/gpu_sglang/test_native.py)" "$WORK/standin_tests.log" $rc
+pytest_result "stand-in tests on this GPU (tests/gpu_programs/test_native.py)" "$WORK/standin_tests.log" $rc
 rc=0; wait "$jit_pid" || rc=$?
 if [ $rc = 0 ]; then result "PASS SGLang JIT kernels build here ($(grep -c "'ok': True" "$WORK/jit_warmup.log") of the path's)"
 else grep "jit_warmup:" "$WORK/jit_warmup.log" | cut -c1-300 || tail -20 "$WORK/jit_warmup.log"
@@ -75,10 +75,10 @@ else grep "jit_warmup:" "$WORK/jit_warmup.log" | cut -c1-300 || tail -20 "$WORK/
 step SGLang serving: graphs off, graphs on, plugin, stock, plugin with metrics, interleaved timed rounds
 left=$(( DEADLINE - $(date +%s) - 20 ))
 rc=0
-python3 tests/gpu_sglang/compare.py --pair "$WORK/pair" --out "$WORK/compare" --budget-s "$left" --rounds "$ROUNDS" \
+python3 scripts/gpu_sglang/compare.py --pair "$WORK/pair" --out "$WORK/compare" --budget-s "$left" --rounds "$ROUNDS" \
   --result "$LOGS/gpu_sglang.json" --command "bash scripts/gpu_sglang.sh" 2>&1 | tee "$WORK/compare.out" || rc=$?
 if [ -f "$LOGS/gpu_sglang.json" ]; then
-  python3 tests/gpu_sglang/report.py "$LOGS/gpu_sglang.json" >> "$SUMMARY"
+  python3 scripts/gpu_sglang/report.py "$LOGS/gpu_sglang.json" >> "$SUMMARY"
 else
   result "FAIL compare (rc=$rc): no result JSON"
 fi

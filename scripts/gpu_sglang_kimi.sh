@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # At Kimi-K2.5's width on ONE H200 (kind nvidia-h200): SGLang 0.5.23's real serving loop (sglang.Engine and
 # launch_server) with a 61-layer, 7168-wide MLA target in bf16 (SGLang's dummy weights, reshaped at load so that its
-# layers differ: tests/gpu_sglang/kimi_shape.py), one phase per device call, each under the 10-minute call:
+# layers differ: scripts/gpu_sglang/kimi_shape.py), one phase per device call, each under the 10-minute call:
 #   usage: PHASE=llama|mla|eager|dump|accept|miswired bash scripts/gpu_sglang_kimi.sh [--help]
 #   llama   plugin against stock, Llama EAGLE-3 draft (draft vocab 32000, a d2t map), CUDA graphs on, ROUNDS
-#           interleaved timed rounds at batch 1 and 16 (tests/gpu_sglang/kimi_compare.py)
+#           interleaved timed rounds at batch 1 and 16 (scripts/gpu_sglang/kimi_compare.py)
 #   mla     the same with the MLA draft (Eagle3DeepseekV2ForCausalLM, kimi-k2.5-eagle3-mla)
 #   eager   the llama phase with --disable-cuda-graph
 #   dump    the plugin with its capture dump on (declared taps, the doctor's requests' full stream) against off
 #   accept  a Llama draft trained on the server's own dump, then doctor online against a server serving it:
-#           predicted = served (tests/gpu_sglang/kimi_accept.py)
+#           predicted = served (scripts/gpu_sglang/kimi_accept.py)
 #   miswired  a server serving the draft's taps one layer later: doctor online exits 1 and names each slot
 # Needs SGLang and its light deps as wheels in $WHEELS (default .whl; scripts/fetch_device_wheels.sh, carried).
 # Each phase: install the wheels into /tmp/e3site, build the extension for the GPU (kept between calls on a warm
@@ -57,13 +57,13 @@ common=(--out "$WORK/$PHASE" --experts "$EXPERTS" --gain "$GAIN" --budget-s "$le
         --command "$cmd")
 rc=0
 case "$PHASE" in
-  llama|mla) python3 tests/gpu_sglang/kimi_compare.py "${common[@]}" --draft "$PHASE" --rounds "$ROUNDS" || rc=$? ;;
-  eager) python3 tests/gpu_sglang/kimi_compare.py "${common[@]}" --draft llama --rounds "$ROUNDS" --cuda-graph off \
+  llama|mla) python3 scripts/gpu_sglang/kimi_compare.py "${common[@]}" --draft "$PHASE" --rounds "$ROUNDS" || rc=$? ;;
+  eager) python3 scripts/gpu_sglang/kimi_compare.py "${common[@]}" --draft llama --rounds "$ROUNDS" --cuda-graph off \
            || rc=$? ;;
-  dump) python3 tests/gpu_sglang/kimi_compare.py "${common[@]}" --draft llama --rounds "$ROUNDS" --against dump \
+  dump) python3 scripts/gpu_sglang/kimi_compare.py "${common[@]}" --draft llama --rounds "$ROUNDS" --against dump \
           || rc=$? ;;
-  accept) python3 tests/gpu_sglang/kimi_accept.py "${common[@]}" || rc=$? ;;
-  miswired) python3 tests/gpu_sglang/kimi_accept.py "${common[@]}" --miswired || rc=$? ;;
+  accept) python3 scripts/gpu_sglang/kimi_accept.py "${common[@]}" || rc=$? ;;
+  miswired) python3 scripts/gpu_sglang/kimi_accept.py "${common[@]}" --miswired || rc=$? ;;
 esac
 if [ -f "$LOGS/kimi_$PHASE.json" ]; then
   python3 - "$LOGS/kimi_$PHASE.json" "$rc" <<'EOF' | tee -a "$SUMMARY"

@@ -5,7 +5,7 @@ that release first on PYTHONPATH, i.e. what the plugin really finds and hooks th
 
     python scripts/plugin_releases_table.py [--help] [VERSION ...]     (default: every importable folder installed)
 
-tests/sglang/test_sglang_internals.py checks the installed release's row of the document against the same output.
+tests/plugin/test_sglang_internals.py checks the installed release's row of the document against the same output.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import subprocess
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# bootstrap (a script; tests load it by path): tests/sglang_release_dirs.py and the checkout's package
 sys.path.insert(0, os.path.join(REPO, "tests"))
 sys.path.insert(0, os.path.join(REPO, "python"))
 

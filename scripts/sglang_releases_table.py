@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
+# bootstrap (a script; tests load it by path): the checkout's package, installed or not
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
 
 from eagle3_capture import sglang_releases as sr  # noqa: E402

@@ -35,8 +35,8 @@ def sglang_under_test():
     the package that imports: never an import of sglang itself (heavy, and it would fix the release for the run)."""
     import importlib.util
 
-    # tests/sglang is itself importable as a namespace package "sglang" from tests/ (no origin): the real package
-    # is a regular one, which the import system prefers wherever it is on sys.path.
+    # a folder named sglang on sys.path would make a namespace package (no origin): only the real, regular
+    # package counts
     try:
         spec = importlib.util.find_spec("sglang")
         if spec is None or spec.origin is None or importlib.util.find_spec("sglang.srt") is None:

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
+from free_ports import free_port
+
 RULES = Path(__file__).resolve().parents[1] / "monitoring" / "prometheus" / "eagle3_capture.rules.yml"
 INSTALL_HINT = "install Prometheus: `apt-get install -y prometheus` (Debian/Ubuntu; `make test` does it as root)"
 START_TIMEOUT_S = 30.0
@@ -47,12 +49,6 @@ class Series:
     """One element of an instant query's result: its labels (``__name__`` included when it has one) and value."""
     labels: Dict[str, str]
     value: float
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def prometheus_binary() -> str:

@@ -190,12 +190,20 @@ def _download(spec: str, into: Path) -> Path:
     return wheels[0]
 
 
-def importable_here(version: str) -> bool:
-    """Whether SGLang ``version`` can be imported on a CPU machine (see IMPORTABLE_FROM)."""
-    sys.path.insert(0, str(REPO / "python"))
+def known_versions():
+    """The modelled releases, from the checkout's package (bootstrap: this file runs as a script, outside pytest,
+    where the package may not be installed yet)."""
+    if str(REPO / "python") not in sys.path:
+        sys.path.insert(0, str(REPO / "python"))
     from eagle3_capture.sglang_releases import KNOWN_VERSIONS
 
-    return version in KNOWN_VERSIONS and KNOWN_VERSIONS.index(version) >= KNOWN_VERSIONS.index(IMPORTABLE_FROM)
+    return KNOWN_VERSIONS
+
+
+def importable_here(version: str) -> bool:
+    """Whether SGLang ``version`` can be imported on a CPU machine (see IMPORTABLE_FROM)."""
+    known = known_versions()
+    return version in known and known.index(version) >= known.index(IMPORTABLE_FROM)
 
 
 def _installed_here() -> Optional[str]:
@@ -284,26 +292,21 @@ def main(argv=None) -> int:
                                      "IMPORT_PROBED importable, the vLLM releases)")
     a = p.parse_args(argv)
     if a.what == "for-tests":
-        sys.path.insert(0, str(REPO / "python"))
-        from eagle3_capture.sglang_releases import KNOWN_VERSIONS
-
-        for ver in KNOWN_VERSIONS:
+        for ver in known_versions():
             install_sglang(ver, importable=ver in IMPORT_PROBED)
         for ver in VLLM_RELEASES:
             install_vllm(ver)
         print(releases_dir())
         return 0
     if a.what == "sglang":
-        sys.path.insert(0, str(REPO / "python"))
-        from eagle3_capture.sglang_releases import KNOWN_VERSIONS
-
-        versions = list(KNOWN_VERSIONS) if a.all else a.versions
+        known = known_versions()
+        versions = list(known) if a.all else a.versions
         if not versions:
             p.error("name the releases or pass --all")
-        unknown = [v for v in versions if v not in KNOWN_VERSIONS]
+        unknown = [v for v in versions if v not in known]
         if unknown:
             p.exit(2, f"sglang_release_dirs.py: SGLang {', '.join(unknown)} is not a release sglang_releases/ "
-                      f"models (known: {KNOWN_VERSIONS[0]} through {KNOWN_VERSIONS[-1]}, .post releases included)\n")
+                      f"models (known: {known[0]} through {known[-1]}, .post releases included)\n")
         for ver in versions:
             if a.importable and _installed_here() == ver:
                 print(f"sglang_release_dirs.py: this environment has sglang {ver} already", file=sys.stderr)

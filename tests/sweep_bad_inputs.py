@@ -31,6 +31,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
+# bootstrap (a script, run outside pytest, which gets these folders from pyproject's pythonpath)
 sys.path.insert(0, os.path.join(HERE, "doctor"))
 sys.path.insert(0, HERE)
 

@@ -1,12 +1,12 @@
 """Issue 32's plugin-side kinds for tests/sweep_bad_inputs.py (which imports :func:`plugin_cases`), named ``32.<n>``
 after the issue's list (the sweep's own kinds are issue 25's):
 
-- 32.1 two servers sharing one dump directory: two server-like replicas (tests/sglang/replica_server.py: SGLang's
+- 32.1 two servers sharing one dump directory: two server-like replicas (tests/plugin/replica_server.py: SGLang's
   real ModelRunner.forward on the CPU, the plugin loaded by load_plugins(), its real dump writer), each in its own
   PID namespace (``unshare --pid --fork --mount-proc``: both are pid 1), with two capture declarations, at once
   into one directory that already holds another server's record. No record may be lost or replaced, and the dump
   format's reader must name both declarations.
-- 32.6 misspelt settings: SGLang's real load_plugins() under each setting (tests/sglang/scenarios.py ``settings``):
+- 32.6 misspelt settings: SGLang's real load_plugins() under each setting (tests/plugin/scenarios.py ``settings``):
   a misspelt guard (SELFTEST, DISABLE) must stop the model load with one line (a clean error), another misspelt
   name must give one ERROR line naming the closest known name (a finding), ``DISABLE=all`` with a dump must register
   nothing and create no directory.
@@ -25,7 +25,7 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SGLANG_TESTS = os.path.join(HERE, "sglang")
+SGLANG_TESTS = os.path.join(HERE, "plugin")  # bootstrap (a script, run outside pytest): replicas.py
 REQUESTS, DECODES = 3, 2
 GOOD, MISWIRED = "-1,1,3,5", "1,2,3"   # the two replicas' draft ids: two capture declarations
 STALE = "eagle3_capture_pid1_tp0_000000.pt"  # another server's record, named as a pid-1 server named them

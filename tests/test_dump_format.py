@@ -1,6 +1,6 @@
 """eagle3_capture/dump_format: the dump record's one validator and reader (the plugin writes such records; the doctor,
 the tests and the GPU report read them through it; the plugin's own records are checked against it in
-tests/sglang/test_sglang_served_dump.py and tests/engine). Engine-free: no SGLang here."""
+tests/plugin/test_sglang_served_dump.py and tests/engine). Engine-free: no SGLang here."""
 import copy
 
 import pytest

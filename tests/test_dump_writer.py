@@ -1,7 +1,7 @@
 """The dump's writer never replaces a file (sglang/dump_writer.py; engine-free: no SGLang here): servers sharing one
 dump directory (replicas behind one balancer) must never lose each other's records. The plugin's writing of whole
-records, two servers with one pid included: tests/sglang/test_sglang_served_dump.py; two real servers in separate
-PID namespaces: tests/sglang/test_sglang_replicas.py."""
+records, two servers with one pid included: tests/plugin/test_sglang_served_dump.py; two real servers in separate
+PID namespaces: tests/plugin/test_sglang_replicas.py."""
 import errno
 import os
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import socket
 import traceback
 
 import pytest
@@ -12,12 +11,7 @@ import torch
 import torch.distributed as dist
 
 import gather_worker
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from free_ports import free_port
 
 
 def spawn(world: int, target, *args, timeout: float = 240.0, exit_codes: list = None):

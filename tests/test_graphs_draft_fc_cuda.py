@@ -34,7 +34,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 class Norm(nn.Module):
     """What `_norm_stack` reads of SGLang's RMSNorm: a `weight` parameter (the SGLang-class version of these tests
-    is tests/sglang/test_graphs_sglang_cuda.py)."""
+    is tests/plugin/test_graphs_sglang_cuda.py)."""
 
     def __init__(self, w: torch.Tensor):
         super().__init__()

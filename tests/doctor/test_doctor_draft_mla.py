@@ -1,7 +1,7 @@
 """The doctor's MLA draft (SGLang's Eagle3DeepseekV2ForCausalLM, the kimi-k2.5-eagle3-mla layout) against
 transformers' DeepseekV3Attention in float64: the attention over the 2H-wide draft input with yarn RoPE (Kimi-K2.5's
 rope_scaling) and its softmax scale, a whole draft step, the multi-step chain step by step, the checkpoint round trip
-through load_draft. SGLang's own load_weights on the same checkpoint: tests/sglang/test_sglang_mla_draft.py."""
+through load_draft. SGLang's own load_weights on the same checkpoint: tests/plugin/test_sglang_mla_draft.py."""
 import json
 
 import pytest

@@ -1,20 +1,14 @@
 """End to end with SGLang's real model code: the plugin's capture dump (EAGLE3_CAPTURE_DUMP) of SGLang 0.5.23's
 DeepseekV3 prefill, served through SGLang's ModelRunner.forward, fingerprinted by the doctor against a reference the
 doctor dumped from the transformers model with the same weights. Reuses the SGLang tests' CPU harness
-(tests/sglang/harness.py) and fixtures."""
-import os
-import sys
+(tests/plugin/harness.py) and fixtures."""
 
 import pytest
 import torch
 
+from sglang_fixtures import harness, plugin_env, require_sglang, sglang_plugin, tiny  # noqa: F401  (fixtures)
+
 pytestmark = pytest.mark.sglang
-
-_SGLANG_TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "sglang")
-if _SGLANG_TESTS not in sys.path:
-    sys.path.insert(0, _SGLANG_TESTS)
-
-from sglang_fixtures import harness, plugin_env, require_sglang, sglang_plugin, tiny  # noqa: E402,F401  (fixtures)
 
 DECLARED = [-1, 1, 3, 5]  # embedding, two middle layers and the final boundary of the 6-layer tiny model
 

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from conftest import fuzz_examples
 from doctor_helpers import assert_clean_error, cli
+from free_ports import free_port
 from metrics_server import Answer, MetricsServer, State, page, text_page
 from eagle3_capture.acceptance import names
 from eagle3_capture.acceptance import profile as acceptance_profile
@@ -378,14 +379,6 @@ def test_fuzz_no_figure_from_a_bad_reading(pages):
 # ----------------------------------------------------------------------------------------------------------------
 # bad inputs
 # ----------------------------------------------------------------------------------------------------------------
-
-def free_port():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def test_bad_inputs_exit_2(tmp_path):
     code, out, err = cli("doctor", "watch", "--server", f"http://127.0.0.1:{free_port()}", *FAST, "--count", 1)

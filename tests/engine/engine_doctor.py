@@ -12,12 +12,9 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from typing import Dict, List
 
-from engine_fixtures import CHAIN, NEW_TOKENS, REPO, doctor, flags_text
-
-sys.path.insert(0, os.path.join(REPO, "tests", "doctor"))
+from engine_fixtures import CHAIN, NEW_TOKENS, doctor, flags_text
 
 # ids [0, 1, 4] of a draft config read two ways: SpecForge's HF backend hooks the output of layer d (layer inputs
 # [1, 2, 5]); SpecForge's SGLang backend and SGLang serving use them as layer inputs unchanged (ids[0] != 1):

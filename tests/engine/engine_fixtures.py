@@ -1,7 +1,7 @@
 """Fixtures of the engine tests: SGLang 0.5.23's real serving loop (``sglang.Engine`` and
 ``python -m sglang.launch_server``) running EAGLE-3 on the CPU for the demo pair, once per configuration.
 
-(Not a conftest.py, for the reason given in tests/sglang/sglang_fixtures.py.)
+(Not a conftest.py, for the reason given in tests/plugin/sglang_fixtures.py.)
 
 - The pair is the fast demo's tiny DeepseekV3 target and the draft trained on it (taps [Embedding, LayerOutput(0),
   LayerOutput(3)] = draft ids [-1, 0, 3]), trained once per test process.
@@ -17,7 +17,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,9 +29,9 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, os.path.join(REPO, "tests", "doctor"))
 
 from doctor_helpers import demo_fast  # noqa: E402
+from free_ports import free_port  # noqa: E402
 
 PROMPTS = 8
 NEW_TOKENS = 16
@@ -160,28 +159,13 @@ def serve_engine(pair: Pair, name: str, draft: str, flags=CHAIN, env: Optional[D
     return Served([] if error else lines, out, log, time.time() - t0, error, text, second)
 
 
-# launch_server's HTTP port: one the kernel hands out, below 55536 -- SGLang 0.5.12 derives its gRPC port as the
-# HTTP port + 10000 and refuses to start when that passes 65535 (a port the kernel picks can be up to 60999)
-MAX_HTTP_PORT = 65535 - 10000
-
-
-def _free_port() -> int:
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port <= MAX_HTTP_PORT:
-            return port
-    raise RuntimeError(f"no free port <= {MAX_HTTP_PORT} in 200 tries")
-
-
 class LaunchedServer:
     """``python -m sglang.launch_server`` on 127.0.0.1, in its own process group; stopped on exit."""
 
     def __init__(self, pair: Pair, draft: str, flags=CHAIN, env: Optional[Dict[str, str]] = None,
                  extra: Sequence[str] = (), name: str = "launch_server"):
         """`extra`: more launch_server flags (--tp-size 2, --enable-metrics); `name`: of its log file."""
-        self.port = _free_port()
+        self.port = free_port()  # below 55536, which SGLang 0.5.12's gRPC port (+10000) needs
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = os.path.join(pair.root, f"{name}.log")
         s, k, d = flags

@@ -11,7 +11,7 @@ SGLANG=X`` runs this after that release's model-level tests):
 
 What each release needs to run on the CPU is docs/sglang_cpu_releases.md; the stand-ins live in the test-only
 plugin tests/sglang_cpu_plugin (feature-detected) and, for a release that imports sgl_kernel unconditionally
-(0.5.12), the import-only sgl_kernel of tests/gpu_sglang/standins, put on the servers' PYTHONPATH only then.
+(0.5.12), the import-only sgl_kernel of scripts/gpu_sglang/standins, put on the servers' PYTHONPATH only then.
 Each run writes release_smoke_<version>.json (timings, served and predicted figures) to E3_RELEASE_SMOKE_OUT, else
 to the pair's directory.
 """

@@ -33,7 +33,7 @@ from typing import Iterable, List, Mapping, Optional, Sequence, Tuple
 PREFIX = "EAGLE3_CAPTURE_"
 
 # Variables of this package read outside the plugin's settings (switches.SETTINGS): known, so never reported.
-# tests/sglang/test_sglang_setting_names.py checks this against every EAGLE3_CAPTURE_* literal in the package and
+# tests/plugin/test_sglang_setting_names.py checks this against every EAGLE3_CAPTURE_* literal in the package and
 # setup.py.
 OTHER_VARIABLES = (
     "EAGLE3_CAPTURE_GATHER_BACKEND", "EAGLE3_CAPTURE_GATHER_SIGNAL",    # gather_backend.py

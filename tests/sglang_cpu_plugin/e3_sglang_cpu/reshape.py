@@ -1,7 +1,7 @@
 """Test-only: a dummy-weight target whose layers differ (``E3_SGLANG_RESHAPE_TARGET=<gain>[:<seed>]``).
 
 SGLang's ``load_format="dummy"`` leaves every norm at ~1e-3 and every same-shaped parameter equal in all layers
-(tests/gpu_sglang/kimi_shape.py says why that hides a miswired capture). With this setting, right after the
+(scripts/gpu_sglang/kimi_shape.py says why that hides a miswired capture). With this setting, right after the
 target's ``ModelRunner.load_model`` the target gets kimi_shape.layer_batches for its own config, one checkpoint
 batch at a time through the model's own ``load_weights`` -- the function SGLang's checkpoint loader and its
 update-weights API call (DeepseekV2's fuses q_a / kv_a within a call and re-derives the absorbed MLA weights of
@@ -20,9 +20,9 @@ from typing import Tuple
 ENV = "E3_SGLANG_RESHAPE_TARGET"
 LOAD_MODEL_PATH = "sglang.srt.model_executor.model_runner.ModelRunner.load_model"
 logger = logging.getLogger("e3_sglang_cpu")
-# kimi_shape.py lives with the GPU serving harness (tests/gpu_sglang), which also writes the target's config
-_GPU_HARNESS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                            "gpu_sglang")
+# kimi_shape.py lives with the GPU serving harness (scripts/gpu_sglang), which also writes the target's config
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+_GPU_HARNESS = os.path.join(_REPO, "scripts", "gpu_sglang")
 
 
 def parse(value: str) -> Tuple[float, int]:

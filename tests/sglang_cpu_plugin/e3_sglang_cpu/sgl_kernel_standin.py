@@ -3,7 +3,7 @@
 0.5.12's ``mem_cache/memory_pool_host.py`` runs ``from sgl_kernel.kvcacheio import ...`` unless NPU/XPU/MPS (0.5.14
 on guard it), and it is reached from ``speculative/eagle_worker_v2.py`` through ``managers/scheduler.py``. On a CPU
 host without sglang-kernel those modules (which the plugin hooks) cannot even be imported, as they can on every GPU
-server. tests/gpu_sglang/standins/sgl_kernel resolves every name and raises when one is called; nothing on the
+server. scripts/gpu_sglang/standins/sgl_kernel resolves every name and raises when one is called; nothing on the
 tested paths calls one.
 
 Only sgl_kernel and the stub machinery it imports go into the folder, never the GPU kit's other stand-ins (its
@@ -16,8 +16,8 @@ import importlib
 import importlib.util
 import os
 
-STANDINS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "gpu_sglang",
-                        "standins")
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+STANDINS = os.path.join(_REPO, "scripts", "gpu_sglang", "standins")
 NAMES = ("sgl_kernel", "e3_standin_stubs.py")
 
 

@@ -1,0 +1,374 @@
+"""A draft that accepts, at Kimi-K2.5's width: trained on the server's own dump, then online = offline against
+that server (scripts/gpu_sglang).
+
+    python scripts/gpu_sglang/kimi_accept.py --out DIR [--experts 4] [--gain 0.3] [--prompts 32] [--new-tokens 32]
+        [--train-iters 300] [--budget-s 560] [--device cuda|cpu] [--small] [--layers N] [--miswired]
+        [--result PATH] [--command TEXT]
+
+1. **Collect.** ``python -m sglang.launch_server`` serves the Kimi-shaped target (kimi_compare.py's, reshaped at
+   load) with the plugin, its full-stream dump on for the doctor's requests and an untrained Llama draft; the
+   prompts are served greedily, then the doctor's own teacher-forced pass (``ServerTarget.teacher_force``: one
+   prefill of prompt + served tokens per prompt, the target's greedy token at every position from SGLang's input
+   logprobs) reads the residual stream at the draft's taps back from the dump. No target outside the server.
+2. **Train.** A ``LlamaForCausalLMEagle3`` draft at the target's width: its embedding and lm_head rows from the
+   target's (kimi_shape gives them exactly), a d2t hot-token map of the most frequent served tokens, the rest
+   trained with the doctor's multi-step loop (``doctor.demo.train``) on those taps.
+3. **Online = offline.** A second server with the trained draft (and its dump); ``eagle3-capture doctor online
+   --server URL --draft D --dump DIR`` serves the held-out prompts, predicts every verify from the dump, and says
+   whether predicted = served (accept length, per-prompt verify counts and histograms).
+
+``--miswired`` instead serves the untrained draft with every id one layer later and gives the doctor the draft as
+written: ``doctor online`` must exit 1 and its fingerprint name each served slot as the next layer, bit for bit
+from the full stream of the same forwards (the miswire a one-off convention slip makes, at 61 layers).
+
+Writes DIR/kimi_accept.json (machine, torch, command, the figures of every step, the doctor's JSON) and exits 0
+when the trained draft accepts (accept length > 1.5) and the doctor's prediction equals what the server served.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from typing import Dict, List, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+import kimi_shape  # noqa: E402
+from compare import CPU_DRY_RUN_ENV, child_env, machine  # noqa: E402
+from kimi_compare import GAIN, RESHAPE_ENV, draft_arch, draft_ids, prompts, target_of, write_draft  # noqa: E402
+from make_pair import CHAIN  # noqa: E402
+
+DUMP_ENV = {"EAGLE3_CAPTURE_DUMP_MAX": "100000", "EAGLE3_CAPTURE_DUMP_REQUESTS": "100000",
+            "EAGLE3_CAPTURE_DUMP_STREAM": "all"}
+
+
+def free_port() -> int:
+    """A free port below 55536 (older SGLang releases take the HTTP port + 10000 as their gRPC port)."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port <= 55535:
+            return port
+    raise RuntimeError("no free port below 55536 in 200 tries")
+
+
+class Server:
+    """``python -m sglang.launch_server`` on 127.0.0.1 (its own process group), healthy on enter, killed on exit."""
+
+    def __init__(self, name: str, target: str, draft: str, out: str, env: Dict[str, str], device: str,
+                 context: int, mem_fraction: float, timeout_s: float):
+        self.port, self.timeout_s = free_port(), timeout_s
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = os.path.join(out, f"{name}.log")
+        s, k, d = CHAIN
+        self.cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", target, "--load-format", "dummy",
+                    "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", draft,
+                    "--speculative-draft-load-format", "auto", "--speculative-num-steps", str(s),
+                    "--speculative-eagle-topk", str(k), "--speculative-num-draft-tokens", str(d),
+                    "--device", device, "--dtype", "bfloat16" if device == "cuda" else "float32",
+                    "--attention-backend", "triton", "--skip-tokenizer-init", "--mem-fraction-static",
+                    str(mem_fraction), "--max-total-tokens", "16384", "--chunked-prefill-size", "1024",
+                    "--context-length", str(context), "--max-running-requests", "16", "--host", "127.0.0.1",
+                    "--port", str(self.port)]
+        if device == "cuda":
+            self.cmd += ["--cuda-graph-bs", "1", "4", "16"]
+        else:
+            self.cmd += ["--disable-cuda-graph"]
+        self.env = child_env(env, device)
+        self.proc = None
+        self.start_s = None
+
+    def __enter__(self):
+        t0 = time.time()
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, cwd=REPO,
+                                     start_new_session=True)
+        while time.time() - t0 < self.timeout_s:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"launch_server exited {self.proc.returncode}: {self.tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        self.start_s = round(time.time() - t0, 1)
+                        return self
+            except OSError:
+                pass
+            time.sleep(2)
+        self.__exit__()
+        raise RuntimeError(f"launch_server not healthy after {self.timeout_s:.0f} s: {self.tail()}")
+
+    def tail(self, n: int = 3000) -> str:
+        with open(self.log_path, errors="replace") as f:
+            return f.read()[-n:]
+
+    def __exit__(self, *exc):
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, 9)
+            self.proc.wait()
+        self._log.close()
+
+
+def serve(url: str, ps: List[List[int]], new_tokens: int) -> List[List[int]]:
+    """Greedy continuations of `ps` from the server (the doctor's own client, 16 at a time)."""
+    from eagle3_capture.doctor.sglang_model.http import generate
+
+    return [r.output_ids for r in generate(url, ps, new_tokens, timeout=600, concurrency=16, progress=False)]
+
+
+def hot_tokens(seqs: List[List[int]], n: int, vocab: int) -> "object":
+    """The `n` target ids the draft may propose: the most frequent in `seqs`, then the lowest ids not yet taken
+    (a d2t map needs exactly n distinct ids); sorted, as SpecForge writes them."""
+    import torch
+
+    counts = collections.Counter(t for s in seqs for t in s)
+    ids = [t for t, _ in counts.most_common(n)]
+    taken = set(ids)
+    ids += [t for t in range(vocab) if t not in taken][: n - len(ids)]
+    return torch.tensor(sorted(ids), dtype=torch.int64)
+
+
+def trained_draft(cfg: dict, gain: float, taps, seq, greedy, iters: int, device: str, out: str,
+                  seed: int = 0) -> dict:
+    """Step 2: the draft built, initialised from the target's embedding and lm_head, trained, saved (bf16)."""
+    import torch
+
+    from eagle3_capture.doctor.demo.train import TrainConfig, train_draft
+    from eagle3_capture.doctor.draft.checkpoint import save_draft
+    from eagle3_capture.doctor.draft.model import Eagle3Draft
+
+    arch = draft_arch("llama", cfg, draft_ids(cfg["num_hidden_layers"]))
+    torch.manual_seed(seed)
+    draft = Eagle3Draft(arch).to(device)
+    # the target's embedding (batch 0) and lm_head (the last batch), as the reshape hook gave them to the server
+    ends = dict(t for batch in kimi_shape.layer_batches(cfg, gain, 0, torch.float32, device,
+                                                         batches=[0, cfg["num_hidden_layers"] + 1]) for t in batch)
+    embed, head = ends["model.embed_tokens.weight"], ends["lm_head.weight"]
+    hot = hot_tokens(seq.tolist() + greedy.clamp(min=0).tolist(), arch.draft_vocab_size, arch.vocab_size).to(device)
+    with torch.no_grad():
+        draft.embed_tokens.weight.copy_(embed)
+        draft.lm_head.weight.copy_(head[hot])
+        draft.d2t.copy_(hot - torch.arange(hot.numel(), device=device))
+    draft.embed_tokens.weight.requires_grad_(False)
+    t0 = time.time()
+    log = train_draft(draft, taps.to(device, torch.float32), seq.to(device), greedy.to(device),
+                      TrainConfig(iters=iters, batch=16, steps=CHAIN[0], lr=2e-3, seed=seed))
+    draft = draft.to(torch.bfloat16 if device == "cuda" else torch.float32)
+    save_draft(draft, out, {"torch_dtype": "bfloat16" if device == "cuda" else "float32"})
+    served_hot = float(torch.isin(greedy[greedy >= 0].to(device), hot).float().mean())
+    return {"path": out, "train": {k: v for k, v in log.items() if k != "loss_curve"}, "loss_curve": log["loss_curve"],
+            "seconds": round(time.time() - t0, 1), "hot_tokens": int(hot.numel()),
+            "labels_in_the_hot_set": round(served_hot, 4)}
+
+
+# `eagle3-capture doctor ...` in a process that reports, at its exit, its peak host memory and (on CUDA) the peak
+# the torch allocator held: the doctor's cost on a real-width dump
+PEAK = "E3_PEAK "
+RUN_DOCTOR = f"""
+import atexit, json, resource, sys
+def peak():
+    out = {{"max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}}
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        out["cuda_max_allocated_mb"] = round(torch.cuda.max_memory_allocated() / 2 ** 20, 1)
+    print("{PEAK}" + json.dumps(out), file=sys.stderr, flush=True)
+atexit.register(peak)
+from eagle3_capture.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def doctor_online(url: str, prompts_path: str, draft: str, dump: str, new_tokens: int, device: str,
+                  out: str) -> dict:
+    t0 = time.time()
+    cmd = [sys.executable, "-c", RUN_DOCTOR, "doctor", "online", "--server", url, "--prompts", prompts_path,
+           "--draft", draft, "--dump", dump, "--new-tokens", str(new_tokens), "--json", out, "--no-progress",
+           "--device", device, "--timeout", "600"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (os.path.join(REPO, "python"),
+                                                                      os.environ.get("PYTHONPATH")))))
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=1200)
+    peaks = [json.loads(ln[len(PEAK):]) for ln in r.stderr.splitlines() if ln.startswith(PEAK)]
+    return {"code": r.returncode, "seconds": round(time.time() - t0, 1), "peak": peaks[-1] if peaks else None,
+            "text": r.stdout[-6000:], "err": r.stderr[-3000:],
+            "json": json.load(open(out)) if os.path.exists(out) else None}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--experts", type=int, default=4)
+    p.add_argument("--gain", type=float, default=GAIN, help="kimi_shape's projection gain for the target")
+    p.add_argument("--prompts", type=int, default=32, help="served and teacher-forced for training")
+    p.add_argument("--held-out", type=int, default=8, help="prompts for doctor online (not trained on)")
+    p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--train-iters", type=int, default=300)
+    p.add_argument("--budget-s", type=float, default=560)
+    p.add_argument("--mem-fraction", type=float, default=0.6)
+    p.add_argument("--small", action="store_true", help="kimi_shape.SMALL widths (a dry run)")
+    p.add_argument("--layers", type=int, default=None, help="override the target's 61 layers (a dry run: >= 8)")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--miswired", action="store_true",
+                   help="instead: a server whose draft declares every tap one layer later than the draft the doctor "
+                        "is given; doctor online must exit 1 and name each served slot's layer")
+    p.add_argument("--result", default=None)
+    p.add_argument("--command", default=None)
+    a = p.parse_args(argv)
+    if min(a.prompts, a.held_out, a.prompt_len, a.new_tokens, a.train_iters) < 1:
+        p.error("--prompts, --held-out, --prompt-len, --new-tokens and --train-iters must be >= 1")
+    if a.device == "cpu" and not a.small:
+        p.error("--device cpu needs --small (a 44 GB target does not fit the CPU machine)")
+    t_start = time.time()
+    os.makedirs(a.out, exist_ok=True)
+    cfg = target_of(a, p)
+    target = os.path.join(a.out, "target")
+    os.makedirs(target, exist_ok=True)
+    with open(os.path.join(target, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+    every = prompts(a.prompts + a.held_out, a.prompt_len, cfg["vocab_size"], seed=5)
+    train_ps, held = every[:a.prompts], every[a.prompts:]
+    held_path = os.path.join(a.out, "held_out_prompts.json")
+    with open(held_path, "w") as f:
+        json.dump(held, f)
+    context = a.prompt_len + a.new_tokens + 2 * (CHAIN[0] + 1) + 8
+    base_env = {RESHAPE_ENV: f"{a.gain}:0", **(CPU_DRY_RUN_ENV if a.device == "cpu" else {})}
+    left = lambda: a.budget_s - (time.time() - t_start)  # noqa: E731
+    result: Dict[str, object] = {"what": "a draft trained on the Kimi-shaped server's own dump; doctor online "
+                                         "against that server", "command": a.command or " ".join(sys.argv),
+                                 "machine": machine(), "device": a.device, "gain": a.gain, "target":
+                                 {k: cfg[k] for k in ("num_hidden_layers", "hidden_size", "n_routed_experts",
+                                                      "num_experts_per_tok", "vocab_size")},
+                                 "prompts": a.prompts, "held_out": a.held_out, "new_tokens": a.new_tokens}
+
+    def finish(ok: bool, failures: List[str]) -> int:
+        result["ok"], result["failures"] = ok, failures
+        result["seconds"] = round(time.time() - t_start, 1)
+        for path in filter(None, (os.path.join(a.out, "kimi_accept.json"), a.result)):
+            with open(path, "w") as f:
+                json.dump(result, f, indent=1)
+        print(json.dumps({k: result.get(k) for k in ("ok", "failures", "seconds")}), flush=True)
+        return 0 if ok else 1
+
+    untrained = write_draft("llama", cfg, os.path.join(a.out, "draft_untrained"), device=a.device)["path"]
+    if a.miswired:
+        return finish(*miswired(a, cfg, target, untrained, held_path, context, base_env, left, result))
+    # 1. collect
+    dump1 = os.path.join(a.out, "dump_collect")
+    from eagle3_capture.doctor.target.server_side import ServerTarget
+    from eagle3_capture.doctor.target.side import layer_inputs
+    from eagle3_capture.spec import TapSpec
+
+    try:
+        with Server("collect", target, untrained, a.out, {**base_env, "EAGLE3_CAPTURE_DUMP": dump1, **DUMP_ENV},
+                    a.device, context, a.mem_fraction, max(60.0, left() - 120)) as srv:
+            t0 = time.time()
+            outs = serve(srv.url, train_ps, a.new_tokens)
+            side = ServerTarget.teacher_force(srv.url, dump1, train_ps, outs, CHAIN[0], vocab_size=cfg["vocab_size"])
+            spec = TapSpec.from_draft_ids(draft_ids(cfg["num_hidden_layers"]), cfg["num_hidden_layers"],
+                                          cfg["hidden_size"])
+            batch = side.batch(train_ps, list(range(len(train_ps))), a.new_tokens, layer_inputs(spec))
+            result["collect"] = {"server_start_s": srv.start_s, "seconds": round(time.time() - t0, 1),
+                                 "distinct_served_tokens_per_prompt": round(
+                                     sum(len(set(o)) for o in outs) / len(outs), 2),
+                                 "taps": list(batch.taps.shape), "notes": side.notes[:4]}
+    except Exception as e:  # the step that failed is the result
+        return finish(False, [f"collect: {type(e).__name__}: {e}"[:2000]])
+    # 2. train
+    try:
+        draft = trained_draft(cfg, a.gain, batch.taps, batch.seq, batch.greedy, a.train_iters, a.device,
+                              os.path.join(a.out, "draft_trained"))
+        result["train"] = draft
+    except Exception as e:
+        return finish(False, [f"train: {type(e).__name__}: {e}"[:2000]])
+    # 3. online = offline on held-out prompts
+    dump2 = os.path.join(a.out, "dump_online")
+    try:
+        with Server("online", target, draft["path"], a.out, {**base_env, "EAGLE3_CAPTURE_DUMP": dump2, **DUMP_ENV},
+                    a.device, context, a.mem_fraction, max(60.0, left() - 60)) as srv:
+            online = doctor_online(srv.url, held_path, draft["path"], dump2, a.new_tokens, a.device,
+                                   os.path.join(a.out, "online.json"))
+            online["server_start_s"] = srv.start_s
+    except Exception as e:
+        return finish(False, [f"online: {type(e).__name__}: {e}"[:2000]])
+    result["online"] = online
+    written = [os.path.join(r, f) for r, _, fs in os.walk(dump2) for f in fs] if os.path.isdir(dump2) else []
+    result["dump_online"] = {"files": len(written), "bytes": sum(os.path.getsize(f) for f in written)}
+    failures = []
+    if online["code"] != 0:
+        failures.append(f"doctor online exited {online['code']}: {online['err'][-400:] or online['text'][-400:]}")
+    served = online_figure(online["json"], "online")
+    predicted = online_figure(online["json"], "predicted")
+    j = online["json"] or {}
+    result["accept_length"] = {"served": served, "predicted": predicted}
+    result["online_equals_offline"] = {
+        "verdict": j.get("verdict"), "ok": j.get("ok"),
+        "counts_equal": isinstance(j.get("online"), dict) and isinstance(j.get("predicted"), dict) and all(
+            j["online"].get(k) == j["predicted"].get(k) for k in ("completion_tokens", "verify_ct",
+                                                                   "correct_drafts_histogram"))}
+    if served is None or served <= 1.5:
+        failures.append(f"the trained draft does not accept: served accept length {served}")
+    if not result["online_equals_offline"]["counts_equal"]:
+        failures.append(f"predicted != served: {j.get('verdict')}")
+    return finish(not failures, failures)
+
+
+def miswired(a, cfg: dict, target: str, draft: str, held_path: str, context: int, base_env: dict, left,
+             result: dict):
+    """The fingerprint at depth: the server serves the draft with every id one layer later (LayerOutput(k + 1)),
+    the doctor is given the draft as trained; the online check must fail (exit 1) and name each served slot as
+    the layer after the declared one, bit for bit from the full stream of the same forwards. (ok, failures)."""
+    ids = draft_ids(cfg["num_hidden_layers"])
+    later = os.path.join(a.out, "draft_one_layer_later")
+    os.makedirs(later, exist_ok=True)
+    with open(os.path.join(draft, "config.json")) as f:
+        dcfg = json.load(f)
+    dcfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [i + 1 for i in ids]
+    with open(os.path.join(later, "config.json"), "w") as f:
+        json.dump(dcfg, f, indent=1)
+    link = os.path.join(later, "model.safetensors")
+    if not os.path.lexists(link):
+        os.symlink(os.path.join(draft, "model.safetensors"), link)
+    dump = os.path.join(a.out, "dump_miswired")
+    try:
+        with Server("miswired", target, later, a.out, {**base_env, "EAGLE3_CAPTURE_DUMP": dump, **DUMP_ENV},
+                    a.device, context, a.mem_fraction, max(60.0, left() - 60)) as srv:
+            online = doctor_online(srv.url, held_path, draft, dump, a.new_tokens, a.device,
+                                   os.path.join(a.out, "online_miswired.json"))
+            online["server_start_s"] = srv.start_s
+    except Exception as e:
+        return False, [f"miswired: {type(e).__name__}: {e}"[:2000]]
+    fp = ((online["json"] or {}).get("fingerprint") or {}).get("slots") or []
+    slots = [{k: s.get(k) for k in ("verdict", "best", "expected", "margin", "ok")} for s in fp]
+    result["what"] = "a server serving its draft's taps one layer later: doctor online names each slot"
+    result["miswired"] = {"code": online["code"], "seconds": online["seconds"], "peak": online["peak"],
+                          "slots": slots, "verdict": (online["json"] or {}).get("verdict"), "text": online["text"]}
+    want = [(i + 2, i + 1) for i in ids]  # layer inputs: served LayerOutput(k + 1) = k + 2, declared k + 1
+    failures = []
+    if online["code"] != 1:
+        failures.append(f"doctor online exited {online['code']} on the miswired server, expected 1: "
+                        f"{online['err'][-400:]}")
+    got = [(s.get("best"), s.get("expected")) for s in fp]
+    if got != want or any(s.get("verdict") != "exact" for s in fp):
+        failures.append(f"the fingerprint named (served, declared) layer inputs {got} with verdicts "
+                        f"{[s.get('verdict') for s in fp]}, expected {want}, each exact")
+    return not failures, failures
+
+
+def online_figure(report: Optional[dict], which: str) -> Optional[float]:
+    """doctor online's served accept length of `which` ("online": what the server served, "predicted": the
+    doctor's replay from the dump); None when absent."""
+    part = report.get(which) if isinstance(report, dict) else None
+    v = part.get("served_accept_length") if isinstance(part, dict) else None
+    return float(v) if isinstance(v, (int, float)) else None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""The real-width GPU harness's own logic, on the CPU (scripts/gpu_sglang/kimi_compare.py, kimi_accept.py): the drafts
+it writes load in the doctor with the d2t map intact, the stock copy carries stock's ids, the taps at any depth, the
+hot-token choice, the per-round-pair ratios, and the reshape setting's parsing (e3_sglang_cpu/reshape.py). The
+serving itself: `kimi_compare.py --small --layers 8 --device cpu` and scripts/gpu_sglang_kimi.sh."""
+import json
+import os
+
+import pytest
+import torch
+
+import kimi_accept
+import kimi_compare
+import kimi_shape
+from e3_sglang_cpu import reshape
+
+
+def small(layers=8):
+    return kimi_shape.target_config(4, 2, **dict(kimi_shape.SMALL, num_hidden_layers=layers))
+
+
+def test_the_taps_are_stocks_defaults_at_61_layers_and_spread_at_a_dry_runs_depth():
+    assert kimi_compare.draft_ids(61) == [1, 29, 57]
+    from make_pair import stock_ids
+
+    assert stock_ids(kimi_compare.draft_ids(61)) == [2, 30, 58]  # SGLang's [2, L // 2, L - 3] at L = 61
+    ids = kimi_compare.draft_ids(8)
+    assert len(set(ids)) == 3 and all(0 <= i < 8 for i in ids)
+    with pytest.raises(ValueError, match="at least 8 layers"):
+        kimi_compare.draft_ids(7)
+
+
+@pytest.mark.parametrize("kind", ["llama", "mla"])
+def test_the_written_draft_loads_in_the_doctor_with_its_hot_token_map(tmp_path, kind):
+    from eagle3_capture.doctor.draft.checkpoint import load_draft
+
+    cfg = small()
+    d = kimi_compare.write_draft(kind, cfg, str(tmp_path / kind))
+    model = load_draft(d["path"])
+    a = model.arch
+    assert a.layer_ids == kimi_compare.draft_ids(8) and a.mla == (kind == "mla")
+    assert a.target_hidden_size == cfg["hidden_size"] and a.vocab_size == cfg["vocab_size"]
+    target_ids = torch.arange(a.draft_vocab_size) + model.d2t
+    if kind == "llama":
+        assert d["d2t"] and a.draft_vocab_size < a.vocab_size
+        assert target_ids.unique().numel() == a.draft_vocab_size and 0 <= int(target_ids.min())
+        assert int(target_ids.max()) < a.vocab_size and bool((model.d2t != 0).any())
+    else:
+        assert not d["d2t"] and a.draft_vocab_size == a.vocab_size
+    # the norms are 1 and nothing else is: not SGLang's dummy range, not zeros
+    for name, p in model.named_parameters():
+        if name.endswith("norm.weight"):
+            assert bool((p == 1).all()), name
+        else:
+            assert float(p.detach().abs().max()) > 1e-2, name
+    stock = kimi_compare.write_stock_copy(d["path"], str(tmp_path / f"{kind}_stock"))
+    ids = json.load(open(os.path.join(stock, "config.json")))["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    assert ids == [i + 1 for i in kimi_compare.draft_ids(8)]
+    assert os.path.realpath(os.path.join(stock, "model.safetensors")) == os.path.realpath(
+        os.path.join(d["path"], "model.safetensors"))
+
+
+def test_ratios_pair_the_rounds_per_batch_size():
+    def run(tps):
+        return {"timed": [{"round": r, "per_batch": {b: {"tokens_per_s": v} for b, v in batch.items()}}
+                          for r, batch in tps.items()]}
+
+    plugin = run({1: {"1": 40.0, "16": 300.0}, 2: {"1": 42.0, "16": 310.0}, 3: {"1": 41.0}})
+    stock = run({1: {"1": 40.0, "16": 320.0}, 2: {"1": 40.0, "16": 310.0}})
+    r = kimi_compare.ratios(plugin, stock)
+    assert r["1"]["per_round"] == {1: 1.0, 2: 1.05} and r["1"]["median"] == pytest.approx(1.025)
+    assert r["16"]["per_round"] == {1: 0.9375, 2: 1.0} and (r["16"]["min"], r["16"]["max"]) == (0.9375, 1.0)
+    assert r["16"]["plugin_tokens_per_s"] == [300.0, 310.0] and r["16"]["stock_tokens_per_s"] == [320.0, 310.0]
+    assert kimi_compare.ratios({"timed": None}, stock) == {}
+
+
+def test_hot_tokens_are_the_most_frequent_then_the_lowest_free_ids():
+    hot = kimi_accept.hot_tokens([[7, 7, 7, 3, 3, 9], [3, 7, 11]], 5, 20)
+    # 7, 3, 9 and 11 are served; the fifth is the lowest id not taken; sorted, as SpecForge writes d2t
+    assert hot.tolist() == [0, 3, 7, 9, 11]
+    assert kimi_accept.hot_tokens([[5] * 9], 2, 20).tolist() == [0, 5]
+
+
+@pytest.mark.parametrize("value,want", [("0.5", (0.5, 0)), (" 2:7 ", (2.0, 7)), ("4", (4.0, 0))])
+def test_the_reshape_setting_parses(value, want):
+    assert reshape.parse(value) == want
+
+
+@pytest.mark.parametrize("value", ["", "x", "0", "4.5", "-1", "0.5:x", "nan"])
+def test_a_bad_reshape_setting_is_one_clear_error(value):
+    with pytest.raises(ValueError, match="E3_SGLANG_RESHAPE_TARGET"):
+        reshape.parse(value)
+
+
+def test_timed_batches_time_each_batch_size_and_serve_every_prompt_in_each(tmp_path, monkeypatch):
+    """serve_gpu.py --timed-batches 1,2 around the stand-in engine (fake_server.py): each timed round serves the
+    prompts once per batch size, one generate() per group, and reports tokens/s per batch size."""
+    import fake_server
+    import serve_gpu
+
+    monkeypatch.setenv("FAKE_ENGINE_ROUND_S", "0.01")
+    (tmp_path / "p.json").write_text(json.dumps([[5, 6], [7, 8], [9, 10]]))
+    out = tmp_path / "run"
+    rc = serve_gpu.main(["--target", "t", "--draft", "d", "--prompts", str(tmp_path / "p.json"), "--out-dir", str(out),
+                         "--new-tokens", "4", "--timed-repeats", "1", "--timed-rounds", "2", "--timed-batches", "1,2"],
+                        make_engine=fake_server.FakeEngine)
+    summary = json.loads((out / "summary.json").read_text())
+    assert rc == 0, summary.get("error")
+    for t in summary["timed"]:
+        assert t["requests"] == 6 and set(t["per_batch"]) == {"1", "2"}
+        one, two = t["per_batch"]["1"], t["per_batch"]["2"]
+        assert one["tokens"] == two["tokens"] > 0 and one["tokens"] + two["tokens"] == t["tokens"]
+        assert one["tokens_per_s"] > 0 and two["tokens_per_s"] > 0
+    rows = [json.loads(ln) for ln in (out / "round2.jsonl").read_text().splitlines()]
+    assert [r["input_ids"] for r in rows] == [[5, 6], [7, 8], [9, 10]] * 2
+
+
+def test_the_trained_draft_starts_from_the_servers_own_embedding_and_lm_head(tmp_path):
+    """kimi_accept's draft takes the target's embedding and lm_head rows exactly as the reshape hook gave them to the
+    server (the same gain and seed), learns, and saves a d2t over the most frequent tokens."""
+    from safetensors.torch import load_file
+
+    cfg, gain = small(), 0.3
+    ids = kimi_compare.draft_ids(8)
+    H, n, T = cfg["hidden_size"], 4, 12
+    g = torch.Generator().manual_seed(4)
+    seq = torch.randint(0, 50, (n, T), generator=g)
+    greedy = torch.roll(seq, -1, 1)
+    greedy[:, 0] = -1
+    d = kimi_accept.trained_draft(cfg, gain, torch.randn(n, T, len(ids) * H, generator=g), seq, greedy, 5, "cpu",
+                                  str(tmp_path / "d"))
+    state = load_file(os.path.join(d["path"], "model.safetensors"))
+    ends = dict(t for b in kimi_shape.layer_batches(cfg, gain, 0, torch.float32, batches=[0, 9]) for t in b)
+    hot = torch.arange(state["d2t"].numel()) + state["d2t"]
+    assert torch.equal(state["embed_tokens.weight"], ends["model.embed_tokens.weight"])
+    assert set(seq.flatten().tolist()) <= set(hot.tolist())
+    assert d["train"]["iters"] == 5 and d["labels_in_the_hot_set"] == 1.0
+    # lm_head rows moved in training from the server's rows of the hot tokens: close, not equal, at lr 2e-3 x 5 steps
+    start = ends["lm_head.weight"][hot]
+    assert torch.allclose(state["lm_head.weight"], start, atol=0.05) and not torch.equal(state["lm_head.weight"], start)

@@ -1,7 +1,0 @@
-"""Test-only stand-in for ``sgl_kernel.utils`` (tests/gpu_sglang): ``is_arch_support_pdl`` is real (the triton
-attention backend calls it); other names are import-only."""
-import e3_standin_stubs as _stubs
-
-from .native import is_arch_support_pdl  # noqa: F401
-
-__getattr__ = _stubs.module_getattr(__name__)
