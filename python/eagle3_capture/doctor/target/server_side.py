@@ -28,7 +28,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import torch
 
 from ...dump_format.contract import DOCTOR_RID_PREFIX, DumpError
-from ...dump_format.reader import DumpReader, RequestParts, doctor_requests, v1_sequences
+from ...dump_format.reader import DumpReader, RequestParts, by_rid, doctor_requests, one_writer, v1_sequences
 from ..common import DoctorError
 from ..progress import bar as progress_bar
 from ..sglang_model.http import post_json
@@ -194,8 +194,8 @@ def wait_for_requests(dump_dir: str, rids: List[str], seqs: List[torch.Tensor], 
               file=sys.stderr, flush=True)
     while True:
         records = reader.refresh()
-        by_rid: Dict[str, RequestParts] = doctor_requests(records)
-        found = [by_rid.get(r) for r in rids]
+        written: Dict[str, List[RequestParts]] = by_rid(doctor_requests(records))
+        found = [one_writer(r, written[r], f"--dump {dump_dir}") if r in written else None for r in rids]
         complete = [_has(p, s.numel()) for p, s in zip(found, seqs)]
         if all(complete):
             break
