@@ -15,8 +15,9 @@ norm). Version 1 (``eagle3_capture_pid<pid>_<n>.pt``, no ``format`` key) carries
 Rows of one request may be split over several records (chunked prefill); :func:`doctor_requests` gathers them per
 *writer and rid* -- replicas sharing a directory may write records of one rid (a miswired replica reusing a correct
 one's), and neither may hide the other -- and :func:`stitch` joins them by ``positions``, refusing rows that
-disagree: another token, or another capture (layers_to_capture, declared taps) at one position. ``*.tmp`` files are in flight and never read. Every problem is a
-:class:`~.contract.DumpError` naming the file (or the request) and the field.
+disagree: another token, or another capture (layers_to_capture, declared taps) at one position. ``*.tmp`` files are
+in flight and never read. Every problem is a :class:`~.contract.DumpError` naming the file (or the request) and the
+field.
 """
 from __future__ import annotations
 
@@ -407,5 +408,5 @@ def v1_sequences(records: Iterable[DumpRecord]) -> List[RequestParts]:
 
 
 __all__ = ["PREFILL_MODES", "RequestRows", "DumpRecord", "DumpedRequest", "DumpReader", "RequestParts", "dump_files",
-           "read_record", "load_record", "verify_bytes", "stitch", "doctor_requests", "by_rid", "one_writer", "writer_key",
-           "capture_of", "v1_sequences"]
+           "read_record", "load_record", "verify_bytes", "stitch", "doctor_requests", "by_rid", "one_writer",
+           "writer_key", "capture_of", "v1_sequences"]

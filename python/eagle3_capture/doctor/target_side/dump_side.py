@@ -249,10 +249,12 @@ class DumpTarget(StreamTarget):
                                   "one); give fewer --new-tokens")
             captures = {capture_of(q.parts[0][0]) for q, _ in long}
             if len(captures) > 1:  # replicas (or runs) that capture differently: one must not hide another
+                def said(q):
+                    ltc, declared = capture_of(q.parts[0][0])
+                    return f"writer {q.writer} (rid {q.rid}): layer inputs {list(ltc or [])}, declared {declared}"
                 raise DeploymentFinding(
                     f"{self.flag} {self.path}: prompt {i} was dumped by servers that capture differently ("
-                    + "; ".join(f"writer {q.writer} (rid {q.rid}): layer inputs {list(capture_of(q.parts[0][0])[0] or [])}"
-                                f", declared {capture_of(q.parts[0][0])[1]}" for q, _ in long[:4])
+                    + "; ".join(said(q) for q, _ in long[:4])
                     + "): a verdict from one would hide the others; give each server its own EAGLE3_CAPTURE_DUMP "
                     "directory, or remove the other server's records")
             r, x = max(long, key=lambda rx: written_at(rx[0]))

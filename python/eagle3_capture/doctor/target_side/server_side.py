@@ -32,6 +32,7 @@ from ...dump_format.reader import DumpReader, RequestParts, by_rid, doctor_reque
 from ..common import DoctorError
 from ..progress import bar as progress_bar
 from ..sglang_model.http import post_json
+from ..sglang_model.request_guard import check_ids
 from .dump_side import StreamedPrompt, StreamTarget, info_from_dump
 
 # seconds without a new record or a file growing in the directory, once the server has answered every teacher-forced
@@ -39,8 +40,9 @@ from .dump_side import StreamedPrompt, StreamTarget, info_from_dump
 STALL_S = 30.0
 
 
-def greedy_from_logprobs(obj, what: str, T: int) -> torch.Tensor:
-    """[T]: the top-1 token after each of the T input positions, from a /generate answer with input_top_logprobs."""
+def greedy_from_logprobs(obj, what: str, T: int, vocab: Optional[int] = None) -> torch.Tensor:
+    """[T]: the top-1 token after each of the T input positions, from a /generate answer with input_top_logprobs;
+    every id checked against ``vocab`` (an id outside it: another model answers, and no verdict may rest on it)."""
     if isinstance(obj, list) and len(obj) == 1:
         obj = obj[0]
     meta = obj.get("meta_info") if isinstance(obj, dict) else None
@@ -66,6 +68,7 @@ def greedy_from_logprobs(obj, what: str, T: int) -> torch.Tensor:
                               "text]] (top_logprobs_num 1)")
         greedy[t - 1] = tok
     greedy[T - 1] = out[0]
+    check_ids(greedy.tolist(), vocab, f"{what}: input_top_logprobs / output_ids")
     return greedy
 
 
@@ -115,7 +118,7 @@ class ServerTarget(StreamTarget):
                     "sampling_params": {"temperature": 0, "max_new_tokens": 1, "ignore_eos": True},
                     "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 1}
             return greedy_from_logprobs(send(body, "prefill"), f"--server {base}, teacher-forced prompt {i}",
-                                         len(ids))
+                                         len(ids), vocab_size)
 
         bar = progress_bar(2 * n, "teacher-forced pass", "request", progress)
         with ThreadPoolExecutor(max_workers=max(1, min(concurrency, n))) as pool:

@@ -162,5 +162,5 @@ def scrape(base: str, timeout: float) -> Snapshot:
     return parse(fetch(base, timeout), f"--server {base.rstrip('/')}/metrics")
 
 
-__all__ = ["Snapshot", "fetch", "parse", "scrape", "counters_from", "SCHEMA", "MAX_POSITIONS", "MAX_BODY_BYTES", "ENABLE",
-           "ReadingError"]
+__all__ = ["Snapshot", "fetch", "parse", "scrape", "counters_from", "SCHEMA", "MAX_POSITIONS", "MAX_BODY_BYTES",
+           "ENABLE", "ReadingError"]
