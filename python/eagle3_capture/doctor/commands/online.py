@@ -321,7 +321,12 @@ def _run(opts: Options, device: str) -> OnlineReport:
                 check_speculative(*early, draft_vocab, "server flags")
             steps = early[0]
         check_positions(positions, prompts, new_tokens, steps, "--new-tokens")
-        limits = server_limits(server, min(timeout, 30.0), vocab, "the target's config")
+        # the vocabulary, agreed by every source and the server itself before any id is sent (request_guard.py)
+        own = (vocab, "--target's config") if target_path is not None else \
+            (ck.vocab_size, f"--target-checkpoint {opts.target_checkpoint}'s config")
+        drafts_target = ("the draft's config (its target's vocab_size)", draft_vocab_sizes(draft_path)[0])
+        limits = server_limits(server, min(timeout, 30.0), *own, others=[drafts_target])
+        vocab = limits.vocab
         for i, p in enumerate(prompts):  # nothing goes out before every request is known to be safe
             check_request(p, new_tokens, limits, f"prompt {i}")
         responses = generate(server, prompts, new_tokens, timeout, opts.concurrency, progress)
