@@ -39,7 +39,7 @@ def per_call(calls: int, repeats: int) -> dict:
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.sampling.sampling_params import SamplingParams
 
-    from eagle3_capture.sglang import acceptance_count
+    from eagle3_capture.sglang.monitor import histogram as acceptance_count
 
     original = Req.update_spec_correct_drafts_histogram
     hooked = _around(original, acceptance_count.update_histogram_hook)
@@ -69,7 +69,7 @@ def per_call(calls: int, repeats: int) -> dict:
 
 def per_flush(positions: int, per_block: int, repeats: int) -> dict:
     from eagle3_capture.acceptance.drift import DriftMonitor
-    from eagle3_capture.sglang import acceptance_count, acceptance_live, exporter
+    from eagle3_capture.sglang.monitor import histogram as acceptance_count, live as acceptance_live, exporter
 
     args = SimpleNamespace(enable_metrics=True, served_model_name="bench", model_path="/m")
     assert "exported" in exporter.configure(args, 0), exporter.why_off()

@@ -53,7 +53,7 @@ def llama(layers: int, hidden: int, seed: int):
 
 
 def deepseek(layers: int, hidden: int, seed: int):
-    from eagle3_capture.doctor.target.model import build_demo_target
+    from eagle3_capture.doctor.target_side.model import build_demo_target
 
     model = build_demo_target(seed, overrides={"num_hidden_layers": layers, "hidden_size": hidden,
                                                "intermediate_size": 2 * hidden, "moe_intermediate_size": hidden // 2,
@@ -190,7 +190,7 @@ def learnability(half, ref, vocab: int, prompts: int = 8, prompt_len: int = 32, 
       and the float32 model re-derives (teacher-forced), and the share of steps whose top-2 logits lie within bf16's
       rounding (|top1 - top2| <= 2^-8 |top1|): a server's other kernels can flip those, so training text and served
       text would part."""
-    from eagle3_capture.doctor.target.model import greedy_continue
+    from eagle3_capture.doctor.target_side.model import greedy_continue
 
     g = torch.Generator().manual_seed(seed + 2)
     ids = torch.randint(2, vocab, (prompts, prompt_len), generator=g)
@@ -237,7 +237,7 @@ def stream(m, ids: torch.Tensor, chunk: int = 0, autocast: bool = False) -> torc
 
 def _stream(m, ids: torch.Tensor, chunk: int = 0) -> torch.Tensor:
     """[T, L+1, H] float32: every layer input (0 = embedding, L = final boundary before the norm)."""
-    from eagle3_capture.doctor.target.model import residual_stream
+    from eagle3_capture.doctor.target_side.model import residual_stream
 
     if not chunk:
         return residual_stream(m, ids[None])[0][0].float()

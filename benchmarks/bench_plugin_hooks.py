@@ -271,7 +271,7 @@ def section_hook_only(h, ctx, calls):
                                   lambda self, b: out, r.mr, fb))) for v in versions]
                     rows.append({"hook": f"served forward ({label})", "batch": what, **_blocks(clock, sides, n)})
                 for v in versions:
-                    v.mod("dump").flush(60)
+                    v.mod("dump.forwards").flush(60)
             for k in big:
                 os.environ.pop(k, None)
             for v in versions:

@@ -47,6 +47,10 @@ def _resolve(path: str):
     return obj, attr, (obj.__dict__[attr] if isinstance(obj, type) else getattr(obj, attr))
 
 
+# Plugin modules by their path since the plugin has folders -> their flat name before (a baseline copy may be older).
+FLAT_NAMES = {"settings.switches": "switches", "dump.forwards": "dump", "monitor.selftest": "selftest"}
+
+
 class Version:
     """One copy of the package: its plugin's hook table and its modules."""
 
@@ -55,7 +59,12 @@ class Version:
         self.plugin = importlib.import_module(f"{package}.sglang.plugin")
 
     def mod(self, name: str):
-        return importlib.import_module(f"{self.package}.sglang.{name}")
+        """The plugin module ``name`` (its path under sglang/), or, in a copy of the package older than the plugin's
+        folders, the flat module of the same role."""
+        try:
+            return importlib.import_module(f"{self.package}.sglang.{name}")
+        except ModuleNotFoundError:
+            return importlib.import_module(f"{self.package}.sglang.{FLAT_NAMES[name]}")
 
     def hooks(self) -> Dict[Tuple[str, str], Callable]:
         """(dotted path, hook name) -> hook function, over every group of the plugin's table."""
@@ -64,9 +73,9 @@ class Version:
     def settle(self) -> None:
         """This version's settings read again from the environment, its dump state reset, its self-test done (so
         that each version's hooks take the path of a server past its first forward)."""
-        self.mod("switches").configure()
-        self.mod("dump").reset()
-        selftest = self.mod("selftest")
+        self.mod("settings.switches").configure()
+        self.mod("dump.forwards").reset()
+        selftest = self.mod("monitor.selftest")
         if selftest.pending():
             selftest._claim()
 

@@ -1,4 +1,4 @@
-"""The dump's writer never replaces a file (sglang/dump_writer.py; engine-free: no SGLang here): servers sharing one
+"""The dump's writer never replaces a file (sglang/dump/writer.py; engine-free: no SGLang here): servers sharing one
 dump directory (replicas behind one balancer) must never lose each other's records. The plugin's writing of whole
 records, two servers with one pid included: tests/plugin/test_sglang_served_dump.py; two real servers in separate
 PID namespaces: tests/plugin/test_sglang_replicas.py."""
@@ -8,8 +8,8 @@ import os
 import pytest
 import torch
 
-from eagle3_capture.sglang import dump_writer
-from eagle3_capture.sglang.dump_writer import Job, Writer, write_exclusive
+from eagle3_capture.sglang.dump import writer as dump_writer
+from eagle3_capture.sglang.dump.writer import Job, Writer, write_exclusive
 
 
 def test_a_name_is_taken_once_and_never_replaced(tmp_path):

@@ -1,7 +1,8 @@
 """The import graph of python/eagle3_capture, read with `ast` (lazy imports inside functions included): it has no
 cycle (every module's imports point down a tree of concerns: entry points -> features -> shared leaves), no doctor
-command imports another (what two commands share lives in the doctor's parts), and no module reaches for a private
-(`_name`) of another module, by `from m import _name` or `m._name`."""
+command imports another (what two commands share lives in the doctor's parts), the SGLang plugin's folders import
+nothing above them and one another without a cycle, and no module reaches for a private (`_name`) of another module,
+by `from m import _name` or `m._name`."""
 from __future__ import annotations
 
 import ast
@@ -156,6 +157,44 @@ def private_reaches(name: str, path: Path, known: Set[str], root: Path = ROOT) -
 
 
 COMMANDS = f"{PACKAGE}.doctor.commands"
+PLUGIN = f"{PACKAGE}.sglang"
+
+
+def package_of(name: str, packages: Set[str]) -> str:
+    """The package a module sits in (a package's ``__init__`` is its own package)."""
+    return name if name in packages else name.rpartition(".")[0]
+
+
+def arrows_back_up(graph: Dict[str, Set[str]], root: str, packages: Set[str]) -> List[str]:
+    """Each import, by a module inside a folder (sub-package) of ``root``, of a module that sits in a folder above
+    its own: ``root`` itself (its top modules) or a folder its own is nested in."""
+    out = []
+    for m, targets in sorted(graph.items()):
+        own = package_of(m, packages)
+        if not own.startswith(root + "."):
+            continue
+        for t in sorted(targets):
+            if (t == root or t.startswith(root + ".")) and own.startswith(package_of(t, packages) + "."):
+                out.append(f"{m} -> {t}")
+    return out
+
+
+def folder_graph(graph: Dict[str, Set[str]], root: str, packages: Set[str]) -> Dict[str, Set[str]]:
+    """The folders (first-level sub-packages) of ``root`` as nodes, an edge where a module of one imports one of
+    another."""
+    def folder(m: str) -> Optional[str]:
+        own = package_of(m, packages)
+        return own[len(root) + 1:].split(".")[0] if own.startswith(root + ".") else None
+
+    out: Dict[str, Set[str]] = {}
+    for m, targets in graph.items():
+        if folder(m) is not None:
+            out.setdefault(folder(m), set()).update(folder(t) for t in targets if folder(t) not in (None, folder(m)))
+    return out
+
+
+def packages(root: Path = ROOT) -> Set[str]:
+    return {name for name, path in package_modules(root).items() if path.name == "__init__.py"}
 
 
 def test_package_import_graph_has_no_cycle():
@@ -185,9 +224,35 @@ def test_the_doctors_parts_form_no_cycle():
     for m, targets in import_graph().items():
         if part(m) is not None:
             parts.setdefault(part(m), set()).update(part(t) for t in targets if part(t) not in (None, part(m)))
-    assert {"commands", "target", "draft", "replay", "fingerprint", "sglang_model"} <= set(parts), sorted(parts)
+    assert {"commands", "target_side", "draft", "replay", "fingerprint", "sglang_model"} <= set(parts), sorted(parts)
     cycle = find_cycle(parts)
     assert cycle is None, "the doctor's parts import each other in a cycle: " + " -> ".join(cycle)
+
+
+def test_the_plugins_folders_import_nothing_above_them():
+    """The plugin's folders (installed, settings, taps, dump, monitor) hold its concerns; the modules at its top
+    (the entry point, the hooks that combine folders) import them, never the other way round."""
+    graph, pkgs = import_graph(), packages()
+    folders = folder_graph(graph, PLUGIN, pkgs)
+    assert {"installed", "settings", "taps", "dump", "monitor"} <= set(folders), sorted(folders)
+    up = arrows_back_up(graph, PLUGIN, pkgs)
+    assert not up, "a module of the plugin's folders imports one above it: " + "; ".join(up)
+    cycle = find_cycle(folders)
+    assert cycle is None, "the plugin's folders import each other in a cycle: " + " -> ".join(cycle)
+
+
+def test_the_back_up_rule_sees_every_level(tmp_path):
+    """An arrow from a folder to the root's top, or from a nested folder to the folder it sits in, is back up; one
+    down or across is not; and a cycle between folders is seen even when no module cycle exists."""
+    pkg = write_package(tmp_path, {
+        "__init__.py": "", "top.py": "from .a import x\n",
+        "a/__init__.py": "", "a/x.py": "from .. import top\nfrom ..b import y\n",
+        "a/inner/__init__.py": "", "a/inner/z.py": "from .. import x\nfrom ...b import y\n",
+        "b/__init__.py": "", "b/y.py": "def f():\n    from ..a.inner import z\n    return z\n"})
+    graph, pkgs = import_graph(pkg), packages(pkg)
+    assert arrows_back_up(graph, PACKAGE, pkgs) == [f"{PACKAGE}.a.inner.z -> {PACKAGE}.a.x",
+                                                    f"{PACKAGE}.a.x -> {PACKAGE}.top"]
+    assert find_cycle(folder_graph(graph, PACKAGE, pkgs)) == ["a", "b", "a"]
 
 
 def test_no_module_uses_a_private_name_of_another():

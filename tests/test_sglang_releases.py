@@ -419,7 +419,8 @@ def test_hook_points_where_the_release_has_them(version):
 def test_the_variant_is_how_deepseek_v2_model_forward_captures(version):
     """list-in-loop: the forward itself appends `hidden_states + residual`; later variants hand the accumulator to
     the layer; packer variants build an AuxHiddenStatePacker; packer+layer-boundary layers take no residual (it
-    lives in the batch's residual stream) -- what the plugin's adapter detection reads (sglang/internals.py)."""
+    lives in the batch's residual stream) -- what the plugin's adapter detection reads
+    (sglang/installed/internals.py)."""
     root = _source(version)
     r = sr.release(version)
     fwd, src = find_def(root, f"{DSV2}.DeepseekV2Model.forward")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Optional, Sequence
 
 
 def _cmd_info(args) -> int:
@@ -27,7 +28,9 @@ def _cmd_selfcheck(args) -> int:
     return 0 if selfcheck.run() else 1
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Optional[Sequence[str]] = None) -> argparse.ArgumentParser:
+    """The command line's parser. With ``argv``, only what that command line asks for is loaded (a doctor
+    subcommand's module, doctor/cli.py); without, every subcommand is complete."""
     p = argparse.ArgumentParser(prog="eagle3-capture",
                                 description="Exact, cheap, checkable hidden-state capture for EAGLE-3 in SGLang.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -39,13 +42,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_cmd_selfcheck)
     from .doctor.cli import add_doctor_parser, one_line_errors
 
-    add_doctor_parser(sub)
+    add_doctor_parser(sub, argv)
     one_line_errors(p)  # unrecognised arguments are reported here, after the subcommand's parser
     return p
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(argv).parse_args(argv)
     if args.command == "doctor":
         from .doctor.cli import run
 

@@ -262,8 +262,8 @@ def main(argv=None) -> int:
         return finish(*miswired(a, cfg, target, untrained, held_path, context, base_env, left, result))
     # 1. collect
     dump1 = os.path.join(a.out, "dump_collect")
-    from eagle3_capture.doctor.target.server_side import ServerTarget
-    from eagle3_capture.doctor.target.side import layer_inputs
+    from eagle3_capture.doctor.target_side.server_side import ServerTarget
+    from eagle3_capture.doctor.target_side.side import layer_inputs
     from eagle3_capture.spec import TapSpec
 
     try:

@@ -186,7 +186,7 @@ def main(argv=None) -> int:
     info["stock_ids"] = write_stock_draft(draft, draft_stock)
 
     # the target's own greedy continuation (transformers), on the device the demo used
-    from eagle3_capture.doctor.target.model import greedy_continue, load_target
+    from eagle3_capture.doctor.target_side.model import greedy_continue, load_target
 
     t1 = time.time()
     dev = info["device"]

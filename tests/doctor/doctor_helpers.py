@@ -126,7 +126,7 @@ def replay_demo(demo_out: str, prompts, new_tokens: int, flags=(3, 1, 4)):
     from eagle3_capture.doctor.draft.side import load_draft_side
     from eagle3_capture.doctor.replay.evaluate import evaluate, served_walks
     from eagle3_capture.doctor.sglang_model.flag_rules import SpecResolution
-    from eagle3_capture.doctor.target.model_side import TransformersTarget
+    from eagle3_capture.doctor.target_side.model_side import TransformersTarget
 
     side = TransformersTarget.load(os.path.join(demo_out, "target"), device="cpu", seed=0, quiet=True)
     m = side.target.model

@@ -52,8 +52,8 @@ class TeacherForced:
         from eagle3_capture.doctor.draft.side import load_draft_side
         from eagle3_capture.doctor.replay.evaluate import evaluate, served_walks
         from eagle3_capture.doctor.sglang_model.flag_rules import SpecResolution
-        from eagle3_capture.doctor.target.model import greedy_continue, residual_stream
-        from eagle3_capture.doctor.target.model_side import TransformersTarget
+        from eagle3_capture.doctor.target_side.model import greedy_continue, residual_stream
+        from eagle3_capture.doctor.target_side.model_side import TransformersTarget
 
         self.prompts = [list(p) for p in prompts]
         self.N, self.flags = new_tokens, flags
@@ -125,7 +125,7 @@ class TeacherForced:
 def write_training(d: str, seqs: Sequence[torch.Tensor], stacks: Sequence[torch.Tensor], layers: Sequence[int],
                    dtype: torch.dtype = torch.bfloat16) -> List[str]:
     """SpecForge samples rows_0-5000/data_<i>.ckpt with aux_hidden_state = the stream at these layer inputs."""
-    from eagle3_capture.doctor.target.training_data import save_sample
+    from eagle3_capture.doctor.target_side.training_data import save_sample
 
     out = []
     for i, (ids, stack) in enumerate(zip(seqs, stacks)):

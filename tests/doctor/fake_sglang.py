@@ -134,7 +134,7 @@ class FakeSGLang:
 
     def _unknown(self, ids, body) -> dict:
         """Ids the stand-in has no continuation for (a training sample): the demo target run on them."""
-        from eagle3_capture.doctor.target.model import residual_stream
+        from eagle3_capture.doctor.target_side.model import residual_stream
 
         m = self.tf.side.target.model
         stack, _, greedy = residual_stream(m, torch.tensor([ids]))

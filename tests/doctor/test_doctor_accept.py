@@ -106,7 +106,7 @@ def test_dump_reference_pre_and_post_norm(demo, small_prompts, tmp_path):
     applied to final_prenorm gives HF's last entry, and hidden_states[0] is the embedding lookup."""
     from safetensors.torch import load_file
 
-    from eagle3_capture.doctor.target.model import build_demo_target
+    from eagle3_capture.doctor.target_side.model import build_demo_target
 
     res, out = demo
     code, text, err = cli("doctor", "dump-reference", "--model", os.path.join(out, "target"), "--prompts",

@@ -8,7 +8,13 @@ import pytest
 from eagle3_capture.spec import LayerOutput
 from doctor_helpers import DSV3_61, KIMI, assert_clean_error, cli, cli_subprocess, draft_config, write_json
 from eagle3_capture.sglang_releases import catalogue as release_catalogue  # where assumed_release looks the version up
-from eagle3_capture.doctor.deployment.check import run_check
+from eagle3_capture.doctor.deployment.run import CheckRequest
+from eagle3_capture.doctor.deployment.run import run_check as run_request
+
+
+def run_check(*args, **kwargs):
+    """doctor check's run on a request spelled as the command's flags' fields (CheckRequest's order)."""
+    return run_request(CheckRequest(*args, **kwargs))
 
 
 @pytest.fixture(autouse=True)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dump_helpers import write_checkpoint
-from eagle3_capture.doctor.target.checkpoint import CheckpointSide, open_checkpoint, read_embedding, read_lm_head
+from eagle3_capture.doctor.target_side.checkpoint import CheckpointSide, open_checkpoint, read_embedding, read_lm_head
 from eagle3_capture.doctor.common import DoctorError
 
 V, H = 50, 8

@@ -101,7 +101,7 @@ def test_partial_capture_aligns_by_token_ids(ref):
 
 
 def test_reads_the_plugins_dump_format(ref):
-    """The SGLang plugin's EAGLE3_CAPTURE_DUMP record (sglang/dump.py), one file and a directory of them."""
+    """The SGLang plugin's EAGLE3_CAPTURE_DUMP record (sglang/dump/), one file and a directory of them."""
     d = ref["dir"] / "dumps"
     os.makedirs(d, exist_ok=True)
     for n, rows in enumerate((slice(0, 20), slice(20, 40))):

@@ -75,7 +75,7 @@ def training(tf):
     inputs [1, 2, 5]) and SGLang's ([0, 1, 4])."""
     t = tf["t"]
     m = t.side.target.model.to(torch.bfloat16)
-    from eagle3_capture.doctor.target.model import residual_stream
+    from eagle3_capture.doctor.target_side.model import residual_stream
 
     with torch.no_grad():
         stacks = [residual_stream(m, ids[None])[0][0] for ids in t.sent]
@@ -138,7 +138,7 @@ def test_bad_training_data_and_dumps(tf, training, tmp_path):
     d, _ = training
     dump = _full(tf, "ok", [0, 1, 4])
     # training data of another hidden size
-    from eagle3_capture.doctor.target.training_data import save_sample
+    from eagle3_capture.doctor.target_side.training_data import save_sample
 
     wide = str(tmp_path / "wide" / "rows_0-5000" / "data_0.ckpt")
     T = tf["t"].sent[0].numel()

@@ -193,7 +193,7 @@ def test_teacher_forced_pass_through_a_server(tf, tmp_path):
     import time
 
     from dump_helpers import record_path, write_v2_record
-    from eagle3_capture.doctor.target.server_side import ServerTarget
+    from eagle3_capture.doctor.target_side.server_side import ServerTarget
 
     t = tf["t"]
     prompts = t.prompts
@@ -245,7 +245,7 @@ def test_teacher_forced_pass_through_a_server(tf, tmp_path):
 
 def test_teacher_forced_answers_that_are_not_usable(tmp_path):
     from eagle3_capture.doctor.common import DoctorError
-    from eagle3_capture.doctor.target.server_side import greedy_from_logprobs
+    from eagle3_capture.doctor.target_side.server_side import greedy_from_logprobs
 
     ok = {"output_ids": [5], "meta_info": {"input_top_logprobs": [None, [[-1.0, 3, None]], [[-2.0, 4, None]]]}}
     assert greedy_from_logprobs(ok, "x", 3).tolist() == [3, 4, 5]
@@ -255,7 +255,7 @@ def test_teacher_forced_answers_that_are_not_usable(tmp_path):
                         ({"meta_info": ok["meta_info"]}, "no output_ids"), ("nope", "no meta_info")):
         with pytest.raises(DoctorError, match=needle):
             greedy_from_logprobs(bad, "x", 3)
-    from eagle3_capture.doctor.target.server_side import wait_for_requests
+    from eagle3_capture.doctor.target_side.server_side import wait_for_requests
 
     with pytest.raises(DoctorError, match="are not in it"):
         wait_for_requests(str(tmp_path), ["eagle3-doctor-x-0"], [torch.arange(4)], 0.5)

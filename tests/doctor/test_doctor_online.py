@@ -20,7 +20,7 @@ def recorded(tmp_path_factory):
     from eagle3_capture.doctor.draft.side import load_draft_side
     from eagle3_capture.doctor.replay.evaluate import evaluate, served_walks
     from eagle3_capture.doctor.sglang_model.flag_rules import SpecResolution
-    from eagle3_capture.doctor.target.model_side import TransformersTarget
+    from eagle3_capture.doctor.target_side.model_side import TransformersTarget
 
     res, out = demo_fast()
     root = tmp_path_factory.mktemp("online")

@@ -97,7 +97,7 @@ def sglang_tree_one_anchor(draft, taps, seq, greedy, t, S, k, D):
 @pytest.mark.parametrize("S,k,D", [(3, 2, 6), (2, 3, 7), (4, 2, 8), (1, 4, 3)])
 def test_tree_matches_a_direct_rendering(S, k, D):
     from eagle3_capture.doctor.draft.checkpoint import load_draft
-    from eagle3_capture.doctor.target.model import build_demo_target, greedy_continue, residual_stream
+    from eagle3_capture.doctor.target_side.model import build_demo_target, greedy_continue, residual_stream
 
     res, out = demo_fast()
     draft = load_draft(os.path.join(out, "draft"))

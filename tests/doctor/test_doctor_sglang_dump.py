@@ -16,8 +16,8 @@ DECLARED = [-1, 1, 3, 5]  # embedding, two middle layers and the final boundary 
 def test_plugin_dump_fingerprints_as_the_declared_taps(harness, tiny, sglang_plugin, tmp_path, plugin_env):
     from eagle3_capture.doctor.fingerprint.reference import fingerprint, render
     from eagle3_capture.doctor.fingerprint.reference_dump import reference_tensors, write_reference
-    from eagle3_capture.doctor.target.model import Target
-    from eagle3_capture.sglang import dump
+    from eagle3_capture.doctor.target_side.model import Target
+    from eagle3_capture.sglang.dump import forwards as dump
     from eagle3_capture.spec import TapSpec
 
     model, cfg, hf = tiny["model"], tiny["cfg"], tiny["hf"]

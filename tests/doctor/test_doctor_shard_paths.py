@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 from dump_helpers import write_checkpoint
 from eagle3_capture.doctor.common import DoctorError
 from eagle3_capture.doctor.draft.checkpoint import load_draft, save_draft
-from eagle3_capture.doctor.target.checkpoint import open_checkpoint
+from eagle3_capture.doctor.target_side.checkpoint import open_checkpoint
 from eagle3_capture.weights import load_draft_fc
 from test_doctor_draft_mla import mla_arch, seeded
 

@@ -66,7 +66,7 @@ def test_dump_reference_accept_and_online_refuse_partly_random_targets(targets, 
 
 def test_the_demo_target_itself_loads(targets):
     """The refusal is not of everything: the demo's own saved target loads with nothing missing."""
-    from eagle3_capture.doctor.target.model import load_target
+    from eagle3_capture.doctor.target_side.model import load_target
 
     res, demo = demo_fast()
     t = load_target(os.path.join(demo, "target"), quiet=True)

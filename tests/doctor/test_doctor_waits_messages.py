@@ -33,7 +33,7 @@ def tf(tmp_path_factory):
 
 def test_online_on_a_dump_directory_that_stays_empty_gives_up_early(tf, tmp_path, monkeypatch):
     """Before: `online --dump EMPTY_DIR` waited the whole --timeout (600 s) and printed nothing."""
-    from eagle3_capture.doctor.target import server_side
+    from eagle3_capture.doctor.target_side import server_side
 
     monkeypatch.setattr(server_side, "STALL_S", 2.0)
     empty = tmp_path / "empty"
@@ -51,7 +51,7 @@ def test_online_on_a_dump_directory_that_stays_empty_gives_up_early(tf, tmp_path
 def test_a_greedy_token_missing_is_said_without_contradiction():
     """Before: 'greedy token known up to position 48; the replay needs 48'."""
     from eagle3_capture.doctor.common import DoctorError
-    from eagle3_capture.doctor.target.dump_side import StreamedPrompt, StreamTarget
+    from eagle3_capture.doctor.target_side.dump_side import StreamedPrompt, StreamTarget
 
     seq = torch.arange(50)
     greedy = torch.arange(1, 51)
@@ -67,7 +67,7 @@ def test_a_greedy_token_missing_is_said_without_contradiction():
 def test_a_gap_in_a_dumped_request_is_named_as_a_gap(tf, tmp_path):
     """Before: a request with a chunk missing was reported as 'not in it'."""
     from eagle3_capture.doctor.common import DoctorError
-    from eagle3_capture.doctor.target.server_side import wait_for_requests
+    from eagle3_capture.doctor.target_side.server_side import wait_for_requests
 
     d = str(tmp_path / "gap")
     paths = tf["t"].write_dump(d, [0, 1, 4], list(range(9)), per_record=1, chunk=10, declared=DECL)

@@ -59,7 +59,7 @@ def training_data(pair, name: str, layers: List[int]) -> str:
     from transformers import AutoModelForCausalLM
 
     from dump_helpers import write_training
-    from eagle3_capture.doctor.target.model import greedy_continue, residual_stream
+    from eagle3_capture.doctor.target_side.model import greedy_continue, residual_stream
 
     d = os.path.join(pair.root, f"training_{name}")
     if os.path.isdir(d):

@@ -182,7 +182,7 @@ def test_bad_inputs_against_the_servers_dump(pair, launched, tmp_path):
     import torch
 
     from eagle3_capture.dump_format.reader import load_record
-    from eagle3_capture.doctor.target.training_data import save_sample
+    from eagle3_capture.doctor.target_side.training_data import save_sample
 
     dump = launched["dump"]
     base = ("--draft", pair.draft, "--server-args", flags_text(CHAIN), "--no-progress", "--device", "cpu")

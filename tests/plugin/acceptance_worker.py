@@ -70,7 +70,8 @@ def main() -> int:
     from sglang.srt.sampling.sampling_params import SamplingParams
 
     from eagle3_capture.acceptance.positions import add, attempts_accepted
-    from eagle3_capture.sglang import acceptance_count, acceptance_live, exporter, plugin
+    from eagle3_capture.sglang.monitor import histogram as acceptance_count, live as acceptance_live, exporter
+    from eagle3_capture.sglang import plugin
 
     runner = SimpleNamespace(server_args=server_args(), tp_rank=rank, is_draft_worker=False)
     assert plugin.load_model_hook(lambda self: "loaded", runner) == "loaded"

@@ -1,7 +1,7 @@
 """One server-like replica for the shared-dump tests (issue 32, kind 1): a process that serves through SGLang's real
 ``ModelRunner.forward`` on the CPU (harness.py: the tiny DeepseekV3, the plugin loaded by SGLang's own
 ``load_plugins()``), so that every record it dumps goes through the plugin's real dump and writer
-(sglang/dump.py, sglang/dump_writer.py) into ``$EAGLE3_CAPTURE_DUMP``:
+(sglang/dump/forwards.py, sglang/dump/writer.py) into ``$EAGLE3_CAPTURE_DUMP``:
 
     python tests/plugin/replica_server.py OUT.json IDS REQUESTS [DECODES]
 
@@ -28,7 +28,7 @@ def main(out_path: str, ids: str, requests: str, decodes: str = "2") -> None:
     from sglang.srt.plugins import load_plugins
 
     load_plugins()
-    from eagle3_capture.sglang import dump
+    from eagle3_capture.sglang.dump import forwards as dump
 
     cfg = tiny_config()
     model = build_sglang(cfg, build_hf(cfg))

@@ -137,7 +137,7 @@ def _hooks(out_path: str) -> None:
 
     load_plugins()
     from eagle3_capture.sglang import plugin
-    from eagle3_capture.sglang.hook_chain import hook_path_in_place
+    from eagle3_capture.sglang.installed.hook_chain import hook_path_in_place
 
     in_place = {group: {path: hook_path_in_place(path, fn) for path, fn in hooks}
                 for group, hooks in plugin.HOOKS.items()}
@@ -275,7 +275,8 @@ def _settings(cases_path: str, out_path: str) -> None:
         sp._plugins_loaded = False
         HookRegistry._hooks.clear()
         sp.load_plugins()
-        from eagle3_capture.sglang import plugin, switches
+        from eagle3_capture.sglang import plugin
+        from eagle3_capture.sglang.settings import switches
 
         try:
             ModelRunner.load_model(ModelRunner.__new__(ModelRunner))
@@ -310,8 +311,10 @@ def _graph_gate(out_path: str) -> None:
     load_plugins()
     DecodeCudaGraphRunner = decode_graph_runner_class()  # the release's decode graph runner class
 
-    from eagle3_capture.sglang import dump, internals, served
-    from eagle3_capture.sglang.hook_chain import hook_path_in_place
+    from eagle3_capture.sglang.dump import forwards as dump
+    from eagle3_capture.sglang.installed import internals
+    from eagle3_capture.sglang import served
+    from eagle3_capture.sglang.installed.hook_chain import hook_path_in_place
 
     cfg = tiny_config()
     model = build_sglang(cfg, build_hf(cfg))

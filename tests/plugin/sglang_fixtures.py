@@ -29,10 +29,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # Before anything imports torch._dynamo users (SGLang's MoE top-k is torch.compile'd; on CPU that is slow).
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 
-# The range the plugin supports: the plugin's own (eagle3_capture/sglang/internals.py: OLDEST, NEWEST).
-from eagle3_capture.sglang.internals import NEWEST as SGLANG_NEWEST  # noqa: E402
-from eagle3_capture.sglang.internals import OLDEST as SGLANG_OLDEST  # noqa: E402
-from eagle3_capture.sglang.internals import range_text  # noqa: E402
+# The range the plugin supports: the plugin's own (eagle3_capture/sglang/installed/internals.py: OLDEST, NEWEST).
+from eagle3_capture.sglang.installed.internals import NEWEST as SGLANG_NEWEST  # noqa: E402
+from eagle3_capture.sglang.installed.internals import OLDEST as SGLANG_OLDEST  # noqa: E402
+from eagle3_capture.sglang.installed.internals import range_text  # noqa: E402
 
 SGLANG_RANGE = range_text()
 
@@ -43,7 +43,7 @@ def _sglang_problem():
         return "sglang is not installed (or has no distribution metadata)"
     if "metadata at" in found[0]:
         return f"sglang's metadata and package disagree: {found[0]}"
-    from eagle3_capture.sglang.internals import version_tuple
+    from eagle3_capture.sglang.installed.internals import version_tuple
 
     v = version_tuple(found[0])
     if v is None or not (SGLANG_OLDEST <= v[:3] <= SGLANG_NEWEST):
@@ -107,7 +107,8 @@ def plugin_env():
     """Set the plugin's settings for one test: ``plugin_env(EAGLE3_CAPTURE_DUMP=..., ...)`` sets the variables (None
     unsets one) and validates them as registration does (``switches.configure()``: the hooks read the settings
     validated then, never the environment); the dump's budgets start afresh. Restored after the test."""
-    from eagle3_capture.sglang import dump, switches
+    from eagle3_capture.sglang.dump import forwards as dump
+    from eagle3_capture.sglang.settings import switches
 
     saved = {}
 

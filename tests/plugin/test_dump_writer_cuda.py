@@ -4,8 +4,8 @@ staging (a graph replay reusing its static buffer) while the stream is still bus
 import pytest
 import torch
 
-from eagle3_capture.sglang import dump_writer
-from eagle3_capture.sglang.dump_writer import Job, Writer
+from eagle3_capture.sglang.dump import writer as dump_writer
+from eagle3_capture.sglang.dump.writer import Job, Writer
 
 pytestmark = pytest.mark.cuda
 

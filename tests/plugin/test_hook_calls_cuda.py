@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from eagle3_capture import reference
-from eagle3_capture.sglang import capture, draft
+from eagle3_capture.sglang.taps import capture
+from eagle3_capture.sglang import draft
 
 pytestmark = pytest.mark.cuda
 

@@ -47,7 +47,7 @@ def _profile(tmp_path, histogram=(100, 200, 300, 400), steps=STEPS, name="profil
 @pytest.fixture
 def lines(monkeypatch):
     """The plugin's promised lines, kept instead of logged."""
-    from eagle3_capture.sglang import switches
+    from eagle3_capture.sglang.settings import switches
 
     kept = []
     monkeypatch.setattr(switches, "announce", lambda level, msg: kept.append((level, msg)))
@@ -57,7 +57,7 @@ def lines(monkeypatch):
 @pytest.fixture
 def counting(sglang_plugin):
     """Counting in this process, from a clean histogram; stopped after."""
-    from eagle3_capture.sglang import acceptance_count, acceptance_live
+    from eagle3_capture.sglang.monitor import histogram as acceptance_count, live as acceptance_live
 
     acceptance_live.stop()
     acceptance_count.reset()
@@ -80,8 +80,10 @@ def _req(i=0):
 def test_the_hook_is_in_place_on_sglangs_req(sglang_plugin):
     from sglang.srt.managers.schedule_batch import Req
 
-    from eagle3_capture.sglang import acceptance_count, internals, switches
-    from eagle3_capture.sglang.hook_chain import hook_in_place
+    from eagle3_capture.sglang.monitor import histogram as acceptance_count
+    from eagle3_capture.sglang.installed import internals
+    from eagle3_capture.sglang.settings import switches
+    from eagle3_capture.sglang.installed.hook_chain import hook_in_place
 
     assert internals.current().acceptance_path == internals.ACCEPTANCE_HISTOGRAM_PATH
     assert switches.ACCEPTANCE in sglang_plugin.registered, sglang_plugin.skipped
@@ -95,7 +97,7 @@ def test_counts_equal_the_requests_histograms(counting, verifies):
     """In this process (metrics off): what the flush takes is exactly the sum of the requests' histograms, a verify
     beyond --speculative-num-steps included (counted at its position, not tested)."""
     from eagle3_capture.acceptance.positions import add
-    from eagle3_capture.sglang import acceptance_count
+    from eagle3_capture.sglang.monitor import histogram as acceptance_count
 
     counting.stop()  # each example from an empty histogram (the fixture runs once per test)
     acceptance_count.reset()
@@ -114,7 +116,7 @@ def test_counts_equal_the_requests_histograms(counting, verifies):
 
 
 def test_not_counting_counts_nothing(counting):
-    from eagle3_capture.sglang import acceptance_count
+    from eagle3_capture.sglang.monitor import histogram as acceptance_count
 
     r = _req()
     r.update_spec_correct_drafts_histogram(2)
@@ -159,7 +161,7 @@ def test_multiprocess_export_counts_each_verify_once(harness, tmp_path):
 def test_exporter_interface(sglang_plugin):
     """Names and labels are names.py's (a wrong one is a ValueError naming what was expected); metrics off: no-op."""
     from eagle3_capture.acceptance import names
-    from eagle3_capture.sglang import exporter
+    from eagle3_capture.sglang.monitor import exporter
 
     assert "--enable-metrics is off" in exporter.configure(_server_args(), 1)
     assert not exporter.enabled() and exporter.model_name() == "m" and exporter.tp_rank() == 1
@@ -259,8 +261,8 @@ NUMBERS = st.one_of(st.text(max_size=12), st.floats(allow_nan=True, allow_infini
        profile=st.one_of(st.none(), st.text(max_size=20)))
 def test_fuzz_the_acceptance_settings(drop, threshold, required, profile):
     from eagle3_capture.acceptance.drift import DROP_RANGE, THRESHOLD_RANGE
-    from eagle3_capture.sglang.alarm_settings import parse_number, parse_profile_path, parse_required
-    from eagle3_capture.sglang.switches import read_settings
+    from eagle3_capture.sglang.settings.alarm import parse_number, parse_profile_path, parse_required
+    from eagle3_capture.sglang.settings.switches import read_settings
 
     env = {k: v for k, v in (("EAGLE3_CAPTURE_ALARM_DROP", drop), ("EAGLE3_CAPTURE_ALARM_THRESHOLD", threshold),
                              ("EAGLE3_CAPTURE_PROFILE_REQUIRED", required), ("EAGLE3_CAPTURE_PROFILE", profile))
@@ -311,8 +313,8 @@ def test_fuzz_a_profile_at_model_load_is_one_line(tmp_path, raw, required):
     """Any file: a usable profile of this server's flags turns the alarm on; anything else is one ERROR line and the
     alarm off -- or, required, one refusal line -- and counting stays on."""
     from eagle3_capture.acceptance import profile
-    from eagle3_capture.sglang import acceptance_live
-    from eagle3_capture.sglang.alarm_settings import AlarmSettings
+    from eagle3_capture.sglang.monitor import live as acceptance_live
+    from eagle3_capture.sglang.settings.alarm import AlarmSettings
 
     f = tmp_path / "p.json"
     f.write_bytes(raw)
@@ -336,8 +338,8 @@ def test_fuzz_a_profile_at_model_load_is_one_line(tmp_path, raw, required):
 
 
 def test_a_profile_of_other_flags_is_not_comparable(tmp_path):
-    from eagle3_capture.sglang import acceptance_live
-    from eagle3_capture.sglang.alarm_settings import AlarmSettings
+    from eagle3_capture.sglang.monitor import live as acceptance_live
+    from eagle3_capture.sglang.settings.alarm import AlarmSettings
 
     path, _ = _profile(tmp_path, (1, 2, 3, 4, 5), steps=4)
     plan = acceptance_live.plan(_server_args(), AlarmSettings(profile=path), (True, "rank 0"))
@@ -365,7 +367,8 @@ def test_a_profile_of_other_flags_is_not_comparable(tmp_path):
 def test_a_required_profile_refuses_at_model_load(sglang_plugin, lines, monkeypatch, tmp_path):
     """Through the plugin's real model-load hook: EAGLE3_CAPTURE_PROFILE_REQUIRED=1 with a missing profile stops the
     server there with one line; with a usable one the model loads and counting starts."""
-    from eagle3_capture.sglang import acceptance_count, acceptance_live, switches
+    from eagle3_capture.sglang.monitor import histogram as acceptance_count, live as acceptance_live
+    from eagle3_capture.sglang.settings import switches
 
     runner = SimpleNamespace(server_args=_server_args(), tp_rank=0, is_draft_worker=False)
     monkeypatch.setattr(acceptance_count, "output_rank", lambda: (True, "attention-TP rank 0"))
@@ -392,8 +395,8 @@ def test_a_required_profile_refuses_at_model_load(sglang_plugin, lines, monkeypa
 
 
 def test_ranks_that_cannot_be_read_are_one_error_line(tmp_path):
-    from eagle3_capture.sglang import acceptance_live
-    from eagle3_capture.sglang.alarm_settings import AlarmSettings
+    from eagle3_capture.sglang.monitor import live as acceptance_live
+    from eagle3_capture.sglang.settings.alarm import AlarmSettings
 
     plan = acceptance_live.plan(_server_args(), AlarmSettings(), (None, "the attention-TP rank cannot be read (X)"))
     assert not plan.counting and plan.line == "" and len(plan.errors) == 1 and plan.refusal is None
@@ -403,7 +406,7 @@ def test_ranks_that_cannot_be_read_are_one_error_line(tmp_path):
 
 def test_the_rank_that_counts_is_read_from_sglangs_parallel_groups(harness):
     """The harness's process has SGLang's real (gloo, one rank) parallel state: rank 0 of every dimension."""
-    from eagle3_capture.sglang import acceptance_count
+    from eagle3_capture.sglang.monitor import histogram as acceptance_count
 
     counts, text = acceptance_count.output_rank()
     assert counts is True and text == "attention-TP rank 0, attention-CP rank 0, pipeline rank 0"
@@ -418,7 +421,7 @@ def test_the_rank_that_counts_is_read_from_sglangs_parallel_groups(harness):
 def test_a_misspelt_acceptance_setting(name, refused):
     """A misspelt EAGLE3_CAPTURE_PROFILE_REQUIRED refuses (read as unset it would serve without the alarm the
     operator required); a misspelt alarm setting turns the alarm off with one ERROR line naming the closest name."""
-    from eagle3_capture.sglang.switches import read_settings
+    from eagle3_capture.sglang.settings.switches import read_settings
 
     s = read_settings({name: "1"}, prepare_dir=False)
     if refused:

@@ -242,7 +242,8 @@ def test_gather_hooks_target_sglangs_draft_extend():
     """The poll's dotted paths name methods the installed SGLang has (the load test checks they are hooked)."""
     import pkgutil
 
-    from eagle3_capture.sglang import draft, internals
+    from eagle3_capture.sglang import draft
+    from eagle3_capture.sglang.installed import internals
 
     hooks = draft.gather_hooks(internals.current())
     assert hooks or not internals.current().mla_fc_sharded, "a sharded MLA fc and no draft extend to poll"

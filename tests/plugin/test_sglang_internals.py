@@ -14,7 +14,7 @@ pytestmark = pytest.mark.sglang
 
 
 def _release():
-    from eagle3_capture.sglang import internals
+    from eagle3_capture.sglang.installed import internals
 
     return internals.detect()
 
@@ -22,7 +22,8 @@ def _release():
 def test_the_installed_release_gets_an_adapter_and_every_hook_path_resolves():
     import sglang
 
-    from eagle3_capture.sglang import internals, plugin
+    from eagle3_capture.sglang.installed import internals
+    from eagle3_capture.sglang import plugin
 
     i = _release()
     assert i.version == sglang.__version__ and i.in_range, i
@@ -46,7 +47,7 @@ def test_the_adapter_follows_what_deepseek_v2_does():
 
     from sglang.srt.models import deepseek_v2
 
-    from eagle3_capture.sglang import internals
+    from eagle3_capture.sglang.installed import internals
 
     i = _release()
     layer_params = inspect.signature(deepseek_v2.DeepseekV2DecoderLayer.forward.__wrapped__
@@ -107,7 +108,8 @@ def test_a_release_outside_the_range(monkeypatch):
 def test_a_hook_that_did_not_attach_stops_the_server_at_model_load(monkeypatch):
     """SGLang's HookRegistry only logs a hook it could not apply: the model-load hook checks every registered hook
     and raises one line naming the release, the group and the path."""
-    from eagle3_capture.sglang import plugin, switches
+    from eagle3_capture.sglang import plugin
+    from eagle3_capture.sglang.settings import switches
 
     switches.configure({})
     monkeypatch.setattr(plugin, "_release", _release())

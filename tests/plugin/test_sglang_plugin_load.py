@@ -4,7 +4,7 @@ import pkgutil
 
 import pytest
 
-from eagle3_capture.sglang.hook_chain import hook_in_place
+from eagle3_capture.sglang.installed.hook_chain import hook_in_place
 from scenarios import run_script
 from sglang_fixtures import harness, require_sglang, sglang_plugin, tiny  # noqa: F401  (fixtures)
 
@@ -17,7 +17,8 @@ def _resolve(path):
 
 
 def _expected_groups(plugin):
-    from eagle3_capture.sglang import draft, switches
+    from eagle3_capture.sglang import draft
+    from eagle3_capture.sglang.settings import switches
 
     groups = [switches.TAPS, switches.FINAL_BOUNDARY, switches.CAPTURE, switches.SELFTEST]
     if draft.unavailable() is None:
@@ -48,7 +49,9 @@ def test_hooks_reach_the_names_sglang_calls(sglang_plugin):
     """Subclasses see the hooked methods, and deepseek_v2's module-level references are the hooked ones."""
     from sglang.srt.model_executor import model_runner
     from sglang.srt.models import deepseek_v2
-    from eagle3_capture.sglang import capture, internals, model_forward, served, target
+    from eagle3_capture.sglang.taps import capture, model_forward, target
+    from eagle3_capture.sglang.installed import internals
+    from eagle3_capture.sglang import served
 
     plugin = sglang_plugin
     release = internals.current()
@@ -85,7 +88,7 @@ def test_unknown_switch_name_refuses_to_serve(sglang_plugin, monkeypatch):
     one line."""
     from sglang.srt.plugins.hook_registry import HookRegistry
 
-    from eagle3_capture.sglang import switches
+    from eagle3_capture.sglang.settings import switches
 
     with pytest.raises(ValueError, match=r"unknown hook name\(s\) \['tap'\]; expected .*'taps'"):
         switches.disabled_hooks({"EAGLE3_CAPTURE_DISABLE": "tap"})

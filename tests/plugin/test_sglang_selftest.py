@@ -1,6 +1,6 @@
-"""The capture self-test (sglang/selftest.py) around SGLang's real ModelRunner.forward, on SGLang's real DeepseekV3
-on the CPU: it passes on the plugin's capture, and names the slot when the capture is wired wrong at run time (the
-embedding slot holding a later layer, two slots alike); EAGLE3_CAPTURE_SELFTEST=raise stops the forward. That it
+"""The capture self-test (sglang/monitor/selftest.py) around SGLang's real ModelRunner.forward, on SGLang's real
+DeepseekV3 on the CPU: it passes on the plugin's capture, and names the slot when the capture is wired wrong at run time
+(the embedding slot holding a later layer, two slots alike); EAGLE3_CAPTURE_SELFTEST=raise stops the forward. That it
 never runs on SGLang's warm-up or capture passes is in test_sglang_served_dump.py; the same check in SGLang's real
 serving loop is in tests/engine."""
 import logging
@@ -21,7 +21,7 @@ def _lines(caplog):
 
 @pytest.fixture
 def fresh_selftest():
-    from eagle3_capture.sglang import selftest
+    from eagle3_capture.sglang.monitor import selftest
 
     selftest.reset()
     yield selftest
@@ -60,7 +60,7 @@ def test_names_the_slot_when_the_embedding_is_not_captured(harness, tiny, fresh_
 
 
 def test_two_equal_slots_and_raise_mode(harness, tiny, fresh_selftest, plugin_env):
-    from eagle3_capture.sglang.target import SPEC_ATTR
+    from eagle3_capture.sglang.taps.target import SPEC_ATTR
 
     model, cfg = tiny["model"], tiny["cfg"]
     model.set_eagle3_layers_to_capture(list(DECLARED))
@@ -76,7 +76,7 @@ def test_two_equal_slots_and_raise_mode(harness, tiny, fresh_selftest, plugin_en
 
 
 def test_bad_selftest_setting_is_refused():
-    from eagle3_capture.sglang import switches
+    from eagle3_capture.sglang.settings import switches
 
     assert switches.selftest_raises({}) is False and switches.selftest_raises({"EAGLE3_CAPTURE_SELFTEST": "raise"})
     with pytest.raises(ValueError, match="expected 'log' or 'raise'"):
@@ -85,7 +85,7 @@ def test_bad_selftest_setting_is_refused():
 
 def test_announce_reaches_stderr_before_logging_is_configured(capfd):
     """SGLang loads plugins before it configures logging: the plugin's lines must not be lost then."""
-    from eagle3_capture.sglang import switches
+    from eagle3_capture.sglang.settings import switches
 
     root = logging.getLogger()
     saved = root.handlers[:]
@@ -101,7 +101,7 @@ def test_announce_reaches_stderr_before_logging_is_configured(capfd):
 def test_announce_reaches_stderr_when_a_root_handler_would_drop_it(capfd):
     """Importing SGLang's modules (the plugin reads the installed release's internals at load) leaves a root handler
     at WARNING before SGLang configures logging: an INFO startup line (`taps hook off ...`) must still be written."""
-    from eagle3_capture.sglang import switches
+    from eagle3_capture.sglang.settings import switches
 
     root = logging.getLogger()
     saved, level = root.handlers[:], root.level

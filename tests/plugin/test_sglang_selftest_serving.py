@@ -1,4 +1,4 @@
-"""The capture self-test re-run while serving (sglang/selftest.py, admission.py), around SGLang's real
+"""The capture self-test re-run while serving (sglang/monitor/selftest.py, admission.py), around SGLang's real
 ModelRunner.forward on SGLang's real DeepseekV3 on the CPU: every EAGLE3_CAPTURE_SELFTEST_EVERY served target forwards
 (the draft's forwards not counted), every EAGLE3_CAPTURE_SELFTEST_SECONDS (a mocked clock), after a weight update
 through SGLang's own hooked SchedulerWeightUpdaterManager method; in raise mode a failure while serving refuses new
@@ -25,7 +25,7 @@ def _lines(caplog):
 
 @pytest.fixture
 def fresh_selftest():
-    from eagle3_capture.sglang import selftest
+    from eagle3_capture.sglang.monitor import selftest
 
     selftest.reset()
     yield selftest
@@ -94,8 +94,8 @@ def test_a_weight_update_through_sglangs_hooked_method_rearms_the_check(harness,
     from sglang.srt.managers.io_struct import UpdateWeightFromDiskReqInput
     from sglang.srt.managers.scheduler_components.weight_updater import SchedulerWeightUpdaterManager
 
-    from eagle3_capture.sglang import internals
-    from eagle3_capture.sglang.hook_chain import hook_in_place
+    from eagle3_capture.sglang.installed import internals
+    from eagle3_capture.sglang.installed.hook_chain import hook_in_place
 
     path = "sglang.srt.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager." \
            "update_weights_from_disk"
@@ -138,7 +138,7 @@ def test_raise_mode_refuses_new_requests_on_a_real_req_until_a_check_passes(harn
     from sglang.srt.managers.schedule_batch import FINISH_ABORT, Req
     from sglang.srt.sampling.sampling_params import SamplingParams
 
-    from eagle3_capture.sglang import admission
+    from eagle3_capture.sglang.monitor import admission
 
     def queued(self, req, is_retracted=False):
         return ("queued", req.rid)
@@ -205,7 +205,7 @@ def test_a_start_up_failure_in_raise_mode_still_stops_the_server(harness, target
 
 def test_each_verdict_is_counted_for_the_exporter(harness, target, fresh_selftest, plugin_env, monkeypatch):
     from eagle3_capture.acceptance import names
-    from eagle3_capture.sglang import exporter
+    from eagle3_capture.sglang.monitor import exporter
 
     calls = []
     monkeypatch.setattr(exporter, "enabled", lambda: True)
@@ -268,7 +268,7 @@ def _parsed(name, value):
        value=st.one_of(st.text(max_size=12), st.integers(-5, 10 ** 10).map(str),
                        st.sampled_from(["0", " 7 ", "1e3", "5s", "300.0", "0x10", "１２", "604801", "1000000001"])))
 def test_fuzz_a_period_setting_is_its_value_or_one_error_line_and_the_default(name, value):
-    from eagle3_capture.sglang.switches import read_settings
+    from eagle3_capture.sglang.settings.switches import read_settings
 
     s = read_settings({name: value}, prepare_dir=False)
     field = "selftest_every" if name.endswith("EVERY") else "selftest_seconds"
@@ -282,7 +282,7 @@ def test_fuzz_a_period_setting_is_its_value_or_one_error_line_and_the_default(na
 
 
 def test_a_misspelt_period_name_is_one_error_line_not_a_refusal_nor_the_dumps():
-    from eagle3_capture.sglang.switches import read_settings
+    from eagle3_capture.sglang.settings.switches import read_settings
 
     s = read_settings({"EAGLE3_CAPTURE_SELFTEST_EVRY": "5", "EAGLE3_CAPTURE_DUMP": "/tmp/x"}, prepare_dir=False)
     assert s.refusal is None and s.dump is not None and s.selftest_every == 10000

@@ -23,7 +23,7 @@ ATOL = 2e-5               # fp32: SGLang's kernels vs HF's eager modules (test_s
 
 def _records(d):
     from eagle3_capture.dump_format import FILE_RE, validate_record
-    from eagle3_capture.sglang import dump
+    from eagle3_capture.sglang.dump import forwards as dump
 
     assert dump.flush(60)
     assert not glob.glob(os.path.join(str(d), "*.tmp")), "a partial file was left"
@@ -47,7 +47,7 @@ def target(tiny):
 
 @pytest.fixture
 def fresh_selftest():
-    from eagle3_capture.sglang import selftest
+    from eagle3_capture.sglang.monitor import selftest
 
     selftest.reset()
     yield selftest
@@ -56,7 +56,7 @@ def fresh_selftest():
 
 def test_served_prefill_and_decode_are_dumped_as_the_contract_says(harness, target, plugin_env, tmp_path):
     from eagle3_capture.dump_format import FORMAT
-    from eagle3_capture.sglang.target import SPEC_ATTR
+    from eagle3_capture.sglang.taps.target import SPEC_ATTR
 
     model, cfg = target["model"], target["cfg"]
     plugin_env(EAGLE3_CAPTURE_DUMP=tmp_path)
@@ -245,7 +245,7 @@ def test_bounds_forwards_requests_tokens_bytes_and_stream(harness, target, plugi
 
 def test_a_failing_disk_gives_one_error_line_and_serving_goes_on(harness, target, plugin_env, tmp_path, caplog,
                                                                 monkeypatch):
-    from eagle3_capture.sglang import dump_writer
+    from eagle3_capture.sglang.dump import writer as dump_writer
 
     model, cfg = target["model"], target["cfg"]
     d = tmp_path / "dump"
@@ -258,7 +258,7 @@ def test_a_failing_disk_gives_one_error_line_and_serving_goes_on(harness, target
         d.write_text("not a directory any more")
         outs = [r.forward([harness.DECODE_TOKEN])[0] for _ in range(3)]  # served as ever
         assert all(o.logits_output.next_token_logits.isfinite().all() for o in outs)
-        from eagle3_capture.sglang import dump
+        from eagle3_capture.sglang.dump import forwards as dump
         assert dump.flush(30)
     errors = [m for m in caplog.messages if "capture dump stopped" in m]
     assert len(errors) == 1 and "serving goes on" in errors[0] and str(d) in errors[0], errors
@@ -278,7 +278,7 @@ def test_a_failing_disk_gives_one_error_line_and_serving_goes_on(harness, target
     with caplog.at_level(logging.INFO, logger="eagle3_capture.sglang"):
         for ids in (harness.PROMPT, [harness.DECODE_TOKEN], [harness.DECODE_TOKEN]):
             r.forward(ids)
-        from eagle3_capture.sglang import dump
+        from eagle3_capture.sglang.dump import forwards as dump
         assert dump.flush(30)
     errors = [m for m in caplog.messages if "capture dump stopped" in m]
     assert len(errors) == 1 and "No space left on device" in errors[0], errors
@@ -292,8 +292,8 @@ def test_two_servers_with_one_pid_sharing_a_directory_lose_no_record(harness, ta
     random id (and host), and a name is never replaced: a file already there is left alone and the record takes
     another name, said in one WARNING line."""
     from eagle3_capture.dump_format import file_name, inventory, load_record
-    from eagle3_capture.sglang import dump
-    from eagle3_capture.sglang.dump_record import this_process
+    from eagle3_capture.sglang.dump import forwards as dump
+    from eagle3_capture.sglang.dump.record import this_process
 
     model, cfg = target["model"], target["cfg"]
     monkeypatch.setattr(os, "getpid", lambda: 6)

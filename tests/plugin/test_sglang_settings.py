@@ -23,7 +23,7 @@ DUMP_VARS = ["EAGLE3_CAPTURE_DUMP_MAX", "EAGLE3_CAPTURE_DUMP_REQUESTS", "EAGLE3_
 
 
 def test_each_setting_good_and_bad(tmp_path):
-    from eagle3_capture.sglang.switches import DumpSettings, read_settings
+    from eagle3_capture.sglang.settings.switches import DumpSettings, read_settings
 
     d = str(tmp_path / "d")
     s = read_settings({})
@@ -56,7 +56,7 @@ def test_each_setting_good_and_bad(tmp_path):
     ("EAGLE3_CAPTURE_DUMP_MAXX", "3", "EAGLE3_CAPTURE_DUMP_MAXX is not a setting of the plugin"),
 ])
 def test_a_malformed_dump_setting_is_one_error_line_and_the_dump_is_off(tmp_path, name, value, says):
-    from eagle3_capture.sglang.switches import read_settings
+    from eagle3_capture.sglang.settings.switches import read_settings
 
     s = read_settings({"EAGLE3_CAPTURE_DUMP": str(tmp_path), name: value})
     assert s.dump is None and s.refusal is None and len(s.errors) == 1, s
@@ -84,7 +84,7 @@ def test_a_misspelt_name_is_one_line_naming_the_closest_and_a_guards_refuses(tmp
     """Issue 32, kind 6: a name that looks like the package's but is none of its variables was ignored without a
     word (only EAGLE3_CAPTURE_DUMP_* names were checked): a misspelt EAGLE3_CAPTURE_SELFTEST=raise logged a broken
     capture instead of stopping the server."""
-    from eagle3_capture.sglang.switches import read_settings
+    from eagle3_capture.sglang.settings.switches import read_settings
 
     d = str(tmp_path / "d")
     s = read_settings({"EAGLE3_CAPTURE_DUMP": d, name: value})
@@ -110,8 +110,8 @@ def test_the_packages_other_variables_are_known():
     import ast
     import re
 
-    from eagle3_capture.sglang.setting_names import OTHER_VARIABLES
-    from eagle3_capture.sglang.switches import SETTINGS, read_settings
+    from eagle3_capture.sglang.settings.typos import OTHER_VARIABLES
+    from eagle3_capture.sglang.settings.switches import SETTINGS, read_settings
 
     def names(path):
         tree = ast.parse(open(path).read())
@@ -131,7 +131,7 @@ def test_the_packages_other_variables_are_known():
 
 
 def test_a_dump_directory_that_cannot_be_used(tmp_path):
-    from eagle3_capture.sglang.switches import read_settings
+    from eagle3_capture.sglang.settings.switches import read_settings
 
     f = tmp_path / "file"
     f.write_text("x")
@@ -151,7 +151,7 @@ def spy(sglang_plugin, monkeypatch):
     """register() with SGLang's HookRegistry.register recorded instead of applied, and the plugin's lines kept."""
     from sglang.srt.plugins.hook_registry import HookRegistry
 
-    from eagle3_capture.sglang import switches
+    from eagle3_capture.sglang.settings import switches
 
     calls, lines = [], []
     monkeypatch.setattr(HookRegistry, "register", classmethod(lambda cls, path, fn, kind: calls.append(path)))
@@ -179,7 +179,7 @@ def spy(sglang_plugin, monkeypatch):
 def _check_outcome(plugin, env, calls, lines):
     """The promise, for one environment: a refusal registers only the model-load hook and says one line; otherwise
     the hooks are registered, one ERROR line per ignored setting, and the dump's hooks only with a valid dump."""
-    from eagle3_capture.sglang.switches import read_settings
+    from eagle3_capture.sglang.settings.switches import read_settings
 
     s = read_settings(env)
     errors = [m for lv, m in lines if lv == "error"]
@@ -192,7 +192,7 @@ def _check_outcome(plugin, env, calls, lines):
         return "clean"
     assert "sglang.srt.models.deepseek_v2.DeepseekV2ForCausalLM.set_eagle3_layers_to_capture" in calls or \
         "taps" in s.disabled
-    from eagle3_capture.sglang import internals
+    from eagle3_capture.sglang.installed import internals
 
     assert (internals.current().graph_gate_paths[0] in calls) == (s.dump is not None)
     return "ignored" if errors else "clean"
@@ -269,7 +269,7 @@ def _fuzzed_cases(tmp_path, n=6, seed=1234):
 
 
 def test_load_plugins_fuzzed_settings_never_serve_stock_silently(harness, tmp_path):
-    from eagle3_capture.sglang.switches import read_settings
+    from eagle3_capture.sglang.settings.switches import read_settings
 
     cases = _fuzzed_cases(tmp_path)
     path = tmp_path / "cases.json"

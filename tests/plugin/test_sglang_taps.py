@@ -14,7 +14,7 @@ CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 @pytest.fixture
 def no_declaration():
-    from eagle3_capture.sglang import target
+    from eagle3_capture.sglang.taps import target
 
     target.set_declaration(None)
     yield target
@@ -23,7 +23,7 @@ def no_declaration():
 
 def test_61_layers_draft_ids_become_layer_inputs(harness, sglang_plugin, no_declaration):
     from eagle3_capture.spec import EMBEDDING, LayerOutput
-    from eagle3_capture.sglang.target import SPEC_ATTR, resolved_taps
+    from eagle3_capture.sglang.taps.target import SPEC_ATTR, resolved_taps
 
     m = harness.bare_model()
     assert m.config.num_hidden_layers == 61
@@ -43,7 +43,7 @@ def test_61_layers_draft_ids_become_layer_inputs(harness, sglang_plugin, no_decl
 
 def test_61_layers_final_boundary(harness, sglang_plugin, no_declaration):
     from eagle3_capture.spec import LayerOutput
-    from eagle3_capture.sglang.target import SPEC_ATTR
+    from eagle3_capture.sglang.taps.target import SPEC_ATTR
 
     m = harness.bare_model()
     m.set_eagle3_layers_to_capture([-1, 2, 30, 60])
@@ -181,7 +181,7 @@ def test_resolve_hook_reads_the_draft_config_where_sglang_does(harness, sglang_p
     m.set_eagle3_layers_to_capture(conf.eagle_aux_hidden_state_layer_ids)
     # layer inputs [0, 2, 4, 6]: Embedding, LayerOutput(1), LayerOutput(3), LayerOutput(5) = the final boundary
     assert m.model.layers_to_capture == [0, 2, 4, 6]
-    from eagle3_capture.sglang.target import SPEC_ATTR
+    from eagle3_capture.sglang.taps.target import SPEC_ATTR
     assert getattr(m.model, SPEC_ATTR).to_draft_ids() == [-1, 1, 3, 5]
 
 
@@ -194,7 +194,7 @@ def test_startup_log_line(harness, sglang_plugin, no_declaration, caplog):
     lines = [r.getMessage() for r in caplog.records if r.name == "eagle3_capture.sglang"]
     assert len(lines) == 1, lines
     line = lines[0]
-    from eagle3_capture.sglang import internals
+    from eagle3_capture.sglang.installed import internals
 
     release = internals.current()
     for part in (f"eagle3_capture: SGLang {release.version} (adapter {release.adapter}): DeepseekV3ForCausalLM: "
@@ -209,7 +209,7 @@ def test_startup_log_line(harness, sglang_plugin, no_declaration, caplog):
 def test_whether_a_spec_declares_the_final_boundary_is_asked_of_that_spec(sglang_plugin):
     """The model forward hook asks at every forward whether the model's spec declares the final boundary; the answer
     it keeps for the last spec asked about follows the spec (models with and without it, in any order)."""
-    from eagle3_capture.sglang import model_forward
+    from eagle3_capture.sglang.taps import model_forward
     from eagle3_capture.spec import TapSpec
 
     final = TapSpec.from_draft_ids([-1, 1, 5], 6, 64)

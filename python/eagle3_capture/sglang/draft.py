@@ -42,9 +42,9 @@ from typing import Callable, List, Optional, Tuple
 
 import torch
 
-from . import switches
-from .internals import LLAMA_DRAFT_FORWARD_PATH, MLA_DRAFT_FORWARD_PATH
-from .switches import logger
+from .installed.internals import LLAMA_DRAFT_FORWARD_PATH, MLA_DRAFT_FORWARD_PATH
+from .settings import switches
+from .settings.switches import logger
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _fallback_logged = set()

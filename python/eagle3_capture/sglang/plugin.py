@@ -4,18 +4,18 @@
 :func:`register`, which registers AROUND hooks in SGLang's HookRegistry; SGLang applies them right after. Nothing is
 patched outside the registry.
 
-Which hooks: the installed release's, found by internals.py (feature detection: one adapter per shape of SGLang's
-capture code). A hook group the release cannot have is left out with its reason, which the startup line at model
-load repeats (e.g. ``capture`` on a release whose captures are a Python list).
+Which hooks: the installed release's, found by installed/internals.py (feature detection: one adapter per shape of
+SGLang's capture code). A hook group the release cannot have is left out with its reason, which the startup line at
+model load repeats (e.g. ``capture`` on a release whose captures are a Python list).
 
 SGLang only *logs* a hook it could not apply, so the plugin checks its own: at every ``ModelRunner.load_model``
 (:func:`load_model_hook`) every registered hook must be in place, else the server stops there with one line naming
-the release and the hook -- a partial plugin never serves silently. The model-load log line (written by target.py,
+the release and the hook -- a partial plugin never serves silently. The model-load log line (written by taps/target.py,
 with the status text register() hands it) says which hooks are in place.
 
 register() never raises (SGLang's load_plugins() would log a traceback and serve stock SGLang without the plugin):
-the settings are validated first (switches.py); a malformed one is either ignored with one ERROR line, the rest of
-the plugin staying on, or makes the plugin refuse to serve: then the only hook registered is the one on
+the settings are validated first (settings/switches.py); a malformed one is either ignored with one ERROR line, the
+rest of the plugin staying on, or makes the plugin refuse to serve: then the only hook registered is the one on
 ``ModelRunner.load_model``, which raises that one line and so stops the server at model load. So do SGLang
 internals the plugin does not recognise, and a failure of registration itself.
 """
@@ -23,10 +23,13 @@ from __future__ import annotations
 
 from typing import Callable, Dict, List, Optional, Tuple
 
-from . import acceptance_count, acceptance_live, admission, capture, draft, exporter, internals, model_forward, \
-    selftest, served, switches, target
-from .hook_chain import hook_path_in_place
-from .switches import logger
+from . import draft, served
+from .installed import internals
+from .installed.hook_chain import hook_path_in_place
+from .monitor import admission, exporter, histogram, live, selftest
+from .settings import switches
+from .settings.switches import logger
+from .taps import capture, model_forward, target
 
 # the hook group of the capture dump (EAGLE3_CAPTURE_DUMP; not a name of EAGLE3_CAPTURE_DISABLE)
 DUMP = "dump"
@@ -67,14 +70,14 @@ def _at_target_load(runner) -> Optional[str]:
         return None
     alarm = switches.current().alarm
     try:
-        server_args = acceptance_count.resolved(server_args)
+        server_args = histogram.resolved(server_args)
         tp = getattr(runner, "tp_rank", None)  # 0.5.12-0.5.15; later releases keep it in their parallel context
-        exporter.configure(server_args, tp if tp is not None else acceptance_count.tp_rank())
+        exporter.configure(server_args, tp if tp is not None else histogram.tp_rank())
         if switches.ACCEPTANCE in registered:
-            return acceptance_live.at_model_load(server_args, alarm)
+            return live.at_model_load(server_args, alarm)
     except Exception as e:
         line = f"setting up the acceptance counts failed ({type(e).__name__}: {e})"
-        acceptance_count.stop()
+        histogram.stop()
         if alarm.required:
             return f"eagle3_capture: refusing to serve: {switches.ENV_PROFILE_REQUIRED}=1 and {line}"
         switches.announce("error", f"eagle3_capture: {line}; counting and the alarm are off in this process")
@@ -135,7 +138,7 @@ def hook_table(i: internals.Internals) -> Tuple[Dict[str, Hooks], Dict[str, str]
     table[switches.SELFTEST] = (decl + runner + [(p, selftest.weight_update_hook) for p in i.weight_update_paths]
                                 + ([(i.admission_path, admission.add_request_hook)] if i.admission_path else []))
     if i.acceptance_path is not None:
-        table[switches.ACCEPTANCE] = [(i.acceptance_path, acceptance_count.update_histogram_hook)]
+        table[switches.ACCEPTANCE] = [(i.acceptance_path, histogram.update_histogram_hook)]
     else:
         why[switches.ACCEPTANCE] = i.missing.get("acceptance", "no place where SGLang counts correct drafts")
     # the dump: served forwards, the doctor's stream (the model forward with what it needs on this release), eager

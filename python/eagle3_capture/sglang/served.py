@@ -16,10 +16,10 @@ Hook points (AROUND hooks through SGLang's HookRegistry) and why these, read in 
   CUDA graphs (and the breakable prefill replay swaps it out on the instance).
 * ``DecodeCudaGraphRunner.can_run_graph``, ``PrefillCudaGraphRunner.can_run_graph``, ``CPUGraphRunner.can_run_graph``
   (0.5.14+; on 0.5.12 ``CudaGraphRunner``, ``PiecewiseCudaGraphRunner``, ``BreakableCudaGraphRunner`` and
-  ``CPUGraphRunner.can_run``: whichever the installed release has, internals.py) (only with the dump on): SGLang
-  decides graph or eager per batch there -- ``_forward_raw`` for every forward, and ``eagle_utils`` once more
+  ``CPUGraphRunner.can_run``: whichever the installed release has, installed/internals.py) (only with the dump on):
+  SGLang decides graph or eager per batch there -- ``_forward_raw`` for every forward, and ``eagle_utils`` once more
   before a verify -- so answering False for a target batch that holds one of the doctor's requests makes that
-  forward eager everywhere alike, which the stream needs (dump.py). The draft's runners are not touched.
+  forward eager everywhere alike, which the stream needs (dump/forwards.py). The draft's runners are not touched.
   SGLang's capture-mode flag is ``runner_utils.capture_mode.get_is_capture_mode`` (0.5.14+) or
   ``cuda_graph_runner.get_is_capture_mode`` (0.5.12).
 
@@ -31,11 +31,15 @@ from __future__ import annotations
 
 import torch
 
-from . import dump, internals, selftest, stream, switches
-from .declaration import remember_config
-from .dump_record import batch_rows
-from .model_forward import SPEC_ATTR
-from .switches import logger
+from .dump import forwards
+from .dump.record import batch_rows
+from .installed import internals
+from .monitor import selftest
+from .settings import switches
+from .settings.switches import logger
+from .taps import stream
+from .taps.declaration import remember_config
+from .taps.model_forward import SPEC_ATTR
 
 RUNNER_FORWARD_PATH = internals.RUNNER_FORWARD_PATH
 
@@ -80,7 +84,7 @@ def runner_forward_hook(original, self, forward_batch, *args, **kwargs):
     dump (with the doctor's stream) when it is switched on."""
     test = (not getattr(self, "is_draft_worker", False) and switches.enabled(switches.SELFTEST)
             and selftest.due())  # due() counts the forward: only where the self-test is on
-    dumping = dump.wants(forward_batch)
+    dumping = forwards.wants(forward_batch)
     if not (test or dumping):
         return original(self, forward_batch, *args, **kwargs)
     found = target_of(self)
@@ -89,7 +93,7 @@ def runner_forward_hook(original, self, forward_batch, *args, **kwargs):
     model, inner = found
     spec = getattr(inner, SPEC_ATTR, None)
     rows = batch_rows(forward_batch)  # before the forward: the eager runner may rewrite the batch's mode
-    req = dump.want_stream(inner, spec, rows) if dumping else None
+    req = forwards.want_stream(inner, spec, rows) if dumping else None
     token = stream.open_request(req) if req is not None else None
     try:
         out = original(self, forward_batch, *args, **kwargs)
@@ -109,9 +113,9 @@ def runner_forward_hook(original, self, forward_batch, *args, **kwargs):
                        where=where, tp_rank=int(getattr(self, "tp_rank", 0) or 0))
     if dumping:
         try:
-            dump.record(model, inner, spec, forward_batch, rows, aux, graph, req)
+            forwards.record(model, inner, spec, forward_batch, rows, aux, graph, req)
         except Exception as e:  # the dump must never break serving
-            dump.fail(f"{type(e).__name__}: {e}")
+            forwards.fail(f"{type(e).__name__}: {e}")
             logger.debug("eagle3_capture: capture dump failure", exc_info=True)
     return out
 
@@ -119,7 +123,7 @@ def runner_forward_hook(original, self, forward_batch, *args, **kwargs):
 def graph_gate_hook(original, self, forward_batch, *args, **kwargs):
     """AROUND a graph runner's ``can_run_graph``: no CUDA graph for a target forward holding a doctor request
     while the dump reads its stream."""
-    if dump.forces_eager(forward_batch):
+    if forwards.forces_eager(forward_batch):
         runner = getattr(self, "model_runner", None)
         if runner is not None and target_of(runner) is not None:
             return False

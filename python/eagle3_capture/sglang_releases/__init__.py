@@ -28,7 +28,7 @@ same, or differs only in lines that do not touch the rule). The central facts:
   StageBoundary._prepare_attention``: keyword ``captured_last_layer_outputs`` on 0.5.21, ``capture_gathered`` on
   0.5.22+) into the packer ("packer+layer-boundary"); their final norm is ``layers/layer_boundary/residual/batch.py
   norm(capture_output=)`` on 0.5.21 and ``final_norm(capture=)`` on 0.5.22+ (the plugin's adapter is the same
-  one, its final-boundary hook follows the function, sglang/internals.py).
+  one, its final-boundary hook follows the function, sglang/installed/internals.py).
 * 0.5.8 - 0.5.10.post1: ``model_executor/cuda_graph_runner.py CudaGraphRunner.__init__`` calls
   ``set_eagle3_layers_to_capture()`` with no ids before capturing, and ``ModelRunner.initialize`` sets the draft's
   ids only after ``init_device_graphs``: forwards replayed from CUDA graphs (decode / target verify) capture the

@@ -11,7 +11,7 @@ not tau, is what a server's ``spec_accept_length`` is compared with.
 
 The taps fed to the draft are the declared ones unless ``--taps`` says otherwise (to predict a miswired server).
 
-The target side (:mod:`..target.open`) is a transformers model (``--target``), or a recorded dump of the doctor's
+The target side (:mod:`..target_side.open`) is a transformers model (``--target``), or a recorded dump of the doctor's
 teacher-forced requests (``--hidden-states DUMP``: the server's own residual stream; the continuation is the dumped
 request's tokens after the prompt -- the server's greedy output, which ``doctor online`` sent back -- and the
 target's greedy token after position t is the token at t+1). The replay is :mod:`..replay.evaluate`.
@@ -22,33 +22,58 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
 
 from ...spec import TapSpec
+from .. import arg_types as at
+from .. import options
 from ..bad_rows import BLAME, BadRows
 from ..common import EXIT_FINDINGS, EXIT_OK, DoctorError
+from ..options import flag
 from ..profile_out import WrittenProfile, check_profile_out, write_profile
 from ..replay.metrics import SERVED_MEANS, TAU_MEANS, Metrics
 from ..sglang_model.serving import Served, total
 
 
-@dataclass(frozen=True)
+DESCRIPTION = ("Runs the target's greedy continuation of each prompt and the draft's chain at every position, as a "
+               "server would (draft fc through the project's op): top-1 agreement per draft step, teacher-forced and "
+               "conditional on the earlier steps; the served accept length (completion tokens / verifies along SGLang "
+               "0.5.23's own loop, chain or tree, per prompt and in total: the figure to compare with a server's); "
+               "and tau = 1 + sum_k prod_(i<=k) acc_i over every position (not a served figure).")
+
+
+@dataclass(frozen=True, kw_only=True)
 class Options:
-    draft: str                                # the EAGLE-3 draft directory
-    prompts: str                              # the prompts file
-    target: Optional[str] = None              # a transformers target directory, or "demo" ...
-    hidden_states: Optional[str] = None       # ... or a dump of the doctor's teacher-forced requests
-    target_checkpoint: Optional[str] = None   # with --hidden-states: where embed_tokens / lm_head are read alone
-    server_args: Optional[str] = None         # SGLang's launch flags (default: its own for this target)
-    taps: Optional[str] = None                # CONV:IDS fed instead of the declared taps
-    new_tokens: Optional[int] = None          # continuation tokens per prompt (default 64, or the dump's)
-    steps: Optional[int] = None               # draft steps measured (default: the chain's)
-    batch_size: int = 8
-    device: str = "auto"
-    threads: Optional[int] = None
-    dtype: str = "auto"                       # the draft's
-    json: Optional[str] = None
-    tensors: Optional[str] = None             # per-position results
-    no_progress: bool = False
-    seed: int = 0                             # the demo target's
-    profile_out: Optional[str] = None         # write the expected-acceptance profile of the prediction here
+    target: Optional[str] = flag("--target", metavar="PATH|demo",
+                                 help="transformers model directory, or 'demo' (or instead: --hidden-states)")
+    hidden_states: Optional[str] = flag("--hidden-states", metavar="DUMP",
+                                        help="instead of --target: a dump of the server's own residual stream for the "
+                                             "doctor's teacher-forced requests (the EAGLE3_CAPTURE_DUMP directory of a "
+                                             "`doctor online --dump` run); the continuation is each request's tokens "
+                                             "after its prompt (the server's greedy output) and the target's greedy "
+                                             "token after position t is the token at t+1")
+    draft: str = flag("--draft", required=True, metavar="PATH",
+                      help="EAGLE-3 draft directory (config.json + *.safetensors): LlamaForCausalLMEagle3 (SpecForge) "
+                           "or Eagle3DeepseekV2ForCausalLM (MLA)")
+    target_checkpoint: Optional[str] = options.target_checkpoint()  # with --hidden-states: embed_tokens / lm_head
+    prompts: str = flag("--prompts", required=True, metavar="FILE", help="as for dump-reference")
+    server_args: Optional[str] = options.server_args()  # SGLang's launch flags (default: its own for this target)
+    taps: Optional[str] = flag("--taps", metavar="CONV:IDS",
+                               help="feed these taps instead of the declared ones (predict a miswired server), e.g. "
+                                    "layer_inputs:3,31,59")
+    new_tokens: Optional[int] = flag("--new-tokens", type=at.int_at_least(2),
+                                     help="continuation tokens per prompt (default 64 with --target; with "
+                                          "--hidden-states, as many as the dumped requests hold)")
+    steps: Optional[int] = flag("--steps", type=at.POSITIVE,
+                                help="draft steps to measure (default: the chain length, >= 3; not fewer than the "
+                                     "chain length)")
+    batch_size: int = flag("--batch-size", type=at.POSITIVE, default=8)
+    device: str = options.device()
+    threads: Optional[int] = options.threads()
+    dtype: str = options.draft_dtype()
+    json: Optional[str] = options.json_out("write the report as JSON")
+    tensors: Optional[str] = flag("--tensors", metavar="OUT.safetensors", type=at.output_file,
+                                  help="write per-position results (correct [N, steps])")
+    no_progress: bool = options.no_progress()
+    seed: int = options.seed("seed of the demo target (with --target demo)")
+    profile_out: Optional[str] = options.profile_out()  # the expected-acceptance profile of the prediction
 
 
 @dataclass
@@ -167,8 +192,8 @@ def _run(opts: Options, device: str) -> AcceptReport:
     from ..sglang_model.flag_rules import not_eagle3, resolve_speculative
     from ..sglang_model.serving import chain_accepted
     from ..sglang_model.server_args import parse_server_args
-    from ..target.checkpoint import CheckpointSide
-    from ..target.open import open_target
+    from ..target_side.checkpoint import CheckpointSide
+    from ..target_side.open import open_target
 
     progress = not opts.no_progress
     check_profile_out(opts.profile_out)  # before any model loads
@@ -217,7 +242,7 @@ def _run(opts: Options, device: str) -> AcceptReport:
     if target_model is not None:
         check_positions(target_model, prompts, new_tokens, S, "--new-tokens")
     from ..fingerprint.stream import with_slot_holdings
-    from ..target.dump_side import AnotherDeclaration
+    from ..target_side.dump_side import AnotherDeclaration
 
     try:
         runs = evaluate(side, ds.draft, prompts, spec, S, new_tokens, res, opts.batch_size, progress)
@@ -252,4 +277,4 @@ def exit_code(rep: AcceptReport) -> int:
     return EXIT_FINDINGS if rep.bad else EXIT_OK
 
 
-__all__ = ["Options", "run", "AcceptReport", "render", "render_served", "exit_code"]
+__all__ = ["DESCRIPTION", "Options", "run", "AcceptReport", "render", "render_served", "exit_code"]

@@ -1,39 +1,30 @@
 """``doctor check``: a deployment's configs and server flags read without running a model -- the taps the draft was
 trained on (in every convention) against what stock SGLang (the release given, else the installed one, else the
-newest modelled; or vLLM with ``--engine vllm``) and this project's plugin capture, every
-inconsistency and server-flag trap with its fix, and with ``--reference`` and ``--captured`` the fingerprint of what
-a server captured. The findings are :mod:`..deployment.check`'s; exit 1 on an error finding."""
+newest modelled; or vLLM with ``--engine vllm``) and this project's plugin capture, every inconsistency and
+server-flag trap with its fix, and with ``--reference`` and ``--captured`` the fingerprint of what a server captured.
+The flags are :class:`~..deployment.run.CheckRequest`'s fields (the demo runs the same check); the findings are
+:mod:`..deployment`'s; exit 1 on an error finding."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
-
 from ..common import EXIT_FINDINGS, EXIT_OK
-from ..deployment.check import CheckReport, render, run_check
+from ..deployment.report import CheckReport, render
+from ..deployment.run import CheckRequest, run_check
 
+DESCRIPTION = ("Reads the target and draft config.json, says which taps the draft was trained on (in every "
+               "convention), what stock SGLang (the release given, else the installed one, else the newest modelled) "
+               "or stock vLLM (--engine vllm) and this project's plugin capture, what other SGLang releases would "
+               "capture from the same ids, every inconsistency and server-flag trap, each with a fix; with "
+               "--reference and --captured also fingerprints what a server captured. Exit 1 on an error finding.")
 
-@dataclass(frozen=True)
-class Options:
-    target_config: str
-    draft_config: str
-    server_args: Optional[str] = None
-    reference: Optional[str] = None
-    captured: Optional[str] = None
-    with_plugin: bool = False
-    engine: str = "sglang"
-    sglang_version: Optional[str] = None
-    vllm_version: Optional[str] = None
-    json: Optional[str] = None
+Options = CheckRequest
 
 
 def run(opts: Options) -> CheckReport:
-    return run_check(opts.target_config, opts.draft_config, opts.server_args, opts.reference, opts.captured,
-                     with_plugin=opts.with_plugin, sglang_version=opts.sglang_version, engine=opts.engine,
-                     vllm_version=opts.vllm_version)
+    return run_check(opts)
 
 
 def exit_code(rep: CheckReport) -> int:
     return EXIT_FINDINGS if rep.errors else EXIT_OK
 
 
-__all__ = ["Options", "run", "render", "exit_code"]
+__all__ = ["DESCRIPTION", "Options", "run", "render", "exit_code"]

@@ -6,18 +6,31 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from .. import arg_types as at
+from .. import options
 from ..common import EXIT_FINDINGS, EXIT_OK
+from ..options import flag
 
 
-@dataclass(frozen=True)
+DESCRIPTION = ("Builds a tiny DeepseekV3 target (seeded, from a config in the package), trains a tiny EAGLE-3 draft "
+               "on the target's greedy continuations with taps [Embedding, LayerOutput(a), LayerOutput(b)], measures "
+               "offline accuracy with the correct capture and a miswired one (no embedding, shifted layers), runs "
+               "check and fingerprint on the miswired one, prints a report and writes a PNG.")
+
+
+@dataclass(frozen=True, kw_only=True)
 class Options:
-    out: str = "eagle3-demo"
-    fast: bool = False
-    device: str = "auto"
-    threads: Optional[int] = 1    # these tiny models are fastest on one thread, and the same on every machine
-    seed: int = 0
-    no_plot: bool = False
-    no_progress: bool = False
+    out: str = flag("--out", default="eagle3-demo", metavar="DIR", type=at.output_dir,
+                    help="output directory (default ./eagle3-demo)")
+    fast: bool = flag("--fast", action="store_true",
+                      help="smaller data and training (the test's path, ~1/3 the time)")
+    device: str = options.device()
+    # these tiny models are fastest on one thread, and the same on every machine
+    threads: Optional[int] = options.threads(1, "CPU threads (default 1: these tiny models are fastest on one, and "
+                                                "the result is then the same on every machine count)")
+    seed: int = options.seed()
+    no_plot: bool = flag("--no-plot", action="store_true", help="skip the PNG")
+    no_progress: bool = options.no_progress()
 
 
 def run(opts: Options):
@@ -36,4 +49,4 @@ def exit_code(res) -> int:
     return EXIT_OK if res.ok else EXIT_FINDINGS
 
 
-__all__ = ["Options", "run", "render", "exit_code"]
+__all__ = ["DESCRIPTION", "Options", "run", "render", "exit_code"]

@@ -5,19 +5,30 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
+from .. import arg_types as at
+from .. import options
 from ..common import EXIT_OK
+from ..options import flag
 
 
-@dataclass(frozen=True)
+DESCRIPTION = ("Runs a transformers model on the prompts and writes every hidden state (the HF hidden_states stack, "
+               "whose last entry is post-norm, plus the final boundary taken before the final norm by a hook) to a "
+               "safetensors file for doctor fingerprint.")
+
+
+@dataclass(frozen=True, kw_only=True)
 class Options:
-    model: str
-    prompts: str
-    out: str
-    new_tokens: int = 0
-    dtype: str = "float32"     # the storage dtype of the hidden states (computed in the model's)
-    device: str = "auto"
-    threads: Optional[int] = None
-    seed: int = 0
+    model: str = flag("--model", required=True, metavar="PATH|demo", help="transformers model directory, or 'demo'")
+    prompts: str = flag("--prompts", required=True, metavar="FILE",
+                        help="prompts: .json list (strings or token-id lists), .jsonl, or text with one prompt a line")
+    out: str = flag("--out", required=True, metavar="REF.safetensors", type=at.output_file)
+    new_tokens: int = flag("--new-tokens", type=at.NON_NEGATIVE, default=0,
+                           help="also append the model's greedy continuation of this many tokens (default 0)")
+    dtype: str = flag("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                      help="storage dtype of the hidden states (computed in the model's dtype)")
+    device: str = options.device()
+    threads: Optional[int] = options.threads()
+    seed: int = options.seed("seed of the demo model (with --model demo)")
 
 
 @dataclass
@@ -34,7 +45,7 @@ def run(opts: Options) -> ReferenceReport:
 
     from ..common import pick_device, read_prompts, torch_threads
     from ..fingerprint.reference_dump import dump_reference
-    from ..target.model import load_target
+    from ..target_side.model import load_target
 
     device = pick_device(opts.device)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[opts.dtype]
@@ -55,4 +66,4 @@ def exit_code(rep: ReferenceReport) -> int:
     return EXIT_OK
 
 
-__all__ = ["Options", "ReferenceReport", "run", "render", "exit_code"]
+__all__ = ["DESCRIPTION", "Options", "ReferenceReport", "run", "render", "exit_code"]

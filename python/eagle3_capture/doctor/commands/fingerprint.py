@@ -17,27 +17,55 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional
 
+from .. import arg_types as at
+from .. import options
+from ..bounds import MAX_TIMEOUT_S
 from ..common import EXIT_FINDINGS, EXIT_OK, DoctorError
+from ..options import flag
 
 DEFAULT_SAMPLES = 8
 DEFAULT_MAX_TOKENS = 512  # a full-stream dump is L+1 rows of H per token
 
+DESCRIPTION = ("Compares each captured slot with every reference hidden state by mean cosine similarity over the "
+               "tokens, names the layer each slot matches and whether it is the declared one. The reference is a "
+               "transformers model's hidden states (--reference, from dump-reference), or, without one, the server's "
+               "own residual stream in its dump (the doctor's requests; EAGLE3_CAPTURE_DUMP_STREAM=all names any "
+               "layer). With --training-data (SpecForge's .ckpt samples) it says, on the same token ids, whether the "
+               "server captures what training used, slot by slot, and which layer each training slot was. A match is "
+               "called ambiguous when the best layer does not beat the next by more than two captures of one tap "
+               "differ. Declared taps come from --taps, --draft-config + --target-config, or the dump. Exit 1 when a "
+               "slot is not the declared tap (or the server does not capture what training used).")
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, kw_only=True)
 class Options:
-    captured: str
-    reference: Optional[str] = None
-    training_data: Optional[str] = None
-    server: Optional[str] = None          # a checked http(s) URL (arg_types.server_url)
-    target_checkpoint: Optional[str] = None
-    samples: Optional[int] = None
-    max_tokens: Optional[int] = None
-    timeout: float = 120.0
-    draft_config: Optional[str] = None
-    target_config: Optional[str] = None
-    taps: Optional[str] = None
-    min_cos: float = 0.95
-    json: Optional[str] = None
+    reference: Optional[str] = flag("--reference", metavar="REF.safetensors",
+                                    help="from doctor dump-reference (leave out to use the server's own stream)")
+    captured: str = flag("--captured", required=True, metavar="CAP",
+                         help="the plugin's capture dump (EAGLE3_CAPTURE_DUMP file or directory) or a safetensors "
+                              "capture")
+    training_data: Optional[str] = flag("--training-data", metavar="DIR",
+                                        help="SpecForge offline training data (rows_*/data_*.ckpt: input_ids, "
+                                             "loss_mask, hidden_state, aux_hidden_state) to compare with what the "
+                                             "server captures on the same token ids")
+    server: Optional[str] = flag("--server", metavar="URL", type=at.url,  # a checked http(s) URL
+                                 help="with --training-data: send the samples' token ids to this server first (as the "
+                                      "doctor's requests, whose stream the plugin dumps to --captured)")
+    target_checkpoint: Optional[str] = options.target_checkpoint()
+    samples: Optional[int] = flag("--samples", type=at.POSITIVE, help="training samples to use (default 8)")
+    max_tokens: Optional[int] = flag("--max-tokens", type=at.POSITIVE,
+                                     help="tokens of each sample to use (default 512: a full-stream dump is L+1 rows "
+                                          "of H per token)")
+    timeout: float = flag("--timeout", type=at.finite_float(0.0, MAX_TIMEOUT_S, low_open=True), default=120.0,
+                          help="seconds to wait for the server's answers and dump (default 120)")
+    draft_config: Optional[str] = flag("--draft-config", metavar="PATH", help="declared taps from this draft config")
+    target_config: Optional[str] = flag("--target-config", metavar="PATH",
+                                        help="target config (with --draft-config)")
+    taps: Optional[str] = flag("--taps", metavar="CONV:IDS",
+                               help="declared taps, e.g. draft_ids:-1,2,30 or layer_inputs:0,3,31")
+    min_cos: float = flag("--min-cos", type=at.finite_float(-1.0, 1.0), default=0.95,
+                          help="below this a slot matches nothing (default 0.95)")
+    json: Optional[str] = options.json_out("also write the table as JSON")
 
 
 @dataclass
@@ -132,14 +160,14 @@ def run(opts: Options) -> FingerprintReport:
 
         return FingerprintReport("reference", fingerprint(opts.reference, opts.captured, declared=declared,
                                                           declared_source=src, min_cos=opts.min_cos))
-    from ..target.checkpoint import CheckpointSide
+    from ..target_side.checkpoint import CheckpointSide
 
     if opts.server is not None and opts.training_data is None:
         raise DoctorError("--server sends the training samples' token ids to the server: it needs --training-data")
     ck = CheckpointSide(opts.target_checkpoint)
     if opts.training_data is None:
         from ..fingerprint.stream import dump_fingerprint
-        from ..target.side import layer_inputs
+        from ..target_side.side import layer_inputs
 
         expected = layer_inputs(declared) if declared is not None else None
         return FingerprintReport("stream", dump_fingerprint(opts.captured, expected, ck.tensors, ck.config,
@@ -155,7 +183,7 @@ def run(opts: Options) -> FingerprintReport:
     rids = None
     if opts.server is not None:  # every sample checked against the target's vocabulary and the server first
         from ..sglang_model.request_guard import server_limits
-        from ..target.checkpoint import config_vocab
+        from ..target_side.checkpoint import config_vocab
 
         vocab, src = ck.vocab_size, f"--target-checkpoint {opts.target_checkpoint}"
         if vocab is None and opts.target_config is not None:
@@ -190,4 +218,4 @@ def exit_code(rep: FingerprintReport) -> int:
     return EXIT_OK if rep.ok else EXIT_FINDINGS
 
 
-__all__ = ["Options", "FingerprintReport", "run", "render", "exit_code"]
+__all__ = ["DESCRIPTION", "Options", "FingerprintReport", "run", "render", "exit_code"]

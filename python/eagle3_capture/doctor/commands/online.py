@@ -3,7 +3,7 @@
 The prompts go to the server's native ``/generate`` as token ids (temperature 0, ``ignore_eos``,
 ``max_new_tokens`` N), or come from a JSONL file of recorded responses (``{"input_ids", "output_ids",
 "meta_info"}`` a line). Each response's ``meta_info`` gives ``completion_tokens``, ``spec_verify_ct`` and
-``spec_correct_drafts_histogram``. Offline, the target side (:mod:`..target.open`: a transformers model with
+``spec_correct_drafts_histogram``. Offline, the target side (:mod:`..target_side.open`: a transformers model with
 ``--target``, or, without it, the server itself: its teacher-forced pass and residual-stream dump with a URL, a
 recorded dump of such a pass with a file) gives the greedy continuation of the same prompts and the draft's taps,
 and :mod:`..sglang_model.serving` replays SGLang's loop for the server's flags (``accept`` does the same). Then:
@@ -25,36 +25,70 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from .. import arg_types as at
+from .. import options
 from ..bad_rows import BLAME, BadRows, summary
+from ..bounds import MAX_TIMEOUT_S
 from ..common import EXIT_FINDINGS, EXIT_OK, DoctorError
+from ..options import flag
 from ..profile_out import WrittenProfile, check_profile_out, write_profile
 from ..replay.metrics import SERVED_MEANS
 from ..sglang_model.responses import Response, StepRow, check_counts, read_recorded
 from ..sglang_model.serving import Served, total
 
 
-@dataclass(frozen=True)
+DESCRIPTION = ("Sends the prompts as token ids to a running SGLang server's /generate (greedy, ignore_eos, "
+               "max_new_tokens N), or reads recorded responses, checks the outputs equal the target's greedy "
+               "continuation, replays SGLang's speculative loop offline for the server's flags, and compares per "
+               "prompt and in total: the served accept length and the per-step acceptance. The target side is "
+               "--target (a transformers model run here) or, without it, the server itself (--dump: its "
+               "teacher-forced pass and residual stream; only the draft is loaded here, and the served slots are "
+               "fingerprinted too). Exit 0 when they match, 1 on a mismatch (with what it means), 2 on bad input or "
+               "an unreachable server.")
+
+
+@dataclass(frozen=True, kw_only=True)
 class Options:
-    server: str                      # a checked http(s) URL or a recorded-responses file (arg_types.server)
-    prompts: str
-    draft: str
-    target: Optional[str] = None
-    dump: Optional[str] = None
-    target_checkpoint: Optional[str] = None
-    server_args: Optional[str] = None
-    new_tokens: Optional[int] = None
-    taps: Optional[str] = None
-    tolerance: float = 0.02
-    timeout: float = 600.0
-    concurrency: int = 8
-    batch_size: int = 8
-    device: str = "auto"
-    threads: Optional[int] = None
-    dtype: str = "auto"
-    json: Optional[str] = None
-    no_progress: bool = False
-    seed: int = 0
-    profile_out: Optional[str] = None   # write the expected-acceptance profile of the prediction here
+    server: str = flag("--server", required=True, metavar="URL|FILE.jsonl", type=at.server,  # checked URL or file
+                       help="http://host:port of a running server, or a JSONL file of recorded responses "
+                            "({\"input_ids\", \"output_ids\", \"meta_info\"} a line)")
+    prompts: str = flag("--prompts", required=True, metavar="FILE", help="as for dump-reference")
+    target: Optional[str] = flag("--target", metavar="PATH|demo",
+                                 help="the served target as a transformers directory, run here; leave it out to take "
+                                      "the target side from the server itself (--dump)")
+    dump: Optional[str] = flag("--dump", metavar="DIR",
+                               help="without --target: the directory the server was started with in "
+                                    "EAGLE3_CAPTURE_DUMP. The doctor sends each prompt + the server's continuation "
+                                    "once more as one teacher-forced prefill (rid eagle3-doctor-..., with input "
+                                    "logprobs for the target's greedy token at every position) and reads the "
+                                    "plugin's dump of that forward: the residual stream at the layers the draft "
+                                    "declares, which the prediction uses (never the slots the server fed its draft: "
+                                    "those are fingerprinted). The doctor reads the files itself, so the server must "
+                                    "write them where this machine sees them (a shared filesystem). With a recorded "
+                                    "--server file: a dump of such a run")
+    draft: str = flag("--draft", required=True, metavar="PATH", help="the EAGLE-3 draft directory the server runs")
+    target_checkpoint: Optional[str] = options.target_checkpoint()
+    server_args: Optional[str] = options.server_args(options.SERVER_ARGS_HELP + "; optional with a URL (the server's "
+                                                     "/server_info says), needed with a file")
+    new_tokens: Optional[int] = flag("--new-tokens", type=at.int_at_least(2),
+                                     help="max_new_tokens per request (needed with a URL; a file's completion tokens "
+                                          "otherwise)")
+    taps: Optional[str] = flag("--taps", metavar="CONV:IDS",
+                               help="replay with these taps instead of the draft's declared ones")
+    tolerance: float = flag("--tolerance", type=at.finite_float(0.0, 1.0, high_open=True), default=0.02,
+                            help="largest per-step acceptance difference (and relative accept-length difference) "
+                                 "still called a match (default 0.02)")
+    timeout: float = flag("--timeout", type=at.finite_float(0.0, MAX_TIMEOUT_S, low_open=True), default=600.0,
+                          help=f"seconds to wait for each response (default 600, at most {MAX_TIMEOUT_S:g})")
+    concurrency: int = flag("--concurrency", type=at.POSITIVE, default=8, help="requests in flight at once (default 8)")
+    batch_size: int = flag("--batch-size", type=at.POSITIVE, default=8, help="prompts per offline batch")
+    device: str = options.device()
+    threads: Optional[int] = options.threads()
+    dtype: str = options.draft_dtype()
+    json: Optional[str] = options.json_out("write the report as JSON")
+    no_progress: bool = options.no_progress()
+    seed: int = options.seed("seed of the demo target (with --target demo)")
+    profile_out: Optional[str] = options.profile_out()  # the expected-acceptance profile of the prediction
 
 
 @dataclass
@@ -223,8 +257,8 @@ def _run(opts: Options, device: str) -> OnlineReport:
     from ..sglang_model.server_args import parse_server_args
     from ..sglang_model.server_url import is_url as url_like
     from ..sglang_model.serving import step_acceptance
-    from ..target.checkpoint import CheckpointSide
-    from ..target.open import TeacherForcing, open_target
+    from ..target_side.checkpoint import CheckpointSide
+    from ..target_side.open import TeacherForcing, open_target
 
     server, target_path, draft_path, dump = opts.server, opts.target, opts.draft, opts.dump
     server_args, new_tokens, timeout, progress = opts.server_args, opts.new_tokens, opts.timeout, not opts.no_progress
@@ -312,7 +346,7 @@ def _run(opts: Options, device: str) -> OnlineReport:
     res = SpecResolution(S, k, D, requested=flags)
     notes += ds.notes
     from ..fingerprint.stream import with_slot_holdings
-    from ..target.dump_side import AnotherDeclaration
+    from ..target_side.dump_side import AnotherDeclaration
 
     try:
         runs = evaluate(side, ds.draft, prompts, ds.taps, S, new_tokens, res, opts.batch_size, progress, desc="offline")
@@ -377,4 +411,4 @@ def exit_code(rep: OnlineReport) -> int:
     return EXIT_OK if rep.ok else EXIT_FINDINGS
 
 
-__all__ = ["Options", "run", "OnlineReport", "served_flags", "render", "exit_code"]
+__all__ = ["DESCRIPTION", "Options", "run", "OnlineReport", "served_flags", "render", "exit_code"]

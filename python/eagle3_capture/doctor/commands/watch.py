@@ -21,21 +21,38 @@ import time
 from dataclasses import dataclass, field
 from typing import List, Optional
 
+from .. import arg_types as at
+from .. import options
 from ..common import EXIT_FINDINGS, EXIT_OK, DoctorError
+from ..options import flag
 
 INTERVAL_RANGE = (0.1, 3600.0)
 DEFAULT_INTERVAL = 5.0
 
+DESCRIPTION = ("Reads the plugin's metrics from a running server's /metrics (SGLang with --enable-metrics) every "
+               "--interval seconds and shows, per draft position, the acceptance over the last interval and since "
+               "the start against the expected profile, the server's drift statistic and alarm, verifies per second, "
+               "the accept length and the capture self-test. With --profile the drift monitor also runs here, one "
+               "block per interval. Exit 1 when an alarm was seen (the server's, a broken capture, or the monitor's), "
+               "0 otherwise, 2 on bad input or a server unreachable at the start.")
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, kw_only=True)
 class Options:
-    server: str                        # http(s)://host:port of the server (arg_types.url)
-    profile: Optional[str] = None      # an expected-acceptance profile (doctor accept|online --profile-out)
-    interval: float = DEFAULT_INTERVAL  # seconds between refreshes
-    count: Optional[int] = None        # refreshes, then exit (None: until Ctrl-C)
-    plot: Optional[str] = None         # a PNG, rewritten at every refresh
-    json: Optional[str] = None         # the series, written at exit
-    no_progress: bool = False          # no status lines on stderr
+    server: str = flag("--server", required=True, metavar="URL", type=at.url,
+                       help="http://host:port of the running SGLang server")
+    profile: Optional[str] = flag("--profile", metavar="PROFILE.json",
+                                  help="the expected-acceptance profile (doctor accept|online --profile-out); "
+                                       "default: the server's own (its expected-acceptance gauges), if it serves one")
+    interval: float = flag("--interval", type=at.finite_float(*INTERVAL_RANGE), default=DEFAULT_INTERVAL, metavar="S",
+                           help="seconds between refreshes (default 5; 0.1 .. 3600)")
+    count: Optional[int] = flag("--count", type=at.POSITIVE, metavar="N",
+                                help="refreshes after the first reading, then exit (default: until Ctrl-C)")
+    plot: Optional[str] = flag("--plot", metavar="OUT.png", type=at.png_file,
+                               help="a PNG of live acceptance per interval against the expected lines, alarms "
+                                    "marked; rewritten at every refresh")
+    json: Optional[str] = options.json_out("write the series (every refresh) as JSON at exit")
+    no_progress: bool = options.no_progress("no status line on stderr")
 
 
 @dataclass
@@ -230,4 +247,5 @@ def exit_code(rep: WatchReport) -> int:
     return EXIT_FINDINGS if rep.alarm else EXIT_OK
 
 
-__all__ = ["Options", "run", "WatchReport", "render", "exit_code", "INTERVAL_RANGE", "DEFAULT_INTERVAL"]
+__all__ = ["DESCRIPTION", "Options", "run", "WatchReport", "render", "exit_code", "INTERVAL_RANGE",
+           "DEFAULT_INTERVAL"]

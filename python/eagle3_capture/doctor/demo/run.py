@@ -41,7 +41,7 @@ class DemoResult:
     miswired: Metrics
     trained_taps: TapSpec
     miswired_taps: List[object]
-    check: object            # deployment.check.CheckReport on the miswired capture
+    check: object            # deployment.report.CheckReport on the miswired capture
     fingerprint_ok: object   # fingerprint.reference.FingerprintResult of the correct capture
     out_dir: str
     timings: Dict[str, float]
@@ -51,7 +51,7 @@ class DemoResult:
 
 
 def _settings(fast: bool) -> dict:
-    from ..target.model import demo_settings
+    from ..target_side.model import demo_settings
 
     s = demo_settings()
     run = dict(s["run"])
@@ -76,14 +76,14 @@ def run_demo(out_dir: str = "eagle3-demo", fast: bool = False, device: str = "au
 
 def _run(out_dir: str, fast: bool, dev: str, seed: int, plot: bool, progress: bool,
          draft_seed: Optional[int] = None) -> DemoResult:
-    from ..deployment.check import run_check
+    from ..deployment.run import CheckRequest, run_check
     from ..draft.checkpoint import save_draft
     from ..draft.model import DraftArch
     from ..fingerprint.files import save_captured
     from ..fingerprint.reference import fingerprint
     from ..fingerprint.reference_dump import reference_tensors, write_reference
-    from ..target.model import Target, build_demo_target, demo_target_config_dict, greedy_continue, residual_stream
-    from ..target.model_side import TransformersTarget
+    from ..target_side.model import Target, build_demo_target, demo_target_config_dict, greedy_continue, residual_stream
+    from ..target_side.model_side import TransformersTarget
     from .train import TrainConfig, init_draft_from_target, train_draft
 
     settings = _settings(fast)
@@ -185,8 +185,9 @@ def _run(out_dir: str, fast: bool, dev: str, seed: int, plot: bool, progress: bo
 
     # -- check and fingerprint ----------------------------------------------------------------------------------------
     flags_text = settings["server_args"]
-    rep = run_check(os.path.join(tdir, "config.json"), os.path.join(ddir, "config.json"), flags_text, ref_path,
-                    cap_mis)
+    rep = run_check(CheckRequest(target_config=os.path.join(tdir, "config.json"),
+                                 draft_config=os.path.join(ddir, "config.json"), server_args=flags_text,
+                                 reference=ref_path, captured=cap_mis))
     fp_ok = fingerprint(ref_path, cap_ok, declared=trained, declared_source="the draft config")
     lap("check")
 

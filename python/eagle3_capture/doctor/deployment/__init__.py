@@ -1,7 +1,13 @@
-"""A deployment read without running a model: its target and draft configs and its server flags.
+"""A deployment read without running a model: its target and draft configs and its server flags (``doctor check``;
+the demo runs it too).
 
-* ``check``: the taps the draft was trained on against what stock SGLang 0.5.23 and this project's plugin capture,
-  the configs' inconsistencies and the server-flag traps, each with a fix (``doctor check``'s report; the demo runs
-  it too). What each training pipeline makes of a config's ids is the engine-free ``eagle3_capture.pipelines``
-  (the training-data fingerprint uses it too); SGLang's flag rules are ``sglang_model``'s.
+* ``run``: :class:`~.run.CheckRequest` (the command's flags, one field each) -> :func:`~.run.run_check` -> the
+  report;
+* ``config_findings``: the configs read, their inconsistencies, the training pipelines' disagreement over the ids
+  (the engine-free ``eagle3_capture.pipelines``), the draft checkpoint's fc against K*H;
+* ``engines``: what stock SGLang (the release modelled and every other), stock vLLM and this project's plugin
+  capture from the draft's ids;
+* ``report``: the report, as text and as JSON.
+
+SGLang's flag rules are ``sglang_model``'s; the fingerprint is ``fingerprint``'s.
 """

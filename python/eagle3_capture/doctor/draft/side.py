@@ -12,7 +12,7 @@ import torch
 from ... import configs
 from ...spec import CONVENTIONS, TapError, TapSpec
 from ..common import DoctorError
-from ..target.side import TargetInfo
+from ..target_side.side import TargetInfo
 
 
 def parse_taps(text: str, num_layers: int, hidden_size: int) -> TapSpec:
@@ -73,7 +73,7 @@ class DraftSide:
 
     @property
     def layer_input_ids(self) -> List[int]:
-        from ..target.side import layer_inputs
+        from ..target_side.side import layer_inputs
 
         return layer_inputs(self.taps)
 

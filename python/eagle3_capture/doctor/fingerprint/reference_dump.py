@@ -21,7 +21,7 @@ import torch
 from ..bounds import check_positions
 from ..common import save_safetensors
 from ..progress import bar as progress_bar
-from ..target.model import Target, greedy_continue, residual_stream
+from ..target_side.model import Target, greedy_continue, residual_stream
 from .files import REFERENCE_FORMAT
 
 

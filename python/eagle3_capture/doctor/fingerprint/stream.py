@@ -43,7 +43,7 @@ class EmbeddingCheck:
 
 def embedding_check(ck, info, ids: torch.Tensor, rows: torch.Tensor, what: str) -> EmbeddingCheck:
     """rows [T, H] against embed_tokens[ids] of the checkpoint (cast to the rows' dtype, as a server computes)."""
-    from ..target.checkpoint import read_embedding
+    from ..target_side.checkpoint import read_embedding
 
     uniq, inv = torch.unique(ids, return_inverse=True)
     bad = [int(t) for t in uniq.tolist() if not 0 <= t < (info.vocab_size or 2 ** 62)]
@@ -187,7 +187,7 @@ def _merge(fp: StreamFingerprint, e: EmbeddingCheck) -> None:
 
 def served_fingerprint(side, ds, ck, progress: bool = False) -> StreamFingerprint:
     """``doctor online``'s fingerprint: the teacher-forced requests' served slots against the declared taps."""
-    from ..target.side import layer_inputs
+    from ..target_side.side import layer_inputs
 
     expected = layer_inputs(ds.declared) if ds.declared is not None else None
     return fingerprint_requests([sp.parts for sp in side.streamed], side.info.num_layers, expected, ck, side.info,
@@ -197,7 +197,7 @@ def served_fingerprint(side, ds, ck, progress: bool = False) -> StreamFingerprin
 def dump_fingerprint(path: str, expected: Optional[List[int]], ck=None, checkpoint_config=None,
                      progress: bool = False, min_cos: float = 0.95) -> StreamFingerprint:
     """``doctor fingerprint --captured DUMP`` with no reference: every doctor request of the dump."""
-    from ..target.dump_side import info_from_dump
+    from ..target_side.dump_side import info_from_dump
 
     records = DumpReader(path).refresh()
     reqs = list(doctor_requests(records).values())
@@ -258,8 +258,8 @@ def slot_holdings(parts: RequestParts) -> List[str]:
 
 
 def with_slot_holdings(e) -> DeploymentFinding:
-    """An :class:`~..target.dump_side.AnotherDeclaration` finding, told what each served slot holds."""
-    from ..target.dump_side import another_declaration
+    """An :class:`~..target_side.dump_side.AnotherDeclaration` finding, told what each served slot holds."""
+    from ..target_side.dump_side import another_declaration
 
     return DeploymentFinding(another_declaration(e.parts, e.wanted, e.absent, slot_holdings(e.parts)))
 

@@ -24,7 +24,7 @@ from ..bad_rows import BLAME, BadRows, grouped, summary
 from ..common import DoctorError
 from ..sglang_model.http import post_json
 from ..sglang_model.request_guard import RequestLimits, check_request
-from ..target.training_data import TrainingSample, load_sample, training_files
+from ..target_side.training_data import TrainingSample, load_sample, training_files
 from .stream_match import SlotMatch, StreamMatcher, layer_name, render_matches
 
 

@@ -1,7 +1,7 @@
 """The draft replayed over what a target side gives: at every anchor of each prompt's continuation, the draft's
 chain (teacher-forced correctness per step) and, for the server's flags, what SGLang's verify there accepts (the
 chain, or the tree for eagle-topk > 1). ``accept``, ``online`` and ``demo`` run this; where the target's tokens and
-taps come from is the target side's business (``target.side``)."""
+taps come from is the target side's business (``target_side.side``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

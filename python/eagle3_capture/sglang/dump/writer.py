@@ -36,8 +36,8 @@ from typing import Callable, Dict, Optional
 
 import torch
 
-from ..dump_format import TMP_SUFFIX
-from .switches import announce
+from ...dump_format import TMP_SUFFIX
+from ..settings.switches import announce
 
 MAX_INFLIGHT_BYTES = 1 << 30  # host memory held by records waiting for the disk
 NAME_ATTEMPTS = 4             # names tried for one record before the writer stops (each a fresh random id)

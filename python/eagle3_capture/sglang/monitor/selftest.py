@@ -20,7 +20,7 @@ One log line either way, ending with what ran it (`` -- run at start-up``, ``aft
 (``selftest_runs{result}``, ``selftest_failures``, the ``capture_broken`` gauge). ``EAGLE3_CAPTURE_SELFTEST=raise``:
 a failure at start-up raises a RuntimeError (the server stops at its first forward, nothing served yet); a failure
 while serving makes the scheduler finish every new request at once with SGLang's own abort, carrying one line
-that names the failed self-test (admission.py), instead of serving a broken capture or dying with requests in
+that names the failed self-test (monitor/admission.py), instead of serving a broken capture or dying with requests in
 flight; a later passing self-test (e.g. after a weight reload fixed it) serves again. Skipped, with one line saying
 why, where the check cannot be made exactly: pipeline parallelism (the embedding lives on another stage), input
 embeddings instead of ids, aux rows that are not the batch's rows (e.g. scattered by DP attention), a declaration
@@ -49,10 +49,12 @@ from typing import List, Optional
 
 import torch
 
-from ..acceptance import names
-from ..spec import EMBEDDING, TapError, TapSpec
-from . import exporter, internals, switches
-from .declaration import config_of, declared_taps
+from ...acceptance import names
+from ...spec import EMBEDDING, TapError, TapSpec
+from ..installed import internals
+from ..settings import switches
+from ..taps.declaration import config_of, declared_taps
+from . import exporter
 
 STARTUP = "at start-up"
 _lock = threading.Lock()

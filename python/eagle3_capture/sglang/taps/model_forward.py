@@ -3,7 +3,7 @@ release, in the order it would have made them.
 
 * The final boundary ``LayerOutput(L-1)`` (layer input L, the residual stream before the final norm), which
   SGLang's capture loop over layers 0..L-1 never reaches. Where it comes from depends on the release
-  (internals.py): the final norm's own capture callback where the residual lives in the batch's stream
+  (installed/internals.py): the final norm's own capture callback where the residual lives in the batch's stream
   (``residual_batch.final_norm(capture=)`` on 0.5.22+, ``residual_batch.norm(capture_output=)`` on 0.5.21), which
   receives the updated residual ``hidden + residual`` computed by the norm's fused add; else the last decoder
   layer's output ``hidden + residual`` (0.5.12-0.5.20), which is the same value: that layer never defers its
@@ -15,7 +15,7 @@ release, in the order it would have made them.
   residual None there and raises: the first decoder layer's input (the embedding output, or the input embeddings
   SGLang was handed) is captured instead, copied because later layers update that very tensor in place as the
   residual, and put first in the list; SGLang's loop runs with the list minus index 0.
-* The doctor's residual stream (stream.py): ``layers_to_capture`` widened for that one forward.
+* The doctor's residual stream (taps/stream.py): ``layers_to_capture`` widened for that one forward.
 
 The fast path -- a model whose taps need none of this, and no doctor request -- is one contextvar read and two
 attribute reads before SGLang's forward.
@@ -25,9 +25,11 @@ from __future__ import annotations
 import contextvars
 from typing import Callable, List, Optional, Tuple
 
-from . import internals, stream, switches
+from ..installed import internals
+from ..installed.hook_chain import hook_path_in_place
+from ..settings import switches
+from . import stream
 from .declaration import config_of
-from .hook_chain import hook_path_in_place
 
 # Attribute set on the DeepseekV2Model instance by the taps hook (read here, by served.py and by tests).
 SPEC_ATTR = "_eagle3_capture_spec"

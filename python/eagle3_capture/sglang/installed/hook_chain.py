@@ -1,5 +1,5 @@
 """Whether one of this plugin's hooks is really in place on an SGLang attribute: a leaf shared by the entry point
-(plugin.py, for the hooks' status on the startup line) and the target hooks (target.py, which refuse a final
+(plugin.py, for the hooks' status on the startup line) and the target hooks (taps/target.py, which refuse a final
 boundary whose capture hooks are missing).
 
 SGLang's HookRegistry only *logs* a hook it could not apply, so the plugin checks its own: each registry wrapper

@@ -1,7 +1,7 @@
 """The acceptance alarm's settings: the expected profile, whether serving needs it, and the drift test's tuning.
 
 Parsed once at registration by switches.read_settings (which owns the whole table of settings); the profile file
-itself is read at the target's model load, when the server's speculative flags are known (acceptance_live.py).
+itself is read at the target's model load, when the server's speculative flags are known (monitor/live.py).
 
 - ``EAGLE3_CAPTURE_PROFILE`` <path>: the profile ``doctor accept|online --profile-out`` wrote. Unset: no alarm
   (counting and export stay on).
@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 from typing import List, Mapping, Optional, Tuple
 
-from ..acceptance.drift import DEFAULT_DROP, DEFAULT_THRESHOLD, DROP_RANGE, THRESHOLD_RANGE, DriftSettings
+from ...acceptance.drift import DEFAULT_DROP, DEFAULT_THRESHOLD, DROP_RANGE, THRESHOLD_RANGE, DriftSettings
 
 ENV_PROFILE = "EAGLE3_CAPTURE_PROFILE"
 ENV_PROFILE_REQUIRED = "EAGLE3_CAPTURE_PROFILE_REQUIRED"

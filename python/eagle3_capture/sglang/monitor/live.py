@@ -26,10 +26,11 @@ import threading
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
-from ..acceptance import names, positions as positions_mod, profile as profile_mod
-from ..acceptance.drift import BLOCK_SECONDS, Alarm, DriftMonitor, DriftSettings
-from . import acceptance_count, exporter, switches
-from .alarm_settings import ENV_PROFILE, ENV_PROFILE_REQUIRED, AlarmSettings
+from ...acceptance import names, positions as positions_mod, profile as profile_mod
+from ...acceptance.drift import BLOCK_SECONDS, Alarm, DriftMonitor, DriftSettings
+from ..settings import switches
+from ..settings.alarm import ENV_PROFILE, ENV_PROFILE_REQUIRED, AlarmSettings
+from . import exporter, histogram
 
 EXPORTED = exporter.EXPORTED
 SPECULATIVE_FLAGS = ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens")
@@ -71,7 +72,7 @@ class Flusher:
             return self._flush()
 
     def _flush(self) -> List[Alarm]:
-        snap = acceptance_count.snapshot()
+        snap = histogram.snapshot()
         delta = [s - (self.last[i] if i < len(self.last) else 0) for i, s in enumerate(snap)]
         self.last = snap
         while delta and delta[-1] == 0 and len(delta) > self.positions + 1:
@@ -198,7 +199,7 @@ def at_model_load(server_args, alarm: AlarmSettings) -> Optional[str]:
     """At the target's model load, after exporter.configure: decide, say it, start counting and the flush thread.
     Returns the refusal line (the caller raises it) or None."""
     global _atexit
-    p = plan(server_args, alarm, acceptance_count.output_rank())
+    p = plan(server_args, alarm, histogram.output_rank())
     if p.refusal is not None:
         return p.refusal
     stop()
@@ -225,10 +226,10 @@ def start(positions: int, monitor: Optional[DriftMonitor], *, thread: bool = Tru
     global _flusher, _thread
     stop()
     f = Flusher(positions, monitor)
-    f.last = acceptance_count.snapshot()
+    f.last = histogram.snapshot()
     f.start_series()
     _flusher = f
-    acceptance_count.start(positions)
+    histogram.start(positions)
     if thread:
         _stop.clear()
         _thread = threading.Thread(target=_loop, args=(f,), name="eagle3_capture-acceptance", daemon=True)
@@ -241,7 +242,7 @@ def _loop(f: Flusher) -> None:
         try:
             f.flush()
         except Exception as e:  # never into serving: said once, and counting stops
-            acceptance_count.stop()
+            histogram.stop()
             switches.announce("error", f"eagle3_capture: the acceptance flush failed ({type(e).__name__}: {e}); "
                                        "counting, export and the alarm stop in this process")
             return
@@ -265,7 +266,7 @@ def stop() -> None:
         except Exception:
             pass  # at exit: the process is going; a failing flush was said by the thread already
     _flusher = None
-    acceptance_count.stop()
+    histogram.stop()
 
 
 def flusher() -> Optional[Flusher]:

@@ -12,9 +12,9 @@ import socket
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
-from ..dump_format import is_doctor_rid
-from ..spec import TapError, TapSpec
-from .declaration import config_of, current_declaration, declared_taps
+from ...dump_format import is_doctor_rid
+from ...spec import TapError, TapSpec
+from ..taps.declaration import config_of, current_declaration, declared_taps
 
 
 @dataclass(frozen=True)

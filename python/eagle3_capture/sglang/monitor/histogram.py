@@ -4,7 +4,7 @@ SGLang (every release 0.5.12-0.5.23) builds a request's ``spec_correct_drafts_hi
 ``Req.update_spec_correct_drafts_histogram(num_correct_drafts)``, once per request and verify. The AROUND hook
 (group ``acceptance``) calls it, then adds one to this process's own histogram, ``COUNTS[k] += 1``: no lock, no
 prometheus_client, no torch, no device synchronisation (k is the Python int SGLang already holds on the host). A
-flush thread (acceptance_live.py) reads ``COUNTS`` every second and exports the difference.
+flush thread (monitor/live.py) reads ``COUNTS`` every second and exports the difference.
 
 Only one process of a server's TP group counts: the one whose responses carry the histograms, i.e. SGLang's own
 "rank zero" of the scheduler that streams outputs -- attention-TP rank 0, attention-CP rank 0, pipeline rank 0 (of
@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from typing import List, Optional, Tuple
 
-from . import internals, switches
+from ..installed import internals
+from ..settings import switches
 
 HISTOGRAM_PATH = internals.ACCEPTANCE_HISTOGRAM_PATH
 

@@ -31,17 +31,17 @@ setting                                   default     a malformed value
                                                       the last run (0: never by time; 1 to 604800, whole seconds)
 ========================================  ==========  ==============================================================
 
-The acceptance settings are alarm_settings.py's (the profile file is read at the target's model load, when the
+The acceptance settings are settings/alarm.py's (the profile file is read at the target's model load, when the
 server's speculative flags are known); the false-alarm bound follows from the threshold (acceptance/drift.py).
 
-The self-test's period (selftest.py; whichever of the two comes first) is not a guard: a malformed one costs only
-the re-checks' timing, so it is ignored with one ERROR line and the default applies. Its bounds: a count up to 10**9
-(more is a typo of many digits; a count of 1 is allowed, for tests, and costs a device sync on every capturing
-forward); whole seconds from 1 (a sub-second period would re-check on nearly every forward) to one week (a longer
-one is a typo: use 0 to turn the time trigger off).
+The self-test's period (monitor/selftest.py; whichever of the two comes first) is not a guard: a malformed one costs
+only the re-checks' timing, so it is ignored with one ERROR line and the default applies. Its bounds: a count up to
+10**9 (more is a typo of many digits; a count of 1 is allowed, for tests, and costs a device sync on every capturing
+forward); whole seconds from 1 (a sub-second period would re-check on nearly every forward) to one week (a longer one is
+a typo: use 0 to turn the time trigger off).
 
 A name of the environment that looks like one of the package's (``EAGLE3_CAPTURE_SELFTST``,
-``EAGLE3_CAPTURE_DUMPDIR``, ``eagle3_capture_disable``; setting_names.py finds them) but is none of its variables is
+``EAGLE3_CAPTURE_DUMPDIR``, ``eagle3_capture_disable``; settings/typos.py finds them) but is none of its variables is
 said in one line naming the closest known name: a typo of ``EAGLE3_CAPTURE_SELFTEST`` or ``EAGLE3_CAPTURE_DISABLE``
 refuses (read as unset, it would serve the opposite of what the operator chose); a name closest to a setting of the
 dump turns the dump off with an ERROR line (a misspelt bound must never write more than asked); any other is ignored
@@ -61,10 +61,10 @@ name               what it turns off
 ``draft_fc``       the fused draft fc (``ops.draft_fc``) in the EAGLE-3 drafts
 ``gather``         the project's gatherer (``tp.PackedGatherer``) for the draft fc's column shards at TP > 1
                    (SGLang's ``_fc_gatherer`` is used instead); has no effect when ``draft_fc`` is off
-``selftest``       the capture self-test on served forwards (selftest.py: at the first that captures, then
+``selftest``       the capture self-test on served forwards (monitor/selftest.py: at the first that captures, then
                    periodically and after a weight update) and its refusal of requests in ``raise`` mode
 ``acceptance``     counting per-position acceptance (``Req.update_spec_correct_drafts_histogram``), its export
-                   and the drift alarm (acceptance_live.py)
+                   and the drift alarm (monitor/live.py)
 ``all``            the whole plugin, the dump included: it registers nothing (same as ``SGLANG_PLUGINS`` without it);
                    an ``EAGLE3_CAPTURE_DUMP`` set beside it is said in the startup line and not used
 =================  =================================================================================================
@@ -83,10 +83,10 @@ import time
 from dataclasses import dataclass, field
 from typing import FrozenSet, List, Mapping, Optional, Tuple
 
-from ..dump_format import STREAM_DECLARED, STREAM_MODES
-from . import alarm_settings
-from .alarm_settings import AlarmSettings
-from .setting_names import unknown_names
+from ...dump_format import STREAM_DECLARED, STREAM_MODES
+from . import alarm as alarm_settings
+from .alarm import AlarmSettings
+from .typos import unknown_names
 
 ENV_DISABLE = "EAGLE3_CAPTURE_DISABLE"
 ENV_SELFTEST = "EAGLE3_CAPTURE_SELFTEST"
@@ -255,7 +255,7 @@ def prepare_dump_dir(raw: str) -> str:
 
 @dataclass(frozen=True)
 class DumpSettings:
-    """The capture dump's directory and bounds (sglang/dump.py); each bound is per process."""
+    """The capture dump's directory and bounds (dump/forwards.py); each bound is per process."""
 
     directory: str
     max_records: int = 256      # served forwards (records), EAGLE3_CAPTURE_DUMP_MAX

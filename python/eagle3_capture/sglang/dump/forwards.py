@@ -1,20 +1,20 @@
 """The capture dump: what the target handed its draft in served forwards, written for ``doctor fingerprint`` and the
 doctor's server-side replay (record format: eagle3_capture/dump_format/contract.py, version 3).
 
-Switched on by ``EAGLE3_CAPTURE_DUMP=<dir>`` (switches.py: settings validated when SGLang loads the plugin). It runs
-around the model runner's forward (served.py), after the forward returned, so it sees every served forward --
+Switched on by ``EAGLE3_CAPTURE_DUMP=<dir>`` (settings/switches.py: settings validated when SGLang loads the plugin).
+It runs around the model runner's forward (served.py), after the forward returned, so it sees every served forward --
 prefill, decode, verify, replayed from a CUDA graph or run eagerly -- and never SGLang's warm-up or capture passes
 (its capture-mode flag set, or a stream capturing), whose dummy batches would otherwise fill the quota. A record
-holds the forward's real rows only (padded graph rows are not in the batch's host metadata, dump_record.py), and the
+holds the forward's real rows only (padded graph rows are not in the batch's host metadata, dump/record.py), and the
 aux buffer exactly as the runner returned it to the draft.
 
-Bounds, per process (each setting's default in switches.py): served forwards (``EAGLE3_CAPTURE_DUMP_MAX``), served
-requests followed (``_REQUESTS``: the first requests seen are followed through prefill and every verify, and only
+Bounds, per process (each setting's default in settings/switches.py): served forwards (``EAGLE3_CAPTURE_DUMP_MAX``),
+served requests followed (``_REQUESTS``: the first requests seen are followed through prefill and every verify, and only
 their rows are written), served rows (``_TOKENS``), bytes of every record (``_BYTES``), and rows of the doctor's own
 forwards (``_STREAM_TOKENS``), which have their own budget so that served traffic never starves them.
 
 The doctor's forwards (a request id starting ``eagle3-doctor-``) are dumped whole, with the residual stream at the
-layer inputs ``EAGLE3_CAPTURE_DUMP_STREAM`` names (stream.py), and are kept out of CUDA graphs (the graph runners'
+layer inputs ``EAGLE3_CAPTURE_DUMP_STREAM`` names (taps/stream.py), and are kept out of CUDA graphs (the graph runners'
 ``can_run_graph`` says no for them, served.py) so that the stream can be read. Under DP attention neither is done:
 the graph decision there is the DP group's and the doctor's request lives in one group, so forcing one group eager
 or widening its capture would desynchronise the collectives; such forwards get their aux dumped, no stream (one
@@ -24,7 +24,7 @@ Only attention-TP rank 0 of each group writes (the residual stream is replicated
 rank still makes the same stream decisions, since a wider capture may gather rows across ranks.
 
 Every record carries its writing process (a random id, the host, the pid: dump_record.this_process) and so does its
-file name, written create-exclusive (dump_writer.py): servers sharing one directory never replace each other's
+file name, written create-exclusive (dump/writer.py): servers sharing one directory never replace each other's
 records, and the doctor tells them apart.
 """
 from __future__ import annotations
@@ -35,13 +35,12 @@ from typing import Dict, List, Optional
 
 import torch
 
-from ..dump_format import FORMAT, file_name, is_doctor_rid
-from . import switches
-from .dump_record import (BatchRows, Ranks, forget_process, new_server_id, ranks, spec_fields, stream_layers,
-                          this_process)
-from .dump_writer import Job, Writer, to_host
-from .stream import StreamRequest, columns
-from .switches import DumpSettings, announce
+from ...dump_format import FORMAT, file_name, is_doctor_rid
+from ..settings import switches
+from ..settings.switches import DumpSettings, announce
+from ..taps.stream import StreamRequest, columns
+from .record import BatchRows, Ranks, forget_process, new_server_id, ranks, spec_fields, stream_layers, this_process
+from .writer import Job, Writer, to_host
 
 
 class _State:

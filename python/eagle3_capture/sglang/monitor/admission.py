@@ -1,6 +1,6 @@
 """Around the scheduler's request admission (``Scheduler._add_request_to_queue``, every release 0.5.12-0.5.23):
-while a capture self-test that failed while serving stands (``EAGLE3_CAPTURE_SELFTEST=raise``, selftest.py), every
-new request is finished at once with SGLang's own abort -- ``Req.set_finish_with_abort(line)``, as the scheduler
+while a capture self-test that failed while serving stands (``EAGLE3_CAPTURE_SELFTEST=raise``, selftest.py),
+every new request is finished at once with SGLang's own abort -- ``Req.set_finish_with_abort(line)``, as the scheduler
 does for a request it cannot serve: SGLang then runs it as a one-token prefill and returns the abort, with the line
 naming the failed self-test, to the client -- instead of being served through a broken capture. Requests already
 in flight (a retracted request coming back, one already finishing) are left alone: the server does not die with

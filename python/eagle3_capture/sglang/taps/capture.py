@@ -1,15 +1,15 @@
 """Capture writes through ``eagle3_capture::capture_`` into SGLang's packed aux buffer.
 
 Hook point: ``AuxHiddenStatePacker.append`` (switch ``capture``), on releases whose packer has ``slot()`` (0.5.23;
-internals.py): older packers (0.5.18-0.5.22) allocate and copy inside ``append`` with nothing to hand the op, and
-0.5.12-0.5.16 keep the captures in a Python list that the logits processor concatenates -- there SGLang's own
-write stays, and the taps are still exactly the declared ones. Every write into SGLang 0.5.23's packed
-``[T, K*H]`` buffer goes through it: ``capture()`` (what the layer-boundary stage and this plugin's final-boundary
-capture call), ``append()`` and ``extend()``, for a buffer the packer allocates itself and for the decode
-CUDA-graph runner's preallocated one (``AuxHiddenStatePacker.for_batch``: a row slice of a larger buffer). The
-packer keeps doing its own bookkeeping (``slot()``: allocation, shape/dtype check against a provided buffer, slot
-index); only the write changes: ``copy_`` into a strided column block becomes one ``capture_`` into the slot's
-view, which the op accepts as a row-strided ``[T, H]`` packed tensor.
+installed/internals.py): older packers (0.5.18-0.5.22) allocate and copy inside ``append`` with nothing to hand the op,
+and 0.5.12-0.5.16 keep the captures in a Python list that the logits processor concatenates -- there SGLang's own write
+stays, and the taps are still exactly the declared ones. Every write into SGLang 0.5.23's packed ``[T, K*H]`` buffer
+goes through it: ``capture()`` (what the layer-boundary stage and this plugin's final-boundary capture call),
+``append()`` and ``extend()``, for a buffer the packer allocates itself and for the decode CUDA-graph runner's
+preallocated one (``AuxHiddenStatePacker.for_batch``: a row slice of a larger buffer). The packer keeps doing its own
+bookkeeping (``slot()``: allocation, shape/dtype check against a provided buffer, slot index); only the write changes:
+``copy_`` into a strided column block becomes one ``capture_`` into the slot's view, which the op accepts as a
+row-strided ``[T, H]`` packed tensor.
 
 Values the op does not take (not 2-D, another dtype, a last stride other than 1, a device the extension was not
 built for) go through SGLang's own ``copy_``.
@@ -27,9 +27,9 @@ from typing import Optional
 
 import torch
 
-from .switches import logger
+from ..settings.switches import logger
 
-from .internals import PACKER_APPEND_PATH
+from ..installed.internals import PACKER_APPEND_PATH
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _ops = None
@@ -42,7 +42,7 @@ def load_ops():
     """Import the capture ops (the compiled extension); raises ImportError with the build hint if missing."""
     global _ops, _backends, _capture_op
     if _ops is None:
-        from .. import native, ops
+        from ... import native, ops
 
         _backends = frozenset(native.build_info()["backends"])
         _capture_op = torch.ops.eagle3_capture.capture_.default

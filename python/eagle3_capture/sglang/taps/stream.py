@@ -1,5 +1,5 @@
 """The residual stream at more layer inputs than the draft is fed, for forwards that hold one of the doctor's own
-requests (dump.py decides which forwards and which layer inputs; this module does the capture).
+requests (dump/forwards.py decides which forwards and which layer inputs; this module does the capture).
 
 How: for that one forward, ``DeepseekV2Model.layers_to_capture`` is widened to the union of the served layer inputs
 and the stream's, so SGLang's own capture loop (and this plugin's final-boundary capture, for layer input L) writes
@@ -8,9 +8,9 @@ cut back out of that buffer, in their order, into the tensor the forward returns
 very values it would have been fed without the dump (a copy of the same captures; nothing else in the forward
 reads ``layers_to_capture``), and the stream's values are SGLang's own captures, bit for bit.
 
-Every attention-TP rank widens the same forwards (a capture may gather rows across ranks, a collective), so the
-decision never depends on which rank writes (dump.py). Runs only eagerly: dump.py keeps such forwards out of CUDA
-graphs, and under DP attention, where that decision is the DP group's, it asks for no stream at all.
+Every attention-TP rank widens the same forwards (a capture may gather rows across ranks, a collective), so the decision
+never depends on which rank writes (dump/forwards.py). Runs only eagerly: dump/forwards.py keeps such forwards out of
+CUDA graphs, and under DP attention, where that decision is the DP group's, it asks for no stream at all.
 """
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ Hook points (AROUND hooks through SGLang's HookRegistry, switch ``taps``) and wh
   states one), then SGLang's layer-input indices: ``Embedding`` -> 0, ``LayerOutput(k)`` -> k+1, and the final
   boundary ``LayerOutput(L-1)`` -> L, which SGLang's capture loop (0..L-1) never reaches. What SGLang's loop cannot
   capture on the installed release -- the final boundary everywhere, layer input 0 on 0.5.12 -- is captured around
-  the model forward (model_forward.py); this hook refuses, at model load, a declaration whose hooks there are not
+  the model forward (taps/model_forward.py); this hook refuses, at model load, a declaration whose hooks there are not
   in place. Ids the spec rejects raise :class:`~eagle3_capture.spec.TapError` here too.
 """
 from __future__ import annotations
@@ -27,15 +27,17 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence
 
-from .. import configs as _configs
-from ..sglang_releases import native_capture
-from ..spec import DRAFT_IDS, TapError, TapSpec
-from . import internals, model_forward, switches
+from ... import configs as _configs
+from ...sglang_releases import native_capture
+from ...spec import DRAFT_IDS, TapError, TapSpec
+from ..installed import internals
+from ..installed.hook_chain import hook_in_place
+from ..settings import switches
+from . import model_forward
 from .declaration import DraftDeclaration, current_declaration, remember_config, set_declaration
-from .hook_chain import hook_in_place
 from .model_forward import SPEC_ATTR
 
-# Dotted paths of the hooked SGLang attributes (internals.py has them all).
+# Dotted paths of the hooked SGLang attributes (installed/internals.py has them all).
 RESOLVE_AUX_IDS_PATH = internals.RESOLVE_AUX_IDS_PATH
 BUILD_MODEL_CONFIG_PATH = internals.BUILD_MODEL_CONFIG_PATH
 FROM_SERVER_ARGS_PATH = internals.FROM_SERVER_ARGS_PATH

@@ -27,8 +27,8 @@ import os
 import threading
 from typing import Any, Dict, Mapping, Optional
 
-from ..acceptance import names
-from . import switches
+from ...acceptance import names
+from ..settings import switches
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 EXPORTED = "exported to SGLang's /metrics"

@@ -1,15 +1,15 @@
-"""The draft config's tap declaration as this process read it (beside SGLang's own read, at model load): a leaf
-shared by the taps hook (target.py), which turns it into the taps to capture, the self-test (selftest.py), which
-checks a capture against it, and the dump (dump_record.py), which records it; and the target config a
-DeepseekV2Model answers to (:func:`config_of`)."""
+"""The draft config's tap declaration as this process read it (beside SGLang's own read, at model load): a leaf shared
+by the taps hook (taps/target.py), which turns it into the taps to capture, the self-test (monitor/selftest.py), which
+checks a capture against it, and the dump (dump/record.py), which records it; and the target config a DeepseekV2Model
+answers to (:func:`config_of`)."""
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
-from .. import configs as _configs
-from ..spec import TapSpec
+from ... import configs as _configs
+from ...spec import TapSpec
 
 
 @dataclass(frozen=True)

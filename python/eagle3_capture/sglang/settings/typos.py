@@ -1,6 +1,6 @@
 """Names of the environment that look like the plugin's settings but are none of them (``EAGLE3_CAPTURE_SELFTST``,
 ``EAGLE3_CAPTURE_DISABLED``, ``EAGLE3_CAPTURE_DUMPDIR``, ``eagle3_capture_dump``, ...): each is found, with the closest
-known name, so that switches.py can say so in one line instead of ignoring it.
+known name, so that settings/switches.py can say so in one line instead of ignoring it.
 
 A misspelt setting is read as unset, which for most settings only loses what was asked (a dump, a tuning value).
 For the two settings that guard a safety choice it serves the opposite of what the operator chose: a misspelt
