@@ -112,8 +112,9 @@ def release_under_test(pair) -> Release:
     if "release" not in _RELEASE:
         ids, inputs, note = stock_draft_ids()
         extra = None
-        if sgl_kernel_standin.needed():
-            extra = sgl_kernel_standin.make_folder(os.path.join(pair.root, "sgl_kernel_standin"))
+        modules = sgl_kernel_standin.needed_modules()
+        if modules:
+            extra = sgl_kernel_standin.make_folder(os.path.join(pair.root, "import_standins"), modules)
         _RELEASE["release"] = Release(sglang_version(), ids, inputs, note, server_flags(), extra)
     return _RELEASE["release"]
 
