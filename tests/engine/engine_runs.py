@@ -14,7 +14,9 @@ two at a time keep both cores busy. The tests stay as they were; each fixture as
 from __future__ import annotations
 
 import heapq
+import json
 import os
+import sys
 import threading
 import time
 from concurrent.futures import Future
@@ -165,10 +167,18 @@ def runs_for_session(request, pair, define: Callable) -> Runs:
     s = _SESSION
     if s["runs"] is None:
         s["runs"] = Runs.from_env()
+        root = pair.root
 
         def end():
-            s["runs"].close()
+            runs = s["runs"]
+            runs.close()
             s["runs"], s["defined"] = None, set()
+            took = runs.seconds()
+            with open(os.path.join(root, "runs_seconds.json"), "w") as f:
+                json.dump(took, f, indent=1)
+            print(f"\nengine runs ({runs.parallel} at a time), seconds each: "
+                  + ", ".join(f"{k} {v:.0f}" for k, v in sorted(took.items(), key=lambda kv: -kv[1])),
+                  file=sys.stderr)
 
         request.session.config.add_cleanup(end)
     runs = s["runs"]
