@@ -115,11 +115,7 @@ def test_nothing_is_left_for_gloos_worker_to_free_after_an_error():
         assert n_all > n_setup and alive_all == n_all, f"rank {rank}: {alive_all} of {n_all} tensors alive"
 
 
-# The abort came about once in 25 runs on a loaded machine (docs/status.md has the stress figures); its cause --
-# a tensor of a gloo collective freed by gloo's worker during teardown -- is checked deterministically above
-# (test_nothing_is_left_for_gloos_worker_to_free_after_an_error). This end-to-end canary costs two fresh
-# interpreters a run, so it runs a few times, not the 25 a statistical check would need.
-RUNS = 4
+RUNS = 10  # the abort came about once in 25 runs on a loaded machine: docs/status.md has the stress figures
 
 
 def test_the_issue_script_exits_cleanly_every_time():
