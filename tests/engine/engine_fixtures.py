@@ -44,6 +44,11 @@ ENGINE_TIMEOUT_S = 900
 
 BASE_ENV = {"E3_SGLANG_CPU_STANDINS": "1", "TRITON_INTERPRET": "1", "TORCHDYNAMO_DISABLE": "1",
             "PYTHONUNBUFFERED": "1"}
+# SGLang's scheduler polls for requests in a busy loop unless told to sleep when idle (every release 0.5.12-0.5.23
+# has the flag; it waits on its sockets, so a request wakes it at once): without it each server burns a core while
+# it waits for the doctor or the tests, which two servers at a time on two cores cannot afford (serve.py passes
+# sleep_on_idle too)
+IDLE_FLAGS = ("--sleep-on-idle",)
 
 
 def flags_text(flags) -> str:
@@ -197,7 +202,7 @@ class LaunchedServer:
                     "--speculative-num-draft-tokens", str(d), "--device", "cpu", "--dtype", "float32",
                     "--attention-backend", "triton", "--disable-cuda-graph", "--skip-tokenizer-init",
                     "--mem-fraction-static", "0.05", "--max-total-tokens", "4096", "--chunked-prefill-size", "512",
-                    "--context-length", "56", "--host", "127.0.0.1", "--port", str(self.port), *extra]
+                    "--context-length", "56", "--host", "127.0.0.1", "--port", str(self.port), *IDLE_FLAGS, *extra]
         self.env = _env(env)
         self.proc = None
         self._log = None
