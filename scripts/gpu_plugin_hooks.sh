@@ -31,6 +31,9 @@ install_wheels "$WHEELS" "$WORK/wheels.log"
 # SGLang and the stand-ins for its compiled packages; the kernel version check off (stand-ins)
 export PYTHONPATH=/tmp/e3site:$PWD/scripts/gpu_sglang/standins${PYTHONPATH:+:$PYTHONPATH}
 export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1
+# flashinfer and deep_gemm are import-only stand-ins there: SGLang must not take them for the real packages
+# (scripts/gpu_sglang/compare.py CUDA_ENV says why)
+export SGLANG_IS_FLASHINFER_AVAILABLE=false SGLANG_ENABLE_JIT_DEEPGEMM=false
 if [ -z "${CUDA_HOME:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then export CUDA_HOME=/usr/local/cuda; fi
 
 (timeout "$(cap 200)" python3 scripts/gpu_sglang/jit_warmup.py > "$WORK/jit_warmup.log" 2>&1) &

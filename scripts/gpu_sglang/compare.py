@@ -54,6 +54,9 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 STANDINS = os.path.join(HERE, "standins")
 
 ORDER = ("plugin_eager", "plugin_graphs", "stock_graphs", "plugin_metrics", "stock_metrics", "stock_eager")
+# added by themselves when the pair has a draft without the embedding tap (make_pair.py: a release that cannot
+# capture it, 0.5.12): plugin = stock on that copy
+NOEMB = ("plugin_noemb_graphs", "stock_noemb_graphs")
 DUMP_MAX = 32
 
 def config_table(pair: dict, out: str) -> Dict[str, dict]:
@@ -76,6 +79,10 @@ def config_table(pair: dict, out: str) -> Dict[str, dict]:
         "stock_metrics": {"graph": "on", "draft": pair["draft_stock"], "metrics": True,
                           "env": {"EAGLE3_CAPTURE_DISABLE": "all"}},
         "stock_eager": {"graph": "off", "draft": pair["draft_stock"], "env": {"EAGLE3_CAPTURE_DISABLE": "all"}},
+        # a release that cannot capture the embedding (0.5.12): plugin = stock on a copy with LayerOutput taps only
+        "plugin_noemb_graphs": {"graph": "on", "draft": pair.get("draft_noemb"), "env": {}},
+        "stock_noemb_graphs": {"graph": "on", "draft": pair.get("draft_noemb"),
+                               "env": {"EAGLE3_CAPTURE_DISABLE": "all"}},
     }
 
 
@@ -86,9 +93,13 @@ CPU_DRY_RUN_ENV = {"E3_SGLANG_CPU_STANDINS": "1", "TRITON_INTERPRET": "1", "TORC
 # On the GPU machine (torch 2.11): the sglang-kernel version check off (stand-ins), SGLang's own Python radix-tree
 # core instead of its Rust one (mem_cache.*.so links torch 2.14's libtorch through tch and panics on torch 2.11 at
 # the first cache insert: "Rust TreeCore panicked: ... UnknownKind(31)"), and fewer inductor compile workers per
-# server (servers start side by side).
+# server (servers start side by side). flashinfer is not on the machine; releases up to 0.5.12 import
+# flashinfer.sampling unguarded on CUDA, so a stand-in provides that one module (scripts/gpu_sglang/standins), and
+# SGLANG_IS_FLASHINFER_AVAILABLE=false keeps SGLang from taking that stand-in for flashinfer anywhere else; likewise
+# deep_gemm (imported unguarded by 0.5.20) and SGLANG_ENABLE_JIT_DEEPGEMM=false.
 CUDA_ENV = {"SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK": "1", "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND": "python",
-            "TORCHINDUCTOR_COMPILE_THREADS": "4"}
+            "TORCHINDUCTOR_COMPILE_THREADS": "4", "SGLANG_IS_FLASHINFER_AVAILABLE": "false",
+            "SGLANG_ENABLE_JIT_DEEPGEMM": "false"}
 
 
 def config_graph(name: str) -> str:
@@ -450,7 +461,7 @@ def main(argv=None) -> int:
                         "and judge them with this code")
     a = p.parse_args(argv)
     names = [n for n in a.only.split(",") if n]
-    unknown = [n for n in names if n not in ORDER]
+    unknown = [n for n in names if n not in ORDER + NOEMB]
     if unknown:
         p.error(f"--only: unknown configuration(s) {unknown}; expected some of {list(ORDER)}")
     if a.device == "cpu" and any(config_graph(n) == "on" for n in names):
@@ -489,9 +500,15 @@ def main(argv=None) -> int:
         with open(pair["reference"]) as f:
             reference = json.load(f)["outputs"]
     table = config_table(pair, a.out)
+    if pair.get("draft_noemb"):  # the release cannot capture the embedding: its plugin = stock pair runs too
+        names += [n for n in NOEMB if n not in names and a.device == "cuda"]
+    elif any(n in NOEMB for n in names):
+        log(f"no draft without the embedding in {a.pair}: {', '.join(NOEMB)} left out")
+        names = [n for n in names if n not in NOEMB]
     side = (a.side_by_side or ("on" if a.device == "cuda" else "off")) == "on"
     servers = [Server(n, table[n], pair, a.out, a.timed_repeats, pair["new_tokens"], a.device, side,
-                      a.rounds if config_graph(n) == "on" else a.eager_rounds, a.mem_fraction) for n in names]
+                      0 if n in NOEMB else a.rounds if config_graph(n) == "on" else a.eager_rounds, a.mem_fraction)
+               for n in names]  # the no-embedding pair is compared on round 1 only: no timed rounds
     skipped, schedule = {}, None
     if a.rejudge:
         for s in servers:
@@ -519,6 +536,8 @@ def main(argv=None) -> int:
         with open(earlier) as f:
             served_on = json.load(f).get("machine")
     comp = comparisons(runs, reference)
+    # a release that adds 1 to every id (0.5.12) cannot capture the draft's embedding tap: stock's servers raise
+    stock_raises = bool(pair.get("draft_noemb"))
     result = {
         "what": "SGLang 0.5.23's real serving loop (sglang.Engine, EAGLEWorkerV2) on one GPU with the demo pair "
                 "(tiny DeepseekV3 target + trained LlamaForCausalLMEagle3 draft, float32, triton attention, chain "
@@ -537,7 +556,8 @@ def main(argv=None) -> int:
         "comparisons": comp, "speed": speed(runs), "acceptance_watch": profile_check(runs, pair),
         "skipped": skipped, "findings": findings(runs, comp),
     }
-    result["failures"] = verdict(runs, comp) + [f"{n}: {why}" for n, why in skipped.items()]
+    result["stock_raises"] = stock_raises
+    result["failures"] = verdict(runs, comp, stock_raises) + [f"{n}: {why}" for n, why in skipped.items()]
     result["ok"] = not result["failures"]
     # --rejudge keeps the served run's own result beside its runs and writes only --result
     for path in filter(None, (None if a.rejudge else os.path.join(a.out, "gpu_sglang.json"), a.result)):

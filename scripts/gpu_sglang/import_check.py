@@ -2,8 +2,10 @@
 without a GPU (scripts/gpu_sglang): torch is told a Hopper GPU is present, so every ``if _is_cuda:``
 import block runs as it would on the H200, and the stand-ins must answer each name those blocks import. Nothing
 is computed on a GPU: this checks the import graph only (what the path *calls* is native.py's and its tests').
+``--in-release``: leave out the modules the installed release has no file for (an older release's layout;
+reported as "absent"), and import the rest.
 
-    python scripts/gpu_sglang/import_check.py [MODULE ...]
+    python scripts/gpu_sglang/import_check.py [--in-release] [MODULE ...]
 
 Prints one JSON object: per module "ok" or the error, the stand-in names that were called during the imports
 (must be none), and which stand-in modules were loaded. Exit status 0 when every module imported and no
@@ -36,7 +38,12 @@ MODULES = [
     "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe", "sglang.srt.layers.sampler",
     "sglang.srt.layers.logits_processor", "sglang.srt.mem_cache.memory_pool",
     "sglang.kernels.ops.speculative.spec_tree", "sglang.kernels.ops.gemm.cutedsl_dual_gemm",
+    # python -m sglang.launch_server: the HTTP server and its OpenAI routes, which import more than the Engine
+    # does (soundfile through openai/serving_transcription -> audio_chunking)
+    "sglang.launch_server", "sglang.srt.entrypoints.http_server",
+    "sglang.srt.entrypoints.openai.serving_transcription",
 ]
+STANDIN_ROOTS = ("sgl_kernel", "flash_mla", "flashinfer", "deep_gemm", "cutlass", "IPython", "soundfile")
 
 
 def pretend_hopper() -> None:
@@ -60,24 +67,42 @@ def pretend_hopper() -> None:
         torch.version.cuda = "13.0"
 
 
+def in_release(module: str) -> bool:
+    """Whether the installed sglang has a file for ``module`` (read from its folder, nothing imported)."""
+    import importlib.util
+
+    root = os.path.dirname(importlib.util.find_spec("sglang").origin)
+    rel = os.path.join(root, *module.split(".")[1:])
+    return os.path.isfile(rel + ".py") or os.path.isfile(os.path.join(rel, "__init__.py"))
+
+
 def main(argv=None) -> int:
-    mods = list(argv if argv is not None else sys.argv[1:]) or MODULES
+    args = list(argv if argv is not None else sys.argv[1:])
+    only_present = "--in-release" in args
+    mods = [a for a in args if a != "--in-release"] or MODULES
     sys.path.insert(0, os.path.join(HERE, "standins"))
-    os.environ["SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK"] = "1"
+    sys.path.insert(1, HERE)
+    from compare import CUDA_ENV  # the servers' environment on the GPU machine
+
+    os.environ.update(CUDA_ENV)
     pretend_hopper()
     import e3_standin_stubs
 
     report = {"modules": {}}
     for m in mods:
+        if only_present and not in_release(m):
+            report["modules"][m] = "absent"
+            continue
         try:
             importlib.import_module(m)
             report["modules"][m] = "ok"
         except BaseException as e:  # every failure is the finding
             report["modules"][m] = f"{type(e).__name__}: {e} | {traceback.format_exc(limit=-3)[-800:]}"
     report["called_import_only_names"] = dict(e3_standin_stubs.CALLED)
-    report["standin_modules"] = sorted(m for m in sys.modules
-                                       if m.split(".")[0] in ("sgl_kernel", "flash_mla", "cutlass", "IPython"))
-    ok = all(v == "ok" for v in report["modules"].values()) and not report["called_import_only_names"]
+    report["standin_modules"] = sorted(m for m in sys.modules if m.split(".")[0] in STANDIN_ROOTS)
+    report["sglang"] = getattr(sys.modules.get("sglang"), "__version__", None)
+    ok = (all(v in ("ok", "absent") for v in report["modules"].values()) and not report["called_import_only_names"]
+          and any(v == "ok" for v in report["modules"].values()))
     report["ok"] = ok
     print(json.dumps(report, indent=1))
     return 0 if ok else 1

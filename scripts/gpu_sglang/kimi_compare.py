@@ -43,7 +43,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import kimi_shape  # noqa: E402
-from compare import Server, machine, run_side_by_side  # noqa: E402
+from compare import REPO, Server, child_env, machine, run_side_by_side  # noqa: E402
+from server_flags import accepted  # noqa: E402
 from make_pair import stock_ids  # noqa: E402
 from report import compare_requests, per_request, read_jsonl  # noqa: E402
 
@@ -117,13 +118,14 @@ def write_draft(kind: str, target: dict, out: str, seed: int = 1, device: str = 
     return {"path": out, "parameters": n, "d2t": arch.draft_vocab_size < arch.vocab_size}
 
 
-def write_stock_copy(draft: str, out: str) -> str:
-    """The draft with its ids in stock SGLang's convention (weights linked, not copied)."""
+def write_stock_copy(draft: str, out: str, rule: str = "shift_if_first_is_1") -> str:
+    """The draft with its ids in stock SGLang's convention (``rule``: the served release's, server_flags.id_rule;
+    weights linked, not copied)."""
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(draft, "config.json")) as f:
         cfg = json.load(f)
     ids = cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
-    cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = stock_ids(ids)
+    cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = stock_ids(ids, rule)
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(cfg, f, indent=1)
     link = os.path.join(out, "model.safetensors")
@@ -199,6 +201,7 @@ def main(argv=None) -> int:
     p.add_argument("--against", choices=("stock", "dump"), default="stock",
                    help="stock: the plugin against stock SGLang; dump: the plugin with its capture dump on (the "
                         "declared taps of every forward, the full stream of the doctor's requests) against off")
+    p.add_argument("--plan", default=None, help="kimi_plan.py's JSON for this phase (recorded in the result)")
     p.add_argument("--result", default=None)
     p.add_argument("--command", default=None)
     a = p.parse_args(argv)
@@ -228,7 +231,10 @@ def main(argv=None) -> int:
         json.dump(cfg, f, indent=1)
     t0 = time.time()
     draft = write_draft(a.draft, cfg, os.path.join(a.out, f"draft_{a.draft}"), device=a.device)
-    stock_draft = write_stock_copy(draft["path"], os.path.join(a.out, f"draft_{a.draft}_stock_ids"))
+    # stock's convention is the served release's own (+1 on every id up to 0.5.12): read from it, in the servers'
+    # environment
+    rule = accepted(child_env({}, a.device), cwd=REPO)["id_rule"]
+    stock_draft = write_stock_copy(draft["path"], os.path.join(a.out, f"draft_{a.draft}_stock_ids"), rule)
     log(f"target {kimi_shape.parameter_count(cfg) / 1e9:.2f} G parameters; draft {a.draft}: "
         f"{draft['parameters'] / 1e9:.2f} G, d2t {draft['d2t']}, written in {time.time() - t0:.0f} s")
     ppath = os.path.join(a.out, "prompts.json")
@@ -269,9 +275,11 @@ def main(argv=None) -> int:
         "what": f"SGLang's real serving loop (sglang.Engine) at Kimi-K2.5's width: the plugin against {other.name}, "
                 f"{a.draft} draft, CUDA graphs {graph}",
         "command": a.command or " ".join(sys.argv), "machine": machine(), "device": a.device,
+        "plan": json.load(open(a.plan)) if a.plan else None,
         "target": {k: cfg[k] for k in ("num_hidden_layers", "hidden_size", "n_routed_experts",
                                        "num_experts_per_tok", "vocab_size")},
         "target_parameters": kimi_shape.parameter_count(cfg), "gain": a.gain, "draft": draft,
+        "stock_id_rule": rule,
         "prompts": a.prompts, "prompt_len": a.prompt_len, "new_tokens": a.new_tokens, "batches": list(BATCHES),
         "schedule": schedule,
         "configs": {n: {k: v for k, v in r.items() if k not in ("round1_rows", "timed_rows")} for n, r in runs.items()},

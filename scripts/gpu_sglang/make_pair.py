@@ -36,11 +36,19 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 CHAIN = (3, 1, 4)  # num-steps, eagle-topk, num-draft-tokens: SGLang's auto values for DeepSeek targets (compare.py)
 
 
-def stock_ids(draft_ids):
-    """Draft ids (LayerOutput indices, -1 = the embedding) as stock SGLang 0.5.23 reads ids that do not start with
-    1: layer-input indices, unchanged. [-1, 0, 3] -> [0, 1, 4]."""
+def stock_ids(draft_ids, rule: str = "shift_if_first_is_1"):
+    """Draft ids (LayerOutput indices, -1 = the embedding) in stock SGLang's own convention for the same layer
+    inputs. From 0.5.13 (``rule`` "shift_if_first_is_1", server_flags.id_rule) ids that do not start with 1 are
+    layer-input indices, unchanged: [-1, 0, 3] -> [0, 1, 4]. Up to 0.5.12 ("shift_all") every id gets +1, so the
+    LayerOutput ids are already stock's: [1, 29, 57] stays; the embedding (-1 -> layer input 0) is written as -1,
+    which such a stock server cannot capture (DeepseekV2Model computes hidden_states + residual with residual None
+    there): where the plugin captures the embedding, that stock server raises."""
     if not draft_ids or any(not isinstance(i, int) or i < -1 for i in draft_ids):
         raise ValueError(f"draft ids must be integers >= -1, got {draft_ids!r}")
+    if rule == "shift_all":
+        return list(draft_ids)
+    if rule != "shift_if_first_is_1":
+        raise ValueError(f"unknown id rule {rule!r}")
     out = [i + 1 for i in draft_ids]
     if out[0] == 1:
         raise ValueError(f"draft ids {draft_ids!r} -> layer inputs {out} start with 1, which stock SGLang would shift "
@@ -48,11 +56,33 @@ def stock_ids(draft_ids):
     return out
 
 
-def write_stock_draft(draft_dir: str, out_dir: str) -> list:
+def write_without_embedding(draft_dir: str, out_dir: str) -> list:
+    """A copy of the draft whose taps are LayerOutputs only, for a release that cannot capture the embedding
+    (0.5.12): the embedding tap replaced by the lowest LayerOutput not yet declared ([-1, 0, 3] -> [0, 1, 3]).
+    Its ids mean the same layer inputs to the plugin and to such a release's stock SGLang (+1 on every id), so one
+    copy serves both: plugin = stock request for request, whatever the draft accepts with taps it was not trained
+    on."""
+    with open(os.path.join(draft_dir, "config.json")) as f:
+        cfg = json.load(f)
+    ids = list(cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
+    if -1 in ids:
+        free = next(i for i in range(len(ids) + 1) if i not in ids)
+        ids = sorted(free if i == -1 else i for i in ids)
+    if os.path.isdir(out_dir):
+        shutil.rmtree(out_dir)
+    shutil.copytree(draft_dir, out_dir)
+    cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = ids
+    cfg["eagle_config"].pop("eagle_aux_hidden_state_convention", None)
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+    return ids
+
+
+def write_stock_draft(draft_dir: str, out_dir: str, rule: str = "shift_if_first_is_1") -> list:
     """A copy of the draft whose eagle_config carries the ids in stock's convention (weights untouched)."""
     with open(os.path.join(draft_dir, "config.json")) as f:
         cfg = json.load(f)
-    ids = stock_ids(list(cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]))
+    ids = stock_ids(list(cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]), rule)
     if os.path.isdir(out_dir):
         shutil.rmtree(out_dir)
     shutil.copytree(draft_dir, out_dir)
@@ -136,6 +166,9 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
     p.add_argument("--prompts", type=int, default=64)
     p.add_argument("--new-tokens", type=int, default=16)
+    p.add_argument("--id-rule", default="shift_if_first_is_1", choices=("shift_if_first_is_1", "shift_all"),
+                   help="how the served SGLang reads draft ids (server_flags.id_rule; shift_all up to 0.5.12, whose "
+                        "stock servers then cannot capture the draft's embedding tap)")
     p.add_argument("--reuse", default=None, help="a `doctor demo` output directory to take the pair from (no training)")
     p.add_argument("--profile", choices=("on", "off"), default="on",
                    help="on: also write the expected-acceptance profile (doctor accept for the servers' chain)")
@@ -183,7 +216,11 @@ def main(argv=None) -> int:
     with open(ppath, "w") as f:
         json.dump(prompts, f)
     draft_stock = os.path.join(a.out, "draft_stock_ids")
-    info["stock_ids"] = write_stock_draft(draft, draft_stock)
+    info["stock_ids"] = write_stock_draft(draft, draft_stock, a.id_rule)
+    info["id_rule"] = a.id_rule
+    if a.id_rule == "shift_all" and -1 in info["stock_ids"]:  # stock raises on the embedding: a pair without it
+        info["draft_noemb"] = os.path.join(a.out, "draft_without_embedding")
+        info["noemb_ids"] = write_without_embedding(draft, info["draft_noemb"])
 
     # the target's own greedy continuation (transformers), on the device the demo used
     from eagle3_capture.doctor.target_side.model import greedy_continue, load_target

@@ -31,9 +31,11 @@ import time
 import traceback
 
 
-def engine_kwargs(a) -> dict:
+def engine_kwargs(a, fields=None) -> dict:
     """The server: the demo pair in float32 with the triton attention backend on one GPU, as the CPU engine tests
-    serve it (tests/engine/serve.py) but on CUDA, with SGLang's CUDA graphs on or off."""
+    serve it (tests/engine/serve.py) but on CUDA, with SGLang's CUDA graphs on or off. ``fields``: the installed
+    release's ServerArgs field names (None: read from the release), which name the CUDA-graph sizes
+    (server_flags.py: one list up to 0.5.12, decode and prefill lists later)."""
     if a.device == "cpu" and a.cuda_graph == "on":
         raise ValueError("--cuda-graph on needs --device cuda")
     kw = dict(
@@ -51,8 +53,10 @@ def engine_kwargs(a) -> dict:
     if a.cuda_graph == "on":
         # fewer captured sizes than SGLang's defaults (24 decode, 30 prefill) to keep the start short; every size
         # runs the same capture code
-        kw["cuda_graph_bs_decode"] = [b for b in a.decode_bs if b <= a.max_running]
-        kw["cuda_graph_bs_prefill"] = list(a.prefill_bs)
+        from server_flags import graph_kwargs, release_options
+
+        fields = release_options()["fields"] if fields is None else fields
+        kw.update(graph_kwargs(fields, [b for b in a.decode_bs if b <= a.max_running], list(a.prefill_bs)))
     return kw
 
 
@@ -293,7 +297,8 @@ def main(argv=None, make_engine=None) -> int:
             summary["sglang_version"] = getattr(sglang, "__version__", None)
             make_engine = sglang.Engine
         stage = "engine start"
-        kw = engine_kwargs(a)
+        # a stand-in engine names the ServerArgs fields it takes; SGLang's are read from the release
+        kw = engine_kwargs(a, getattr(make_engine, "SERVER_ARGS_FIELDS", None))
         summary["engine_kwargs"] = kw
         engine = make_engine(**kw)
         t1 = time.time()

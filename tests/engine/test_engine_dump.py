@@ -114,6 +114,7 @@ def test_online_without_target_predicts_the_server_exactly(pair, launched):
     on, pred = j["online"], j["predicted"]
     assert (on["completion_tokens"], on["verify_ct"]) == (pred["completion_tokens"], pred["verify_ct"])
     assert on["correct_drafts_histogram"] == pred["correct_drafts_histogram"] and _per_prompt(on) == _per_prompt(pred)
+    assert j["near_ties"] == [] and j["explained_by_near_ties"] == []  # float32: no rounding decided a verify
     # ... and the transformers-based prediction on the same prompts, figure for figure
     hf = accept_with_target(pair, NO_TARGET_TOKENS)["served"]
     assert _per_prompt(pred) == _per_prompt(hf) and pred["served_accept_length"] == hf["served_accept_length"]

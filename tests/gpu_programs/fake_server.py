@@ -25,6 +25,8 @@ HISTOGRAM = [1, 0, 2, 1]  # per response: 4 verifies accepting 0, 2, 2 and 3 dra
 
 
 class FakeEngine:
+    SERVER_ARGS_FIELDS = ("cuda_graph_bs_decode", "cuda_graph_bs_prefill")  # SGLang 0.5.23's (serve_gpu.engine_kwargs)
+
     def __init__(self, **kw):
         if os.environ.get("FAKE_ENGINE_FAIL") == "start":
             raise RuntimeError("the fake engine was told to fail at start")

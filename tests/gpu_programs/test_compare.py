@@ -242,6 +242,11 @@ def test_child_env_puts_the_stand_ins_on_the_path_only_for_cuda(monkeypatch):
 def test_stock_ids_and_the_stock_draft(tmp_path):
     assert make_pair.stock_ids([-1, 0, 3]) == [0, 1, 4]
     assert make_pair.stock_ids([1, 29, 57]) == [2, 30, 58]
+    # up to 0.5.12 every id gets +1: LayerOutput ids are stock's own, the embedding stays -1 (which stock raises on)
+    assert make_pair.stock_ids([1, 29, 57], "shift_all") == [1, 29, 57]
+    assert make_pair.stock_ids([-1, 0, 3], "shift_all") == [-1, 0, 3]
+    with pytest.raises(ValueError, match="unknown id rule"):
+        make_pair.stock_ids([1, 2, 3], "sideways")
     with pytest.raises(ValueError, match="start with 1"):
         make_pair.stock_ids([0, 3, 5])
     with pytest.raises(ValueError, match="integers >= -1"):
@@ -269,18 +274,24 @@ def _ns(**kw):
 
 
 def test_engine_kwargs_graphs_on_and_off():
-    on = serve_gpu.engine_kwargs(_ns())
+    on = serve_gpu.engine_kwargs(_ns(), fields={"cuda_graph_bs_decode", "cuda_graph_bs_prefill", "dtype"})
     assert on["disable_cuda_graph"] is False and on["device"] == "cuda" and on["dtype"] == "float32"
     assert on["cuda_graph_bs_decode"] == [1, 2, 4, 8, 12, 16] and on["cuda_graph_bs_prefill"] == [64, 512]
     assert (on["speculative_num_steps"], on["speculative_eagle_topk"], on["speculative_num_draft_tokens"]) == (3, 1, 4)
     assert "load_format" not in on and "speculative_draft_load_format" not in on
+    # a release with one list of decode sizes (0.5.12's ServerArgs) gets it, and no prefill sizes
+    one = serve_gpu.engine_kwargs(_ns(), fields={"cuda_graph_bs", "dtype"})
+    assert one["cuda_graph_bs"] == [1, 2, 4, 8, 12, 16] and "cuda_graph_bs_prefill" not in one
     off = serve_gpu.engine_kwargs(_ns(cuda_graph="off"))
-    assert off["disable_cuda_graph"] is True and "cuda_graph_bs_decode" not in off
+    assert off["disable_cuda_graph"] is True and "cuda_graph_bs_decode" not in off and "cuda_graph_bs" not in off
     # the real-width run (kimi_compare.py): bf16, SGLang's dummy target, the draft's weights (and d2t) from disk
-    kimi = serve_gpu.engine_kwargs(_ns(dtype="bfloat16", load_format="dummy", draft_load_format="auto"))
+    kimi = serve_gpu.engine_kwargs(_ns(dtype="bfloat16", load_format="dummy", draft_load_format="auto"),
+                                  fields={"cuda_graph_bs_decode"})
     assert (kimi["dtype"], kimi["load_format"], kimi["speculative_draft_load_format"]) == ("bfloat16", "dummy", "auto")
     with pytest.raises(ValueError, match="needs --device cuda"):
         serve_gpu.engine_kwargs(_ns(device="cpu"))
+    with pytest.raises(ValueError, match="accepts none of"):  # graphs asked of a release with no size option
+        serve_gpu.engine_kwargs(_ns(), fields={"dtype"})
     with pytest.raises(argparse.ArgumentTypeError):
         serve_gpu._int_list("1,x")
 
@@ -650,3 +661,40 @@ def test_the_pipeline_runs_on_the_cpu_path(tmp_path):
     assert pe["dump"]["with_served_prompts"] >= 1 and pe["timed_equal_round1"]["equal"]
     assert r["speed"]["round2_tokens_per_s"]["plugin_eager"] > 0
     assert r["pair"].get("profile"), r["pair"].get("profile_error")  # make_pair's doctor accept ran on the CPU
+
+
+def test_a_release_that_cannot_capture_the_embedding_expects_stock_to_raise():
+    """0.5.12 (every id +1): stock's servers must fail on the embedding tap (residual None at layer input 0) while
+    the plugin's serve; a stock server that serves, or fails otherwise, is a failure."""
+    err = f"round 1: RuntimeError: scheduler died; TypeError: {report.STOCK_EMBEDDING_ERROR}"
+    raised = {"ok": False, "error": err, "cuda_graph": "off"}
+    other = {"ok": False, "error": "engine start: OSError: no GPU", "cuda_graph": "off"}
+    served = {"ok": True, "cuda_graph": "off", "log": report.log_checks(""), "timed_equal_round1": None}
+    assert report.stock_raises_as_expected(raised) and not report.stock_raises_as_expected(other)
+    assert not any(line.startswith("stock_eager") for line in report.verdict({"stock_eager": raised}, {}, True))
+    assert any("not on the embedding tap" in line for line in report.verdict({"stock_eager": other}, {}, True))
+    assert any("cannot capture" in line for line in report.verdict({"stock_eager": served}, {}, True))
+    assert any("did not serve" in line for line in report.verdict({"stock_eager": raised}, {}, False))
+    lines = report.summary_lines({"configs": {"stock_eager": raised}, "comparisons": {}, "stock_raises": True,
+                                  "ok": True, "failures": []})
+    assert lines[0].startswith("PASS serve stock_eager raised on the embedding tap")
+
+
+def test_a_release_without_the_embedding_gets_a_pair_that_both_sides_can_serve(tmp_path):
+    """0.5.12: the draft's embedding tap becomes the lowest LayerOutput not declared; that copy's ids mean the same
+    layer inputs to the plugin and to 0.5.12's stock (+1 on every id), so it serves both, compared on round 1."""
+    d = tmp_path / "draft"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [-1, 0, 3]}}))
+    (d / "model.safetensors").write_bytes(b"weights")
+    ids = make_pair.write_without_embedding(str(d), str(tmp_path / "noemb"))
+    assert ids == [0, 1, 3] and make_pair.stock_ids(ids, "shift_all") == ids
+    pair = {"draft": str(d), "draft_stock": "s", "draft_noemb": str(tmp_path / "noemb")}
+    table = compare.config_table(pair, str(tmp_path))
+    assert table["plugin_noemb_graphs"]["draft"] == table["stock_noemb_graphs"]["draft"] == pair["draft_noemb"]
+    assert table["stock_noemb_graphs"]["env"] == {"EAGLE3_CAPTURE_DISABLE": "all"}
+    assert ("plugin_noemb_graphs", "stock_noemb_graphs") in report.PAIRS
+    # its stock server must serve (not raise) even where stock's embedding servers must raise
+    noemb_failed = {"ok": False, "error": f"TypeError: {report.STOCK_EMBEDDING_ERROR}", "cuda_graph": "on"}
+    assert any(line.startswith("stock_noemb_graphs: did not serve")
+               for line in report.verdict({"stock_noemb_graphs": noemb_failed}, {}, True))

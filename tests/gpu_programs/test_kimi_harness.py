@@ -137,3 +137,36 @@ def test_the_trained_draft_starts_from_the_servers_own_embedding_and_lm_head(tmp
     # lm_head rows moved in training from the server's rows of the hot tokens: close, not equal, at lr 2e-3 x 5 steps
     start = ends["lm_head.weight"][hot]
     assert torch.allclose(state["lm_head.weight"], start, atol=0.05) and not torch.equal(state["lm_head.weight"], start)
+
+
+def test_the_train_phase_reads_collects_state_and_leaves_the_draft_for_online(tmp_path):
+    """kimi_accept.py --phase train (no server): it refuses a state without collect's files or of another target,
+    and otherwise trains on STATE/train_data.pt and leaves STATE/draft_trained and train.json for the online phase
+    (which kimi_plan.py checks for)."""
+    import kimi_plan
+
+    state, out = tmp_path / "state", tmp_path / "out"
+    args = ["--out", str(out), "--phase", "train", "--state", str(state), "--small", "--layers", "8", "--device", "cpu",
+            "--train-iters", "3", "--prompts", "4", "--held-out", "1", "--prompt-len", "6", "--new-tokens", "4"]
+    with pytest.raises(SystemExit) as e:
+        kimi_accept.main(args)
+    assert e.value.code == 2
+    cfg = small()
+    a = type("A", (), {"prompts": 4, "held_out": 1, "prompt_len": 6})()
+    kimi_accept.write_target(cfg, str(state))
+    train_ps, held = kimi_accept.write_prompts(a, cfg, str(state))
+    g = torch.Generator().manual_seed(2)
+    seq = torch.tensor([p + [1, 2, 3, 4] for p in train_ps])
+    greedy = torch.roll(seq, -1, 1)
+    taps = torch.randn(4, seq.shape[1], 3 * cfg["hidden_size"], generator=g)
+    torch.save({"taps": taps, "seq": seq, "greedy": greedy}, state / "train_data.pt")
+    (state / "collect.json").write_text("{}")
+    assert kimi_plan.missing_files("online", str(state)) is not None
+    with pytest.raises(SystemExit) as e:  # another target than collect served
+        kimi_accept.main(args + ["--experts", "2"])
+    assert e.value.code == 2
+    assert kimi_accept.main(args) == 0
+    r = json.loads((out / "kimi_train.json").read_text())
+    assert r["ok"] and r["phase"] == "train" and r["train"]["train"]["iters"] == 3
+    assert os.path.exists(state / "draft_trained" / "model.safetensors")
+    assert kimi_plan.missing_files("online", str(state)) is None

@@ -18,10 +18,6 @@ import logging
 
 logger = logging.getLogger("e3_sglang_cpu")
 
-# sgl_kernel's TreeMaskMode values (FULL_MASK = 0, QLEN_ONLY = 1, QLEN_ONLY_BITPACKING = 2)
-FULL_MASK, QLEN_ONLY = 0, 1
-
-
 def has_kernels_package() -> bool:
     """SGLang 0.5.23's layout: the speculative kernels live in ``sglang.kernels.ops.speculative`` (spec_tree,
     cache_locs); 0.5.12 has no ``sglang.kernels``."""
@@ -31,108 +27,20 @@ def has_kernels_package() -> bool:
                for m in ("spec_tree", "cache_locs"))
 
 
-def build_tree_kernel_efficient_torch(parent_list, selected_index, verified_seq_len, tree_mask, positions,
-                                      retrive_index, retrive_next_token, retrive_next_sibling, topk, depth,
-                                      draft_token_num, tree_mask_mode=FULL_MASK):
-    """Torch-native ``sgl_kernel.build_tree_kernel_efficient`` (same argument order, outputs written in place).
+def _native():
+    """scripts/gpu_sglang/standins/sgl_kernel/native.py (torch only), where the tree kernels' torch versions live:
+    the GPU programs' sgl_kernel stand-in serves them to 0.5.12's CUDA path, this plugin to its CPU path."""
+    from .sgl_kernel_standin import STANDINS
 
-    For each request b: token 0 is the verified (bonus) token, tokens 1..D-1 the selected draft tokens
-    (``selected_index[b, i-1]`` indexes the flattened draft candidates, ``// topk`` gives its parent's entry in
-    ``parent_list``). Writes the retrieve index / first-child / next-sibling links, each token's position (seq_len
-    + its depth) and the attention mask among the draft tokens (each attends to itself and its ancestors)."""
-    mode = int(tree_mask_mode)
-    if mode not in (FULL_MASK, QLEN_ONLY):
-        raise NotImplementedError(f"e3_sglang_cpu: tree mask mode {mode} (bit-packed) has no torch stand-in")
-    D = int(draft_token_num)
-    bs = verified_seq_len.shape[0]
-    sel = selected_index.tolist()
-    par = parent_list.tolist()
-    seq = verified_seq_len.tolist()
-    prefix = 0
-    for b in range(bs):
-        s = int(seq[b])
-        sel_b, par_b = sel[b], par[b]
-
-        def parent_slot(cur):
-            """The draft slot (0-based among selected tokens) of slot `cur`'s parent, or None for the root."""
-            tb = sel_b[cur] // topk
-            if tb == 0:
-                return None
-            want = par_b[tb]
-            for cp in range(D - 1):
-                if sel_b[cp] == want:
-                    return cp
-            return -1  # parent not selected: the kernel stops walking there
-
-        # links: retrieve index, first child (next token), next sibling; children walked from the last one
-        for i in range(D - 1, 0, -1):
-            retrive_index[b, i] = b * D + i
-            p = parent_slot(i - 1)
-            if p == -1:
-                continue
-            pos = 0 if p is None else p + 1
-            prev = int(retrive_next_token[b, pos])
-            retrive_next_token[b, pos] = i
-            if prev != -1:
-                retrive_next_sibling[b, i] = prev
-        retrive_index[b, 0] = b * D
-        # positions and the mask
-        positions[b * D] = s
-        for t in range(D):
-            if mode == FULL_MASK:
-                row = D * D * b + prefix * D + (s + D) * t + s  # the token's own column among the draft columns
-            else:
-                row = D * D * b + D * t
-            tree_mask[row] = True
-            tree_mask[row + 1: row + D] = False
-            if t == 0:
-                continue
-            cur, depth_t = t - 1, 0
-            for _ in range(depth):
-                depth_t += 1
-                tree_mask[row + 1 + cur] = True
-                p = parent_slot(cur)
-                if p is None or p == -1:
-                    break
-                cur = p
-            positions[b * D + t] = s + depth_t
-        prefix += s
+    spec = importlib.util.spec_from_file_location("e3_sgl_kernel_native", f"{STANDINS}/sgl_kernel/native.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
-def verify_tree_greedy_torch(predicts, accept_index, accept_token_num, candidates, retrive_index,
-                             retrive_next_token, retrive_next_sibling, target_predict):
-    """Torch-native ``sgl_kernel.verify_tree_greedy``: walk each request's tree from the root, at each level take the
-    child whose draft token equals the target's greedy token at the last accepted node; record accepted indices
-    (``accept_index[b, 0]`` is the root), the number of accepted drafts, and the target's token at every accepted
-    node (the last one's is the bonus token)."""
-    bs, S = accept_index.shape
-    D = candidates.shape[1]
-    tgt = target_predict.reshape(-1).tolist()
-    cand = candidates.tolist()
-    ridx = retrive_index.tolist()
-    nxt = retrive_next_token.tolist()
-    sib = retrive_next_sibling.tolist()
-    for b in range(bs):
-        last = ridx[b][0]
-        accept_index[b, 0] = last
-        n, cur = 0, 0
-        for _ in range(1, S):
-            cur = nxt[b][cur]
-            target = tgt[last]
-            matched = False
-            while cur != -1:
-                if cand[b][cur] == target:
-                    predicts[last] = target
-                    n += 1
-                    accept_index[b, n] = ridx[b][cur]
-                    last = ridx[b][cur]
-                    matched = True
-                    break
-                cur = sib[b][cur]
-            if not matched:
-                break
-        accept_token_num[b] = n
-        predicts[last] = tgt[last]
+_NATIVE = _native()
+build_tree_kernel_efficient_torch = _NATIVE.build_tree_kernel_efficient
+verify_tree_greedy_torch = _NATIVE.verify_tree_greedy
 
 
 def verify_tree_greedy_func_hook(original, predicts, accept_index, accept_token_num, candidates, retrieve_index,

@@ -1,5 +1,13 @@
 """Training the demo's EAGLE-3 draft on the target's own greedy continuations (plain torch, a few hundred Adam
-steps on CPU), with the multi-step unroll EAGLE-3 trains with ("training-time test", see draft/model.py)."""
+steps on CPU), with the multi-step unroll EAGLE-3 trains with ("training-time test", see draft/model.py).
+
+The learning rate is per weight matrix, scaled by its fan-in: ``lr * min(1, lr_fan_in / fan_in)``. Adam moves
+every coordinate by about the learning rate whatever the gradient's size, so one step moves a matrix's output by
+about lr x fan_in: the same lr that trains a 256-wide draft smoothly moves a 7168-wide one's logits 28 times as
+far per step. At Kimi-K2.5's width (kimi_accept's draft, lr 2e-3) the loss fell for the warm-up, then climbed
+from 25.4 to 37 as the learning rate peaked (iteration 30 of 300) and only slowly recovered (2.25 at 300); the
+same lr x fan_in at 512 wide shows the same climb on the CPU. Scaled by fan-in, every width takes the steps the
+loop was tuned at (256 wide and below: unchanged). Vectors (norm weights, biases) keep the learning rate."""
 from __future__ import annotations
 
 import time
@@ -18,6 +26,7 @@ class TrainConfig:
     batch: int = 32
     steps: int = 3            # unrolled draft steps per anchor
     lr: float = 3e-3
+    lr_fan_in: int = 256      # a matrix whose fan-in is above this gets lr * lr_fan_in / fan_in (module docstring)
     weight_decay: float = 0.0
     step_decay: float = 0.8   # loss weight of step j: step_decay ** (j-1)
     seed: int = 0
@@ -77,6 +86,25 @@ def step_losses(draft: Eagle3Draft, taps: torch.Tensor, seq: torch.Tensor, greed
     return draft.unroll(taps[:, : T - steps], seq[:, 1:], steps, use_op=use_op)
 
 
+def fan_in_lr(p: torch.Tensor, lr: float, lr_fan_in: int) -> float:
+    """The learning rate of one parameter: a matrix's scaled down by its fan-in above ``lr_fan_in``, a vector's
+    unchanged."""
+    if p.dim() < 2 or p.shape[1] <= lr_fan_in:
+        return lr
+    return lr * lr_fan_in / p.shape[1]
+
+
+def param_groups(draft: Eagle3Draft, lr: float, lr_fan_in: int) -> List[dict]:
+    """The trainable parameters in one optimizer group per learning rate (:func:`fan_in_lr`)."""
+    if not (isinstance(lr_fan_in, int) and lr_fan_in >= 1) or not lr > 0:
+        raise ValueError(f"lr must be > 0 and lr_fan_in an integer >= 1, got {lr!r}, {lr_fan_in!r}")
+    by_lr: dict = {}
+    for p in draft.parameters():
+        if p.requires_grad:
+            by_lr.setdefault(fan_in_lr(p, lr, lr_fan_in), []).append(p)
+    return [{"params": ps, "lr": v} for v, ps in sorted(by_lr.items(), reverse=True)]
+
+
 def train_draft(draft: Eagle3Draft, taps: torch.Tensor, seq: torch.Tensor, greedy: torch.Tensor,
                 cfg: TrainConfig, progress: Optional[Callable[[int, float], None]] = None) -> dict:
     """Train on taps [N, T, K*H], sequences [N, T], target greedy tokens [N, T] (the label of step j at anchor t is
@@ -85,8 +113,10 @@ def train_draft(draft: Eagle3Draft, taps: torch.Tensor, seq: torch.Tensor, greed
     curve, iterations run, seconds)."""
     gen = torch.Generator().manual_seed(cfg.seed)
     params = [p for p in draft.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=cfg.iters, pct_start=0.1)
+    groups = param_groups(draft, cfg.lr, cfg.lr_fan_in)
+    opt = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=[g["lr"] for g in groups], total_steps=cfg.iters,
+                                                pct_start=0.1)
     N, T = seq.shape
     S = cfg.steps
     to_draft = label_map(draft)
@@ -125,4 +155,5 @@ def train_draft(draft: Eagle3Draft, taps: torch.Tensor, seq: torch.Tensor, greed
             "loss_curve": losses[:: max(1, len(losses) // 50)]}
 
 
-__all__ = ["TrainConfig", "init_draft_from_target", "train_draft", "step_losses", "label_map", "draft_labels", "IGNORE"]
+__all__ = ["TrainConfig", "init_draft_from_target", "train_draft", "step_losses", "label_map", "draft_labels", "IGNORE",
+           "fan_in_lr", "param_groups"]

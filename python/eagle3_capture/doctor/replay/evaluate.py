@@ -17,22 +17,35 @@ from ..sglang_model.serving import Served, chain_accepted, tree_accepted_taps, w
 
 @torch.no_grad()
 def chain_correct_taps(draft, taps: torch.Tensor, seq: torch.Tensor, greedy: torch.Tensor, steps: int,
-                       first_anchor: int, use_op: bool = True) -> torch.Tensor:
+                       first_anchor: int, use_op: bool = True, with_top2: bool = False):
     """Correctness [B, A, steps] of the draft chain at anchors first_anchor..T-1-steps.
 
     taps: [B, T, K*H] the residual stream at the draft's taps; seq: [B, T] tokens; greedy: [B, T] the target's
-    greedy token after each position."""
+    greedy token after each position. ``with_top2``: also the draft's top two logits at each anchor and step and
+    their target ids ([B, A, steps, 2] each; the first is the argmax the proposal is), for near-ties."""
     B, T = seq.shape
     A = T - steps - first_anchor
     if A <= 0:
-        return torch.zeros(B, 0, steps, dtype=torch.bool)
+        empty = torch.zeros(B, 0, steps, dtype=torch.bool)
+        return (empty, torch.zeros(B, 0, steps, 2), torch.zeros(B, 0, steps, 2, dtype=torch.int64)) if with_top2 \
+            else empty
     x = taps[:, : T - steps].to(next(draft.parameters()).dtype)
     logits = draft.unroll(x, seq[:, 1:], steps, use_op=use_op)
-    out = []
+    out, vals, ids = [], [], []
     for j, lg in enumerate(logits, start=1):
-        pred = draft.to_target_ids(lg.argmax(-1))
+        top = lg.argmax(-1)
+        pred = draft.to_target_ids(top)
         out.append((pred == greedy[:, j: j + T - steps])[:, first_anchor:])
-    return torch.stack(out, -1).cpu()
+        if with_top2:  # the runner-up: the best of the rest (argmax's own choice among exact ties stays the proposal)
+            rest = lg.scatter(-1, top[..., None], float("-inf"))
+            second = rest.argmax(-1)
+            v = torch.stack([lg.gather(-1, top[..., None])[..., 0], rest.gather(-1, second[..., None])[..., 0]], -1)
+            vals.append(v[:, first_anchor:].float())
+            ids.append(torch.stack([pred, draft.to_target_ids(second)], -1)[:, first_anchor:])
+    correct = torch.stack(out, -1).cpu()
+    if with_top2:
+        return correct, torch.stack(vals, 2).cpu(), torch.stack(ids, 2).cpu()
+    return correct
 
 
 @dataclass
@@ -47,6 +60,10 @@ class PromptRun:
     expected: Optional[torch.Tensor] = None  # the target's own token at each position (outputs are checked
     #                                          against it); seq when None
     bad: Optional[BadRows] = None  # rows of its taps that are bad data: the run is left out of every figure
+    top_vals: Optional[torch.Tensor] = None  # [A, S, 2] the draft's top two logits per anchor and step (chains)
+    top_ids: Optional[torch.Tensor] = None   # [A, S, 2] their target ids
+    labels: Optional[torch.Tensor] = None    # [A, S] the token each step was checked against
+    dtype: Optional[torch.dtype] = None      # the taps' dtype (the server's, for a dump): the rounding resolution
 
 
 def unserved_reason(res) -> Optional[str]:
@@ -106,7 +123,10 @@ def evaluate(target_side, draft, prompts: List[List[int]], spec: TapSpec, S: int
         dev = next(draft.parameters()).device
         seq, greedy, taps = b.seq.to(dev), b.greedy.to(dev), b.taps.to(dev)
         P = b.prompt_len
-        c = chain_correct_taps(draft, taps, seq, greedy, S, first_anchor=P - 1, use_op=True)
+        c, top_vals, top_ids = chain_correct_taps(draft, taps, seq, greedy, S, first_anchor=P - 1, use_op=True,
+                                                  with_top2=True)
+        T = seq.shape[1]
+        labels = torch.stack([greedy[:, j: j + T - S] for j in range(1, S + 1)], -1)[:, P - 1:].cpu()
         acc = None
         if predict:
             if res.topk == 1:
@@ -117,7 +137,8 @@ def evaluate(target_side, draft, prompts: List[List[int]], spec: TapSpec, S: int
         for j, i in enumerate(b.indices):
             runs[i] = PromptRun(prompts[i], b.seq[j].cpu(), c[j], None if acc is None else acc[j],
                                 None if b.expected is None else b.expected[j].cpu(),
-                                bad_taps(b.taps[j], spec, target_side.prompt_name(i)))
+                                bad_taps(b.taps[j], spec, target_side.prompt_name(i)), top_vals[j], top_ids[j],
+                                labels[j], b.taps.dtype)
     missing = [i for i, r in enumerate(runs) if r is None]
     if missing:
         raise RuntimeError(f"the target side gave no sequence for prompt {missing[0]}")

@@ -37,6 +37,9 @@ class StreamedPrompt:
     seq: torch.Tensor          # [T] token ids: prompt + continuation, as far as known
     greedy: torch.Tensor       # [T] the target's greedy token after each position (-1: unknown)
     parts: RequestParts        # where the teacher-forced request's rows are in the dump
+    forced: Optional[torch.Tensor] = None     # [T] a server's teacher-forced argmax after each position
+    runner_up: Optional[torch.Tensor] = None  # [T] its second token (-1: unknown)
+    gap: Optional[torch.Tensor] = None        # [T] float64: the logprob gap between the two (nan: unknown)
 
 
 def taps_of(parts: RequestParts, wanted: List[int], rows: int, notes: List[str]) -> torch.Tensor:

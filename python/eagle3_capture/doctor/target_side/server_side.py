@@ -8,10 +8,15 @@ After the prompts are served (``sglang_model.http.generate``), per prompt:
 2. the teacher-forced pass of the dump format: ``prompt + continuation + extension`` as one prefill, with
    ``rid`` ``eagle3-doctor-<run>-<i>`` (the plugin dumps the residual stream of forwards holding such a request),
    ``return_logprob``, ``logprob_start_len`` 0 (which also keeps SGLang from reusing its prefix cache, so every row
-   is computed) and ``top_logprobs_num`` 1: ``input_top_logprobs`` gives the target's greedy token at every
-   position, computed as a verify computes it;
+   is computed) and ``top_logprobs_num`` 2: ``input_top_logprobs`` gives the target's two best tokens at every
+   position and their logprob gap, computed by another pass than the verifies';
 3. the dump directory is read until every teacher-forced request's rows are there (the plugin writes in the
    background).
+
+The replay follows the path the server served: each draft step's label is the served token (the verify pass's own
+argmax; past the output, the extension's), not the teacher-forced argmax, which may differ at a bf16 near-tie
+(two passes of different shapes round differently; replay/near_ties.py lists those). The teacher-forced argmax is
+what the outputs are checked against (lossless), a near-tie aside.
 
 The dump directory is the one the server was started with (``EAGLE3_CAPTURE_DUMP``): the doctor reads the files,
 so it must see the server's filesystem.
@@ -41,6 +46,13 @@ STALL_S = 30.0
 
 def greedy_from_logprobs(obj, what: str, T: int) -> torch.Tensor:
     """[T]: the top-1 token after each of the T input positions, from a /generate answer with input_top_logprobs."""
+    return top2_from_logprobs(obj, what, T)[0]
+
+
+def top2_from_logprobs(obj, what: str, T: int):
+    """([T] top-1 token, [T] runner-up (-1: not given), [T] float64 logprob gap top-1 - runner-up (nan: not given))
+    after each of the T input positions, from a /generate answer with input_top_logprobs (top_logprobs_num 1 or
+    2); after the last position, the generated token (no runner-up)."""
     if isinstance(obj, list) and len(obj) == 1:
         obj = obj[0]
     meta = obj.get("meta_info") if isinstance(obj, dict) else None
@@ -55,6 +67,8 @@ def greedy_from_logprobs(obj, what: str, T: int) -> torch.Tensor:
     if not isinstance(out, list) or not out or not isinstance(out[0], int):
         raise DoctorError(f"{what}: no output_ids in the answer")
     greedy = torch.full((T,), -1, dtype=torch.int64)
+    second = torch.full((T,), -1, dtype=torch.int64)
+    gap = torch.full((T,), float("nan"), dtype=torch.float64)
     for t in range(1, T):
         e = top[t]
         try:
@@ -63,10 +77,18 @@ def greedy_from_logprobs(obj, what: str, T: int) -> torch.Tensor:
             tok = None
         if not isinstance(tok, int) or isinstance(tok, bool):
             raise DoctorError(f"{what}: input_top_logprobs[{t}] is {str(e)[:80]!r}; expected [[logprob, token id, "
-                              "text]] (top_logprobs_num 1)")
+                              "text], ...] (top_logprobs_num 1 or 2)")
         greedy[t - 1] = tok
+        if len(e) > 1:
+            try:
+                (lp1, lp2), tok2 = (float(e[0][0]), float(e[1][0])), e[1][1]
+            except (TypeError, IndexError, KeyError, ValueError):
+                raise DoctorError(f"{what}: input_top_logprobs[{t}] is {str(e)[:80]!r}; expected [[logprob, token "
+                                  "id, text], [logprob, token id, text]]") from None
+            if isinstance(tok2, int) and not isinstance(tok2, bool):
+                second[t - 1], gap[t - 1] = tok2, lp1 - lp2
     greedy[T - 1] = out[0]
-    return greedy
+    return greedy, second, gap
 
 
 class ServerTarget(StreamTarget):
@@ -110,12 +132,11 @@ class ServerTarget(StreamTarget):
                                   f"the target's vocabulary ({vocab_size}): the server runs another model")
             return ids + ext
 
-        def force(i: int, ids: List[int]) -> torch.Tensor:
+        def force(i: int, ids: List[int]):
             body = {"input_ids": ids, "rid": f"{DOCTOR_RID_PREFIX}{run}-{i}",
                     "sampling_params": {"temperature": 0, "max_new_tokens": 1, "ignore_eos": True},
-                    "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 1}
-            return greedy_from_logprobs(send(body, "prefill"), f"--server {base}, teacher-forced prompt {i}",
-                                         len(ids))
+                    "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 2}
+            return top2_from_logprobs(send(body, "prefill"), f"--server {base}, teacher-forced prompt {i}", len(ids))
 
         bar = progress_bar(2 * n, "teacher-forced pass", "request", progress)
         with ThreadPoolExecutor(max_workers=max(1, min(concurrency, n))) as pool:
@@ -132,16 +153,32 @@ class ServerTarget(StreamTarget):
         found = wait_for_requests(dump_dir, rids, [torch.tensor(s) for s in seqs], timeout, progress)
         where = f"--dump {dump_dir}"
         info = info_from_dump(found, where, checkpoint_config, vocab_size)
-        streamed = [StreamedPrompt(torch.tensor(s, dtype=torch.int64), g, p) for s, g, p in zip(seqs, greedy, found)]
+        streamed = []
+        for i, (s, (g, second, gap), p) in enumerate(zip(seqs, greedy, found)):
+            x = torch.tensor(s, dtype=torch.int64)
+            served = torch.full_like(x, -1)
+            P = len(prompts[i])
+            served[P - 1:-1] = x[P:]       # the served path: the token after each position is the one served
+            served[-1] = g[-1]
+            streamed.append(StreamedPrompt(x, served, p, g, second, gap))
         target = cls(f"server {url} (its residual stream, dump {dump_dir})", info, streamed, tokenizer)
         target.run = run
-        disagree = [i for i, (s, g) in enumerate(zip(seqs, greedy)) if s[len(prompts[i]) + len(outputs[i]):]
+        disagree = [i for i, (s, (g, _, _)) in enumerate(zip(seqs, greedy)) if s[len(prompts[i]) + len(outputs[i]):]
                     != g[len(prompts[i]) + len(outputs[i]) - 1:-1].tolist()]
         if disagree:
             target.notes.append(f"{len(disagree)} prompt(s) (first {disagree[0]}): the extension's greedy tokens "
                                 "differ from the teacher-forced pass's (near-ties in the logits: two passes of "
                                 "different shapes)")
         return target
+
+    def batch(self, prompts, members, continuation, wanted):
+        """The stream target's batch, its ``expected`` from the teacher-forced argmax (what the served outputs are
+        checked against), its labels the served path."""
+        b = super().batch(prompts, members, continuation, wanted)
+        T = b.seq.shape[1]
+        forced = torch.stack([self.streamed[i].forced[:T] for i in members])
+        b.expected = torch.cat([b.seq[:, :1], forced[:, :-1]], 1)
+        return b
 
 
 def _has(parts: Optional[RequestParts], n: int) -> bool:
@@ -227,4 +264,4 @@ def wait_for_requests(dump_dir: str, rids: List[str], seqs: List[torch.Tensor], 
     return found
 
 
-__all__ = ["ServerTarget", "wait_for_requests"]
+__all__ = ["ServerTarget", "wait_for_requests", "greedy_from_logprobs", "top2_from_logprobs"]

@@ -11,5 +11,20 @@ __version__ = "0.0.0+e3standin"  # SGLang's version check is skipped (SGLANG_SKI
 __all__ = list(_EXPORTS)
 STANDIN = True
 
+def _define_ops():
+    """sgl_kernel's torch op namespace for the ops SGLang names at import (native.OPS), on every backend."""
+    import torch
+
+    from . import native
+
+    lib = torch.library.Library("sgl_kernel", "FRAGMENT")
+    for name, schema in native.OPS.items():
+        lib.define(name + schema)
+        fn = getattr(native, name)
+        lib.impl(name, lambda *a, _fn=fn: list(_fn(*a)), "CompositeExplicitAutograd")
+    return lib
+
+
+_LIB = _define_ops()  # kept alive: the ops live as long as the library object
 _stubs.install_finder(__name__)
 __getattr__ = _stubs.module_getattr(__name__)

@@ -301,9 +301,165 @@ def is_arch_support_pdl() -> bool:
     return torch.cuda.get_device_capability(torch.cuda.current_device())[0] >= 9
 
 
+def moe_fused_gate(input_tensor: torch.Tensor, bias: torch.Tensor, num_expert_group: int, topk_group: int, topk: int,
+                   num_fused_shared_experts: int = 0, routed_scaling_factor: float = 1.0,
+                   apply_routed_scaling_factor_on_output: bool = False):
+    """DeepSeek's biased grouped top-k (SGLang 0.5.12 calls it on CUDA for a sigmoid router whose experts are a power
+    of two, at most 32 per group): sigmoid scores, choice = score + bias, the groups with the largest sum of their
+    two best choices, the top-k choices among those groups; weights are the chosen experts' scores renormalised to
+    sum 1 (x routed_scaling_factor when apply_routed_scaling_factor_on_output). Returns (weights float32 [T, topk],
+    ids int32 [T, topk]). A fused shared expert (only for 256-expert checkpoints) is not stood in for."""
+    _need_tensor("input_tensor", input_tensor, 2, floating=True)
+    _need_tensor("bias", bias, 1, floating=True)
+    T, E = input_tensor.shape
+    if num_fused_shared_experts:
+        raise NotImplementedError("moe_fused_gate stand-in: num_fused_shared_experts > 0 (SGLang fuses a shared expert "
+                                  "only for 256 routed experts) is not implemented")
+    if bias.numel() != E or E % num_expert_group or not 1 <= topk_group <= num_expert_group or not 1 <= topk <= E:
+        raise ValueError(f"moe_fused_gate: {E} experts, bias {tuple(bias.shape)}, {num_expert_group} groups, "
+                         f"topk_group {topk_group}, topk {topk}")
+    scores = input_tensor.float().sigmoid()
+    choice = scores + bias.float()[None]
+    per = E // num_expert_group
+    group = choice.view(T, num_expert_group, per).topk(min(2, per), dim=-1)[0].sum(-1)
+    keep = torch.zeros_like(group, dtype=torch.bool).scatter_(1, group.topk(topk_group, dim=-1)[1], True)
+    choice = choice.masked_fill(~keep[:, :, None].expand(T, num_expert_group, per).reshape(T, E), float("-inf"))
+    ids = choice.topk(topk, dim=-1)[1]
+    w = scores.gather(1, ids)
+    w = w / w.sum(-1, keepdim=True)
+    if apply_routed_scaling_factor_on_output:
+        w = w * routed_scaling_factor
+    return w.float(), ids.to(torch.int32)
+
+
+def fast_topk(values: torch.Tensor, topk: int, dim: int):
+    """(values, indices) of the top-k along dim; k = 1 as a max with the dim kept (SGLang's own torch fallback)."""
+    if topk == 1:
+        return torch.max(values, dim=dim, keepdim=True)
+    return torch.topk(values, topk, dim=dim)
+
+
+# The speculative tree kernels SGLang 0.5.12 calls on its EAGLE path (eagle_utils.build_tree_kernel_efficient after
+# the draft graph's replay, verify_tree_greedy_func after the verify forward: both outside CUDA graphs). Unlike the
+# functions above they walk each request's tree in Python (host syncs): eager only, a few draft tokens per request.
+# sgl_kernel's TreeMaskMode values (FULL_MASK = 0, QLEN_ONLY = 1, QLEN_ONLY_BITPACKING = 2)
+FULL_MASK, QLEN_ONLY = 0, 1
+
+
+def build_tree_kernel_efficient(parent_list, selected_index, verified_seq_len, tree_mask, positions,
+                                      retrive_index, retrive_next_token, retrive_next_sibling, topk, depth,
+                                      draft_token_num, tree_mask_mode=FULL_MASK):
+    """Torch-native ``sgl_kernel.build_tree_kernel_efficient`` (same argument order, outputs written in place).
+
+    For each request b: token 0 is the verified (bonus) token, tokens 1..D-1 the selected draft tokens
+    (``selected_index[b, i-1]`` indexes the flattened draft candidates, ``// topk`` gives its parent's entry in
+    ``parent_list``). Writes the retrieve index / first-child / next-sibling links, each token's position (seq_len
+    + its depth) and the attention mask among the draft tokens (each attends to itself and its ancestors)."""
+    mode = int(tree_mask_mode)
+    if mode not in (FULL_MASK, QLEN_ONLY):
+        raise NotImplementedError(f"build_tree_kernel_efficient stand-in: tree mask mode {mode} (bit-packed) has no torch stand-in")
+    D = int(draft_token_num)
+    bs = verified_seq_len.shape[0]
+    sel = selected_index.tolist()
+    par = parent_list.tolist()
+    seq = verified_seq_len.tolist()
+    prefix = 0
+    for b in range(bs):
+        s = int(seq[b])
+        sel_b, par_b = sel[b], par[b]
+
+        def parent_slot(cur):
+            """The draft slot (0-based among selected tokens) of slot `cur`'s parent, or None for the root."""
+            tb = sel_b[cur] // topk
+            if tb == 0:
+                return None
+            want = par_b[tb]
+            for cp in range(D - 1):
+                if sel_b[cp] == want:
+                    return cp
+            return -1  # parent not selected: the kernel stops walking there
+
+        # links: retrieve index, first child (next token), next sibling; children walked from the last one
+        for i in range(D - 1, 0, -1):
+            retrive_index[b, i] = b * D + i
+            p = parent_slot(i - 1)
+            if p == -1:
+                continue
+            pos = 0 if p is None else p + 1
+            prev = int(retrive_next_token[b, pos])
+            retrive_next_token[b, pos] = i
+            if prev != -1:
+                retrive_next_sibling[b, i] = prev
+        retrive_index[b, 0] = b * D
+        # positions and the mask
+        positions[b * D] = s
+        for t in range(D):
+            if mode == FULL_MASK:
+                row = D * D * b + prefix * D + (s + D) * t + s  # the token's own column among the draft columns
+            else:
+                row = D * D * b + D * t
+            tree_mask[row] = True
+            tree_mask[row + 1: row + D] = False
+            if t == 0:
+                continue
+            cur, depth_t = t - 1, 0
+            for _ in range(depth):
+                depth_t += 1
+                tree_mask[row + 1 + cur] = True
+                p = parent_slot(cur)
+                if p is None or p == -1:
+                    break
+                cur = p
+            positions[b * D + t] = s + depth_t
+        prefix += s
+
+
+def verify_tree_greedy(predicts, accept_index, accept_token_num, candidates, retrive_index,
+                             retrive_next_token, retrive_next_sibling, target_predict):
+    """Torch-native ``sgl_kernel.verify_tree_greedy``: walk each request's tree from the root, at each level take the
+    child whose draft token equals the target's greedy token at the last accepted node; record accepted indices
+    (``accept_index[b, 0]`` is the root), the number of accepted drafts, and the target's token at every accepted
+    node (the last one's is the bonus token)."""
+    bs, S = accept_index.shape
+    D = candidates.shape[1]
+    tgt = target_predict.reshape(-1).tolist()
+    cand = candidates.tolist()
+    ridx = retrive_index.tolist()
+    nxt = retrive_next_token.tolist()
+    sib = retrive_next_sibling.tolist()
+    for b in range(bs):
+        last = ridx[b][0]
+        accept_index[b, 0] = last
+        n, cur = 0, 0
+        for _ in range(1, S):
+            cur = nxt[b][cur]
+            target = tgt[last]
+            matched = False
+            while cur != -1:
+                if cand[b][cur] == target:
+                    predicts[last] = target
+                    n += 1
+                    accept_index[b, n] = ridx[b][cur]
+                    last = ridx[b][cur]
+                    matched = True
+                    break
+                cur = sib[b][cur]
+            if not matched:
+                break
+        accept_token_num[b] = n
+        predicts[last] = tgt[last]
+
+
 # the functions the stand-in package exports by name
 EXPORTS = ("rmsnorm", "fused_add_rmsnorm", "gemma_rmsnorm", "gemma_fused_add_rmsnorm", "silu_and_mul", "gelu_and_mul",
            "gelu_tanh_and_mul", "moe_sum_reduce", "moe_align_block_size", "top_k_renorm_prob", "top_p_renorm_prob",
-           "top_k_renorm_probs", "top_p_renorm_probs", "weak_ref_tensor")
+           "top_k_renorm_probs", "top_p_renorm_probs", "weak_ref_tensor", "moe_fused_gate", "fast_topk", "build_tree_kernel_efficient",
+           "verify_tree_greedy")
+
+# torch ops sgl_kernel registers that SGLang names at import time (0.5.12's topk.py registers a fake for
+# sgl_kernel::moe_fused_gate on CUDA, which needs the op to exist): their schemas and the implementations above
+OPS = {"moe_fused_gate": "(Tensor input_tensor, Tensor bias, int num_expert_group, int topk_group, int topk, "
+                         "int num_fused_shared_experts=0, float routed_scaling_factor=0, "
+                         "bool apply_routed_scaling_factor_on_output=False) -> Tensor[]"}
 
 __all__ = list(EXPORTS)
