@@ -42,8 +42,11 @@ CHAIN = (3, 1, 4)   # num-steps, eagle-topk, num-draft-tokens: SGLang's auto val
 TREE = (3, 2, 6)
 ENGINE_TIMEOUT_S = 900
 
+# OMP_NUM_THREADS=1: one torch thread a server process (a TP rank included). Servers run two at a time on two cores
+# (engine_runs.py), beside their clients; without sgl_kernel's AMX path SGLang binds no threads on the CPU, and
+# torch's two OpenMP threads per process would oversubscribe the cores and spin between ops.
 BASE_ENV = {"E3_SGLANG_CPU_STANDINS": "1", "TRITON_INTERPRET": "1", "TORCHDYNAMO_DISABLE": "1",
-            "PYTHONUNBUFFERED": "1"}
+            "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 # SGLang's scheduler polls for requests in a busy loop unless told to sleep when idle (every release 0.5.12-0.5.23
 # has the flag; it waits on its sockets, so a request wakes it at once): without it each server burns a core while
 # it waits for the doctor or the tests, which two servers at a time on two cores cannot afford (serve.py passes
