@@ -168,7 +168,14 @@ def _copy_missing(target: Path, meta: str, depth: int = 4) -> List[str]:
 
 
 def _import_check(target: Path, version: str) -> str:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(target), os.environ.get("PYTHONPATH")) if p))
+    """Whether the release imports beside this torch as on a GPU server, which has sglang-kernel and the CuTe DSL:
+    their import-only stand-ins (e3_sglang_cpu.sgl_kernel_standin) last on the path, for a release that imports
+    them whatever the device (0.5.15 imports cutlass)."""
+    from e3_sglang_cpu import sgl_kernel_standin
+
+    standins = sgl_kernel_standin.make_folder(str(target.parent / "import_standins"))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(target), os.environ.get("PYTHONPATH"),
+                                                                   standins) if p))
     check = ("import warnings; warnings.filterwarnings('ignore'); import sglang, transformers; "
              "import sglang.srt.models.deepseek_v2, sglang.srt.plugins.hook_registry; "
              "print(sglang.__version__, transformers.__version__)")

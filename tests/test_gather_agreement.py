@@ -110,7 +110,7 @@ def test_each_gloo_collective_returns_after_gloos_worker_let_go():
     in a ValueError, a good gather -- returns only once the work has been dropped, however late: a process that
     ends right after any of them is not finalizing while gloo's worker takes the GIL (which aborted it:
     gather_agreement says why)."""
-    res = _ok(spawn(2, w.released_before_return, timeout=120))
+    res = _ok(spawn(2, w.released_before_return, timeout=120, method="spawn")  # a fresh interpreter's teardown)
     for rank, ((alone, while_held), setup, kind, error, gather, warnings) in res.items():
         assert while_held == alone + 1, f"rank {rank}: {alone} Python references alone, {while_held} with a work"
         assert kind == "ValueError", (rank, kind)
@@ -128,6 +128,6 @@ def test_the_issue_script_exits_cleanly_every_time():
     process exits with code 0."""
     for i in range(RUNS):
         codes = []
-        res = _ok(spawn(2, w.error_then_exit, timeout=120, exit_codes=codes))
+        res = _ok(spawn(2, w.error_then_exit, timeout=120, exit_codes=codes, method="spawn"))  # its teardown
         assert all(kind == "ValueError" for kind in res.values()), res
         assert codes == [0, 0], f"run {i}: exit codes {codes}"

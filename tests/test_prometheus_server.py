@@ -50,7 +50,7 @@ def serve_multiprocess_dir(path: str):
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=path)
     server = make_server("127.0.0.1", 0, make_wsgi_app(registry), server_class=Threading, handler_class=Quiet)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
     return server
 
 

@@ -78,7 +78,8 @@ class FakeSGLang:
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self._serve = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        # shutdown() waits for serve_forever's next poll (0.5 s by default)
+        self._serve = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
 
     def __enter__(self) -> "FakeSGLang":
         self._serve.start()
