@@ -26,6 +26,8 @@ histograms, the plugin's startup and self-test lines, what the capture dump hold
 warm-ups), the metrics plugin_metrics exported, and tokens/s per timed round with median and min/max per
 configuration and the ratios plugin_graphs / stock_graphs and plugin_metrics / stock_graphs per round (report.py).
 A configuration that fails is reported with its error and the tail of its log, and the rest still run.
+``--device cpu`` is a dry run on SGLang's CPU path (the CPU engine tests' stand-ins): the same table, every server
+with graphs off (there are none on the CPU), one after another.
 
     python scripts/gpu_sglang/compare.py --pair DIR --out DIR [--budget-s 400] [--rounds 5] [--result PATH]
         [--only NAMES]
@@ -59,7 +61,18 @@ ORDER = ("plugin_eager", "plugin_graphs", "stock_graphs", "plugin_metrics", "sto
 NOEMB = ("plugin_noemb_graphs", "stock_noemb_graphs")
 DUMP_MAX = 32
 
-def config_table(pair: dict, out: str) -> Dict[str, dict]:
+def config_table(pair: dict, out: str, device: str = "cuda") -> Dict[str, dict]:
+    """Every configuration's CUDA-graph mode, draft and plugin switches. On the CPU (a dry run: no CUDA graphs there)
+    every configuration is served with graphs off under its own name, so the dry run goes through the GPU run's
+    whole table -- the metrics server and the no-embedding pair included -- and each run's JSON says graphs off."""
+    table = _configs(pair, out)
+    if device == "cpu":
+        for cfg in table.values():
+            cfg["graph"] = "off"
+    return table
+
+
+def _configs(pair: dict, out: str) -> Dict[str, dict]:
     dumps = os.path.join(out, "dumps")
     return {
         # eager: every forward runs the hooks, DUMP_MAX reaches past the first prefills into served traffic
@@ -106,15 +119,50 @@ def config_graph(name: str) -> str:
     return "off" if name.endswith("_eager") else "on"
 
 
+# a dry run's folder of import-only stand-ins per PYTHONPATH ("" when that SGLang release needs none)
+_CPU_KERNEL_STANDIN: Dict[str, str] = {}
+_NEEDS_KERNEL_STANDIN = """
+import os, sys
+from e3_sglang_cpu import sgl_kernel_standin as s
+modules = s.needed_modules()
+print(s.make_folder(os.path.join(sys.argv[1], "+".join(modules)), modules) if modules else "")
+"""
+
+
+def cpu_kernel_standin(env: Dict[str, str]) -> str:
+    """A CPU dry run of a release that imports sgl_kernel whatever the device (0.5.12: its memory pool, reached from
+    the scheduler) needs the import-only sgl_kernel on its servers' path, as the release smoke's servers get it
+    (tests/sglang_cpu_plugin/e3_sglang_cpu/sgl_kernel_standin.py); later releases must not see it (they would take
+    it for the real one). Decided once per PYTHONPATH in a child process with the servers' environment (this
+    process never imports SGLang): a folder holding only the stand-ins that release needs (one folder per set, so
+    one release's never reach another's path), or "" when it needs none."""
+    key = env.get("PYTHONPATH", "")
+    if key not in _CPU_KERNEL_STANDIN:
+        root = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"e3-import-standins-{os.getuid()}")
+        p = subprocess.run([sys.executable, "-c", _NEEDS_KERNEL_STANDIN, root], capture_output=True, text=True,
+                           env=env, cwd=REPO, timeout=300)
+        if p.returncode != 0:
+            raise RuntimeError(f"checking whether this SGLang needs the import-only sgl_kernel failed (exit "
+                               f"{p.returncode}): {p.stderr[-1500:]}")
+        lines = p.stdout.strip().splitlines()
+        _CPU_KERNEL_STANDIN[key] = lines[-1] if lines else ""
+    return _CPU_KERNEL_STANDIN[key]
+
+
 def child_env(extra: Dict[str, str], device: str = "cuda") -> Dict[str, str]:
     """The server's environment: on CUDA the compiled-package stand-ins importable in every SGLang process and the
-    kernel version check off; the plugin's switches unset unless the configuration sets them."""
+    kernel version check off; on the CPU the CPU engine tests' stand-ins (and the import-only sgl_kernel where the
+    release needs it, :func:`cpu_kernel_standin`); the plugin's switches unset unless the configuration sets
+    them."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("EAGLE3_CAPTURE")}
     if device == "cuda":
         env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), STANDINS) if p)
         env.update(CUDA_ENV)
     else:
         env.update(CPU_DRY_RUN_ENV)
+        folder = cpu_kernel_standin(env)
+        if folder:
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), folder) if p)
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)
     return env
@@ -455,7 +503,8 @@ def main(argv=None) -> int:
     p.add_argument("--result", default=None, help="write the result JSON here too")
     p.add_argument("--command", default=None, help="the command line to record in the result")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                   help="cpu: a dry run of the pipeline on SGLang's CPU path (the *_eager configurations only)")
+                   help="cpu: a dry run of the pipeline on SGLang's CPU path (every configuration with graphs off, "
+                        "one server after another)")
     p.add_argument("--rejudge", action="store_true",
                    help="serve nothing: read the runs already under --out (e.g. a GPU run's logs.tar.gz, unpacked) "
                         "and judge them with this code")
@@ -464,8 +513,6 @@ def main(argv=None) -> int:
     unknown = [n for n in names if n not in ORDER + NOEMB]
     if unknown:
         p.error(f"--only: unknown configuration(s) {unknown}; expected some of {list(ORDER)}")
-    if a.device == "cpu" and any(config_graph(n) == "on" for n in names):
-        p.error("--device cpu runs no CUDA graphs: choose the *_eager configurations with --only")
     if a.rounds < 1 or a.eager_rounds < 1 or a.timed_repeats < 0:
         p.error(f"--rounds and --eager-rounds must be >= 1 and --timed-repeats >= 0; got {a.rounds}, "
                 f"{a.eager_rounds}, {a.timed_repeats}")
@@ -499,15 +546,15 @@ def main(argv=None) -> int:
     if pair.get("reference") and os.path.exists(pair["reference"]):
         with open(pair["reference"]) as f:
             reference = json.load(f)["outputs"]
-    table = config_table(pair, a.out)
+    table = config_table(pair, a.out, a.device)
     if pair.get("draft_noemb"):  # the release cannot capture the embedding: its plugin = stock pair runs too
-        names += [n for n in NOEMB if n not in names and a.device == "cuda"]
+        names += [n for n in NOEMB if n not in names]
     elif any(n in NOEMB for n in names):
         log(f"no draft without the embedding in {a.pair}: {', '.join(NOEMB)} left out")
         names = [n for n in names if n not in NOEMB]
     side = (a.side_by_side or ("on" if a.device == "cuda" else "off")) == "on"
     servers = [Server(n, table[n], pair, a.out, a.timed_repeats, pair["new_tokens"], a.device, side,
-                      0 if n in NOEMB else a.rounds if config_graph(n) == "on" else a.eager_rounds, a.mem_fraction)
+                      0 if n in NOEMB else a.rounds if table[n]["graph"] == "on" else a.eager_rounds, a.mem_fraction)
                for n in names]  # the no-embedding pair is compared on round 1 only: no timed rounds
     skipped, schedule = {}, None
     if a.rejudge:

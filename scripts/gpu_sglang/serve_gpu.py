@@ -35,7 +35,8 @@ def engine_kwargs(a, fields=None) -> dict:
     """The server: the demo pair in float32 with the triton attention backend on one GPU, as the CPU engine tests
     serve it (tests/engine/serve.py) but on CUDA, with SGLang's CUDA graphs on or off. ``fields``: the installed
     release's ServerArgs field names (None: read from the release), which name the CUDA-graph sizes
-    (server_flags.py: one list up to 0.5.12, decode and prefill lists later)."""
+    (server_flags.py: one list up to 0.5.12, decode and prefill lists later) and, graphs off, whether there is a
+    piecewise prefill graph to turn off too (0.5.12)."""
     if a.device == "cpu" and a.cuda_graph == "on":
         raise ValueError("--cuda-graph on needs --device cuda")
     kw = dict(
@@ -50,13 +51,15 @@ def engine_kwargs(a, fields=None) -> dict:
         kw["load_format"] = a.load_format
     if a.draft_load_format is not None:
         kw["speculative_draft_load_format"] = a.draft_load_format
+    from server_flags import eager_kwargs, graph_kwargs, release_options
+
+    fields = release_options()["fields"] if fields is None else fields
     if a.cuda_graph == "on":
         # fewer captured sizes than SGLang's defaults (24 decode, 30 prefill) to keep the start short; every size
         # runs the same capture code
-        from server_flags import graph_kwargs, release_options
-
-        fields = release_options()["fields"] if fields is None else fields
         kw.update(graph_kwargs(fields, [b for b in a.decode_bs if b <= a.max_running], list(a.prefill_bs)))
+    else:  # no graph at all: 0.5.12's piecewise prefill graph off too
+        kw.update(eager_kwargs(fields))
     return kw
 
 

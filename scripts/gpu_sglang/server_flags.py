@@ -18,6 +18,9 @@ import sys
 from typing import Dict, Iterable, List, Optional, Sequence
 
 DECODE, PREFILL, ONE_LIST = "--cuda-graph-bs-decode", "--cuda-graph-bs-prefill", "--cuda-graph-bs"
+# SGLang 0.5.12 also captures prefill in a piecewise CUDA graph by default, which --disable-cuda-graph leaves on (on
+# a host without a GPU its runner asks torch.cpu for a graph pool handle and the server dies at start)
+NO_GRAPHS, NO_PIECEWISE = "--disable-cuda-graph", "--disable-piecewise-cuda-graph"
 
 
 def stock_layer_inputs(ids: List[int]) -> Optional[List[int]]:
@@ -82,6 +85,19 @@ def graph_options(options: Iterable[str], decode: Sequence[int], prefill: Sequen
         return [ONE_LIST, *map(str, decode)]
     raise ValueError(f"this SGLang's launch_server accepts none of {DECODE}, {ONE_LIST}: its CUDA-graph sizes "
                      "cannot be set")
+
+
+def eager_options(options: Iterable[str]) -> List[str]:
+    """launch_server's arguments for no CUDA graph at all on a release whose parser has ``options``: the piecewise
+    prefill graph off too where the release has one."""
+    return [NO_GRAPHS] + ([NO_PIECEWISE] if NO_PIECEWISE in set(options) else [])
+
+
+def eager_kwargs(fields: Iterable[str]) -> Dict[str, bool]:
+    """The same as ``sglang.Engine`` keyword arguments (ServerArgs field names; ``disable_cuda_graph`` is in every
+    release)."""
+    field = NO_PIECEWISE[2:].replace("-", "_")
+    return {"disable_cuda_graph": True, **({field: True} if field in set(fields) else {})}
 
 
 def graph_kwargs(fields: Iterable[str], decode: Sequence[int], prefill: Sequence[int]) -> Dict[str, List[int]]:

@@ -235,8 +235,31 @@ def test_child_env_puts_the_stand_ins_on_the_path_only_for_cuda(monkeypatch):
     assert env["SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK"] == "1" and "EAGLE3_CAPTURE_DISABLE" not in env
     assert env["SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"] == "python"
     assert env["EAGLE3_CAPTURE_DUMP"] == "/d"
+    # on the CPU, the import-only sgl_kernel only for a release that needs it (decided once per PYTHONPATH)
+    monkeypatch.setattr(compare, "_CPU_KERNEL_STANDIN", {"/x": "", "/y": "/k"})
     cpu = compare.child_env({}, "cpu")
     assert cpu["PYTHONPATH"] == "/x" and cpu["E3_SGLANG_CPU_STANDINS"] == "1" and cpu["TRITON_INTERPRET"] == "1"
+    monkeypatch.setenv("PYTHONPATH", "/y")
+    assert compare.child_env({}, "cpu")["PYTHONPATH"] == "/y" + os.pathsep + "/k"
+
+
+@pytest.mark.sglang_releases
+@pytest.mark.slow
+def test_a_cpu_dry_run_gives_the_import_only_sgl_kernel_to_the_release_that_imports_it(monkeypatch):
+    """0.5.12 imports sgl_kernel whatever the device (its memory pool, from the scheduler): its CPU dry-run servers
+    get the import-only stand-in, as the release smoke's do; 0.5.23 (this environment) must not see it."""
+    from sglang_release_dirs import install_hint, sglang_importable
+
+    root = sglang_importable("0.5.12")
+    if root is None:
+        pytest.skip(f"SGLang 0.5.12 {install_hint('importable', '0.5.12')}")
+    monkeypatch.setattr(compare, "_CPU_KERNEL_STANDIN", {})
+    here = os.environ.get("PYTHONPATH", "")
+    assert compare.child_env({}, "cpu")["PYTHONPATH"] == here
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(root), here) if p))
+    folder = compare.child_env({}, "cpu")["PYTHONPATH"].split(os.pathsep)[-1]
+    assert sorted(os.listdir(folder)) == ["e3_standin_stubs.py", "sgl_kernel"]
+    assert os.path.realpath(os.path.join(folder, "sgl_kernel")) == os.path.join(compare.STANDINS, "sgl_kernel")
 
 
 def test_stock_ids_and_the_stock_draft(tmp_path):
@@ -282,8 +305,15 @@ def test_engine_kwargs_graphs_on_and_off():
     # a release with one list of decode sizes (0.5.12's ServerArgs) gets it, and no prefill sizes
     one = serve_gpu.engine_kwargs(_ns(), fields={"cuda_graph_bs", "dtype"})
     assert one["cuda_graph_bs"] == [1, 2, 4, 8, 12, 16] and "cuda_graph_bs_prefill" not in one
-    off = serve_gpu.engine_kwargs(_ns(cuda_graph="off"))
+    off = serve_gpu.engine_kwargs(_ns(cuda_graph="off"), fields={"cuda_graph_bs_decode", "disable_cuda_graph"})
     assert off["disable_cuda_graph"] is True and "cuda_graph_bs_decode" not in off and "cuda_graph_bs" not in off
+    assert "disable_piecewise_cuda_graph" not in off
+    # 0.5.12 also captures prefill in a piecewise graph by default: graphs off turns that off too (on a CPU host its
+    # runner asks torch.cpu for a graph pool and the server dies at start); graphs on keeps the release's default
+    fields12 = {"cuda_graph_bs", "disable_cuda_graph", "disable_piecewise_cuda_graph"}
+    cpu12 = serve_gpu.engine_kwargs(_ns(cuda_graph="off", device="cpu"), fields=fields12)
+    assert cpu12["disable_cuda_graph"] is True and cpu12["disable_piecewise_cuda_graph"] is True
+    assert "disable_piecewise_cuda_graph" not in serve_gpu.engine_kwargs(_ns(), fields=fields12)
     # the real-width run (kimi_compare.py): bf16, SGLang's dummy target, the draft's weights (and d2t) from disk
     kimi = serve_gpu.engine_kwargs(_ns(dtype="bfloat16", load_format="dummy", draft_load_format="auto"),
                                   fields={"cuda_graph_bs_decode"})
@@ -569,8 +599,8 @@ def test_a_server_that_never_gets_through_round_1_does_not_hold_the_others(tmp_p
     pair, out = _fake_pair(tmp_path), tmp_path / "cmp"
     table = compare.config_table
 
-    def failing_stock(pair_, out_):  # stock_graphs' engine fails at start
-        t = table(pair_, out_)
+    def failing_stock(pair_, out_, device="cuda"):  # stock_graphs' engine fails at start
+        t = table(pair_, out_, device)
         t["stock_graphs"]["env"] = {**t["stock_graphs"]["env"], "FAKE_ENGINE_FAIL": "start"}
         return t
 
@@ -620,7 +650,6 @@ def test_scripts_have_help_and_refuse_unknown_options(script):
 
 @pytest.mark.parametrize("argv,needle", [
     (["--pair", "p", "--out", "o", "--only", "plugin_eager,bogus"], "unknown configuration"),
-    (["--pair", "p", "--out", "o", "--device", "cpu"], "runs no CUDA graphs"),
     (["--pair", "p", "--out", "o", "--rounds", "0"], "--rounds and --eager-rounds must be >= 1"),
     (["--pair", "p", "--out", "o", "--mem-fraction", "1.5"], "--mem-fraction must be in (0, 1)"),
 ])
@@ -661,6 +690,18 @@ def test_the_pipeline_runs_on_the_cpu_path(tmp_path):
     assert pe["dump"]["with_served_prompts"] >= 1 and pe["timed_equal_round1"]["equal"]
     assert r["speed"]["round2_tokens_per_s"]["plugin_eager"] > 0
     assert r["pair"].get("profile"), r["pair"].get("profile_error")  # make_pair's doctor accept ran on the CPU
+
+
+def test_the_cpu_dry_run_serves_every_configuration_with_graphs_off(tmp_path):
+    """--device cpu: the GPU run's whole table (the metrics server and the no-embedding pair of a release that cannot
+    capture the embedding included), each with graphs off -- the CPU has none -- under its own name."""
+    pair = {"draft": "d", "draft_stock": "s", "draft_noemb": "n", "profile": "p"}
+    gpu, cpu = compare.config_table(pair, str(tmp_path)), compare.config_table(pair, str(tmp_path), "cpu")
+    assert set(gpu) == set(cpu) >= set(compare.ORDER + compare.NOEMB)
+    assert {n for n, c in gpu.items() if c["graph"] == "on"} >= {"plugin_graphs", "stock_graphs", *compare.NOEMB}
+    assert all(c["graph"] == "off" for c in cpu.values())
+    assert all({k: v for k, v in cpu[n].items() if k != "graph"} == {k: v for k, v in gpu[n].items() if k != "graph"}
+               for n in gpu)
 
 
 def test_a_release_that_cannot_capture_the_embedding_expects_stock_to_raise():

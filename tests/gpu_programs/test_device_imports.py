@@ -144,6 +144,10 @@ def test_cuda_graph_sizes_are_named_as_the_installed_releases_parser_accepts():
         parser.parse_args(["--model-path", "m", "--cuda-graph-bs", "1", "4", "16"])
     assert server_flags.graph_kwargs(opts["fields"], [1, 4], [64]) == {"cuda_graph_bs_decode": [1, 4],
                                                                        "cuda_graph_bs_prefill": [64]}
+    # no piecewise prefill graph in 0.5.23: graphs off is the one flag
+    assert server_flags.eager_options(opts["options"]) == ["--disable-cuda-graph"]
+    assert server_flags.eager_kwargs(opts["fields"]) == {"disable_cuda_graph": True}
+    assert parser.parse_args(["--model-path", "m", *server_flags.eager_options(opts["options"])]).disable_cuda_graph
 
 
 @pytest.mark.sglang
@@ -158,6 +162,10 @@ def test_the_seeds_release_gets_its_single_list():
     assert make_pair.stock_ids([1, 29, 57], _options("0.5.23")["id_rule"]) == [2, 30, 58]
     assert server_flags.graph_options(opts["options"], [1, 4, 16], [64, 512]) == ["--cuda-graph-bs", "1", "4", "16"]
     assert server_flags.graph_kwargs(opts["fields"], [1, 4, 16], [64]) == {"cuda_graph_bs": [1, 4, 16]}
+    # its piecewise prefill graph is on by default and --disable-cuda-graph leaves it on: graphs off turns off both
+    assert server_flags.eager_options(opts["options"]) == ["--disable-cuda-graph", "--disable-piecewise-cuda-graph"]
+    assert server_flags.eager_kwargs(opts["fields"]) == {"disable_cuda_graph": True,
+                                                         "disable_piecewise_cuda_graph": True}
     with pytest.raises(ValueError, match="accepts none of"):
         server_flags.graph_options(["--model-path"], [1], [64])
 
