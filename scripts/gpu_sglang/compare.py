@@ -47,8 +47,8 @@ import sys
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from report import (accept_figures, comparisons, compare_requests, dump_index, findings, log_checks, per_request,
-                    profile_check, read_jsonl, speed, verdict)
+from report import (STARTUP, accept_figures, comparisons, compare_requests, dump_index, findings, log_checks,
+                    per_request, profile_check, read_jsonl, speed, startup_taps, verdict)
 from make_pair import CHAIN  # num-steps, eagle-topk, num-draft-tokens (SGLang's auto values for DeepSeek targets)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -93,7 +93,9 @@ def _configs(pair: dict, out: str) -> Dict[str, dict]:
                           "env": {"EAGLE3_CAPTURE_DISABLE": "all"}},
         "stock_eager": {"graph": "off", "draft": pair["draft_stock"], "env": {"EAGLE3_CAPTURE_DISABLE": "all"}},
         # a release that cannot capture the embedding (0.5.12): plugin = stock on a copy with LayerOutput taps only
-        "plugin_noemb_graphs": {"graph": "on", "draft": pair.get("draft_noemb"), "env": {}},
+        # (its own taps in the plugin's startup line)
+        "plugin_noemb_graphs": {"graph": "on", "draft": pair.get("draft_noemb"), "env": {},
+                                "taps": startup_taps(pair.get("noemb_ids") or [])},
         "stock_noemb_graphs": {"graph": "on", "draft": pair.get("draft_noemb"),
                                "env": {"EAGLE3_CAPTURE_DISABLE": "all"}},
     }
@@ -303,7 +305,8 @@ class Server:
                "waited_for_timed_round_s": summary.get("waited_for_timed_round_s"),
                "flush_retries": summary.get("flush_retries"),
                "server_info": summary.get("server_info"), "windows": summary.get("windows"),
-               "metrics": summary.get("metrics"), "log": log_checks(text), "round1_rows": r1, "timed_rows": timed}
+               "metrics": summary.get("metrics"), "log": log_checks(text, cfg.get("taps", STARTUP)),
+               "round1_rows": r1, "timed_rows": timed}
         if rc == "timeout":
             res["error"] = f"{self.timeout_note} (at: {_last_stage(text)})"
         if not res["ok"]:

@@ -730,9 +730,16 @@ def test_a_release_without_the_embedding_gets_a_pair_that_both_sides_can_serve(t
     (d / "model.safetensors").write_bytes(b"weights")
     ids = make_pair.write_without_embedding(str(d), str(tmp_path / "noemb"))
     assert ids == [0, 1, 3] and make_pair.stock_ids(ids, "shift_all") == ids
-    pair = {"draft": str(d), "draft_stock": "s", "draft_noemb": str(tmp_path / "noemb")}
+    pair = {"draft": str(d), "draft_stock": "s", "draft_noemb": str(tmp_path / "noemb"), "noemb_ids": ids}
     table = compare.config_table(pair, str(tmp_path))
     assert table["plugin_noemb_graphs"]["draft"] == table["stock_noemb_graphs"]["draft"] == pair["draft_noemb"]
+    # the plugin's startup line names that copy's taps (0.5.12's first CPU dry run judged it by the demo draft's)
+    line = ("[x] eagle3_capture: SGLang 0.5.12 (adapter list-in-loop): DeepseekV3ForCausalLM: taps [LayerOutput(0), "
+            "LayerOutput(1), LayerOutput(3)] | draft ids [0, 1, 3] | layer inputs [1, 2, 4]")
+    assert table["plugin_noemb_graphs"]["taps"] == report.startup_taps(ids)
+    assert report.log_checks(line, table["plugin_noemb_graphs"]["taps"])["startup_line_as_expected"]
+    assert not report.log_checks(line)["startup_line_as_expected"]  # not the demo draft's taps
+    assert report.startup_taps([-1, 0, 3]) == report.STARTUP
     assert table["stock_noemb_graphs"]["env"] == {"EAGLE3_CAPTURE_DISABLE": "all"}
     assert ("plugin_noemb_graphs", "stock_noemb_graphs") in report.PAIRS
     # its stock server must serve (not raise) even where stock's embedding servers must raise
