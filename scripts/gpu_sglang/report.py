@@ -398,6 +398,8 @@ def verdict(runs: Dict[str, dict], comp: dict, stock_raises: bool = False) -> Li
             if not lg["startup_line_as_expected"]:
                 bad.append(f"{n}: the plugin's startup line is not in the log")
             bad += selftest_problems(n, lg)
+            if r.get("metrics_on"):
+                bad += metrics_problems(n, metrics_counted(r))
             if _dumped(r):  # the configurations that ran with a capture dump
                 bad += dump_problems(n, r.get("dump") or {})
                 if r.get("cuda_graph") == "on" and not (r.get("dump") or {}).get("replayed_from_graph"):
@@ -409,6 +411,17 @@ def verdict(runs: Dict[str, dict], comp: dict, stock_raises: bool = False) -> Li
         if r.get("cuda_graph") == "on" and not r["log"]["graph_capture_line_count"]:
             bad.append(f"{n}: no CUDA-graph capture line in the log (were graphs on?)")
     return bad
+
+
+def metrics_problems(name: str, m: Optional[dict]) -> List[str]:
+    """A plugin server with SGLang's metrics on: its counters, read after the last round, must have counted every
+    verify the responses report (round 1 and the timed rounds), no more and no fewer."""
+    if not m or m.get("error"):
+        return [f"{name}: its metrics were not read ({(m or {}).get('error', 'no snapshot')})"]
+    if m["verifies"] != m["served_verifies"]:
+        return [f"{name}: the plugin's counters counted {m['verifies']} verifies, the responses report "
+                f"{m['served_verifies']}"]
+    return []
 
 
 def _dumped(run: dict) -> bool:

@@ -16,10 +16,10 @@ round 1, and for r = 1..R waits for ``go.<r>`` (or ``stop``: no more rounds, shu
 response: input_ids, output_ids, meta_info) and ``summary.json`` (timings, token counts, ``timed``: one entry per
 timed round, server info), or on a failure ``summary.json`` with ``"error"`` and exit status 3. With
 ``--enable-metrics`` SGLang exports its Prometheus metrics (and this project's plugin its acceptance counts); the
-server reads them from SGLang's multiprocess directory after the last round into ``metrics.prom`` and the summary's
-``metrics``. The caller's environment chooses what loads: this project's plugin (``EAGLE3_CAPTURE_DISABLE``,
-``EAGLE3_CAPTURE_DUMP``, ``EAGLE3_CAPTURE_PROFILE``), and the compiled-package stand-ins (scripts/gpu_sglang/standins
-on PYTHONPATH, ``SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1``).
+server reads them from SGLang's multiprocess directory after the last round (and two of the plugin's export periods)
+into ``metrics.prom`` and the summary's ``metrics``. The caller's environment chooses what loads: this project's
+plugin (``EAGLE3_CAPTURE_DISABLE``, ``EAGLE3_CAPTURE_DUMP``, ``EAGLE3_CAPTURE_PROFILE``), and the compiled-package
+stand-ins (scripts/gpu_sglang/standins on PYTHONPATH, ``SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1``).
 """
 from __future__ import annotations
 
@@ -327,6 +327,12 @@ def main(argv=None, make_engine=None) -> int:
         if a.enable_metrics:
             stage = "metrics"
             try:
+                # the plugin exports what it counted once per period (its acceptance thread, every
+                # drift.BLOCK_SECONDS): read after two, or the last round's last verifies may not be in the files yet
+                # (0.5.12's first CPU dry run read 7 verifies of the responses' 8)
+                from eagle3_capture.acceptance.drift import BLOCK_SECONDS
+
+                time.sleep(2 * BLOCK_SECONDS)
                 summary["metrics"] = metrics_snapshot(a.out_dir)
             except Exception as e:  # the served rounds stand; the report says the metrics could not be read
                 summary["metrics"] = {"error": f"{type(e).__name__}: {e}"}

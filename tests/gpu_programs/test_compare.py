@@ -326,6 +326,29 @@ def test_engine_kwargs_graphs_on_and_off():
         serve_gpu._int_list("1,x")
 
 
+def _snapshot(verifies):
+    """serve_gpu.py's metrics snapshot holding the plugin's verify counter (None: no eagle3_capture samples)."""
+    from eagle3_capture.acceptance import names
+
+    ours = [] if verifies is None else [{"name": names.exported(names.VERIFIES), "labels": {}, "value": verifies}]
+    return {"families": 3, "sglang_families": 2, "eagle3_capture": ours}
+
+
+def test_the_plugins_counters_must_count_every_served_verify():
+    """A plugin server with metrics on fails the verdict when its counters, read after the last round, counted
+    fewer (or more) verifies than the responses report -- 0.5.12's first CPU dry run read 7 of 8, read too soon --
+    or could not be read; stock's metrics servers count nothing of the plugin's and are not judged so."""
+    rows = [_row([1, 2], 3, [1, 2, 0])]
+    run = {"ok": True, "cuda_graph": "off", "metrics_on": True, "round1_rows": rows, "served_verifies": 3,
+           "log": report.log_checks("eagle3_capture: DeepseekV3ForCausalLM: taps [Embedding, LayerOutput(0), "
+                                    "LayerOutput(3)]\n" + SERVED_SELFTEST)}
+    assert report.verdict({"plugin_metrics": dict(run, metrics=_snapshot(3))}, {}) == []
+    short = report.verdict({"plugin_metrics": dict(run, metrics=_snapshot(2))}, {})
+    assert short == ["plugin_metrics: the plugin's counters counted 2 verifies, the responses report 3"]
+    assert report.verdict({"plugin_metrics": dict(run, metrics={"error": "no directory"})}, {})
+    assert report.verdict({"stock_metrics": dict(run, metrics=_snapshot(None))}, {}) == []
+
+
 def test_rejudge_reads_finished_runs_and_keeps_where_they_were_served(tmp_path):
     """--rejudge: the runs of another machine, unpacked, judged by this code; its machine stays the served one."""
     pair = tmp_path / "pair"
@@ -343,8 +366,10 @@ def test_rejudge_reads_finished_runs_and_keeps_where_they_were_served(tmp_path):
         (d / "round2.jsonl").write_text(json.dumps(_row([1, 2], 1, [1])) + "\n")
         env = ({"EAGLE3_CAPTURE_DISABLE": "all"} if n.startswith("stock") else
                {} if n == "plugin_metrics" else {"EAGLE3_CAPTURE_DUMP": "/x"})
-        (d / "summary.json").write_text(json.dumps({"env": env, "engine_start_s": 1.0, "round2": {"tokens_per_s": 9.0},
-                                                    "round1": {"tokens": 2}}))
+        summary = {"env": env, "engine_start_s": 1.0, "round2": {"tokens_per_s": 9.0}, "round1": {"tokens": 2}}
+        if n.endswith("_metrics"):  # the counters read after the last round: one verify in each round
+            summary["metrics"] = _snapshot(2 if n.startswith("plugin") else None)
+        (d / "summary.json").write_text(json.dumps(summary))
         log = ("eagle3_capture: DeepseekV3ForCausalLM: taps [Embedding, LayerOutput(0), LayerOutput(3)]\n"
                + SERVED_SELFTEST + "\n" if n.startswith("plugin") else "") + "Capture cuda graph begin\n"
         (d / "server.log").write_text(log)
