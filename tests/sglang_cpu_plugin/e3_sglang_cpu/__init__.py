@@ -13,9 +13,10 @@ SGLang's loop on a CPU-only host:
   tree (eagle-topk > 1) gets from ``assign_extend_cache_locs*``, whose fall-through returns None): their XPU
   branches call SGLang's own Triton kernels, which then run interpreted.
 
-* Older releases (0.5.12) need more, each feature-detected so that none applies on 0.5.23: see releases.py (torch
-  versions of the tree kernels that 0.5.12 only has in sgl_kernel, its verify's KV locations, the draft's
-  ``torch.cuda.synchronize()``, ``record_stream`` on CPU tensors in the overlap scheduler).
+* Older releases (0.5.12, 0.5.20) need more, each feature-detected so that none applies on 0.5.23: see releases.py
+  (torch versions of the tree kernels that 0.5.12 only has in sgl_kernel, its verify's KV locations, the draft's
+  ``torch.cuda.synchronize()``, ``record_stream`` on CPU tensors in the overlap scheduler; 0.5.20's eagle_utils
+  routed to SGLang's Triton tree kernels).
 
 * At ``tp_size`` > 1, SGLang's group coordinators default to PyNccl (and the custom all-reduce), which need a GPU;
   ``init_model_parallel_group`` gets them switched off, leaving gloo's torch.distributed collectives.
@@ -167,7 +168,8 @@ def register() -> None:
     HookRegistry.register("sglang.srt.distributed.parallel_state.init_model_parallel_group",
                           init_model_parallel_group_hook, HookType.AROUND)
     from .releases import (has_kernels_package, register_cpu_record_stream_free, register_cuda_synchronize_free,
-                           register_extend_cache_locs_without_kernels, register_spec_tree_without_kernels)
+                           register_extend_cache_locs_without_kernels, register_spec_tree_without_kernels,
+                           route_eagle_utils_to_triton)
 
     if has_kernels_package():
         import sglang.kernels.ops.speculative.cache_locs as cache_locs
@@ -175,6 +177,7 @@ def register() -> None:
 
         spec_tree._is_xpu = True
         cache_locs._is_xpu = True
+        route_eagle_utils_to_triton()  # 0.5.16-0.5.22: the tree kernels' branch is still chosen in eagle_utils
     elif not (register_spec_tree_without_kernels(HookRegistry, HookType)  # an older release's layout (releases.py)
               and register_extend_cache_locs_without_kernels(HookRegistry, HookType)):
         logger.warning("e3_sglang_cpu: this SGLang has neither the 0.5.23 nor the 0.5.12 layout of the speculative "

@@ -1,4 +1,4 @@
-"""Test-only stand-ins that SGLang releases older than 0.5.23 need on a CPU-only host (0.5.12 so far), beside the
+"""Test-only stand-ins that SGLang releases older than 0.5.23 need on a CPU-only host (0.5.12, 0.5.20), beside the
 0.5.23 ones in ``__init__.py``. Each is feature-detected (what the installed SGLang has, never its version string),
 so on 0.5.23 none of them applies. docs/sglang_cpu_releases.md lists every blocker they answer.
 
@@ -70,6 +70,27 @@ def register_spec_tree_without_kernels(HookRegistry, HookType) -> bool:
         eagle_utils.sgl_build_tree_kernel_efficient = build_tree_kernel_efficient_torch
     HookRegistry.register("sglang.srt.speculative.eagle_utils.verify_tree_greedy_func",
                           verify_tree_greedy_func_hook, HookType.AROUND)
+    return True
+
+
+def route_eagle_utils_to_triton() -> bool:
+    """The 0.5.16-0.5.22 layout: ``sglang.kernels.ops.speculative.spec_tree`` holds the Triton tree kernels, but
+    ``srt/speculative/eagle_utils.py`` still chooses the branch itself: ``build_tree_kernel_efficient`` and
+    ``verify_tree_greedy_func`` call sgl_kernel on CUDA/HIP/MUSA, its CPU engine's kernels with
+    ``SGLANG_USE_CPU_ENGINE``, SGLang's own Triton versions (``sgl_build_tree_kernel_triton``,
+    ``verify_tree_greedy_triton``) on XPU, and on this host neither (NameError on
+    ``sgl_build_tree_kernel_efficient`` at the first draft; the verify would return its outputs untouched). With the
+    module's ``_is_xpu`` set they take the Triton branch, interpreted, as 0.5.23's spec_tree is routed. Its one other
+    use there picks the greedy verify for greedy, CPU, HIP or XPU batches, which a greedy batch takes anyway.
+    False when that layout is not there (0.5.23 has neither function in eagle_utils)."""
+    try:
+        import sglang.srt.speculative.eagle_utils as eagle_utils
+    except ImportError:
+        return False
+    if not all(hasattr(eagle_utils, n) for n in ("_is_xpu", "sgl_build_tree_kernel_triton",
+                                                  "verify_tree_greedy_triton")):
+        return False
+    eagle_utils._is_xpu = True
     return True
 
 
