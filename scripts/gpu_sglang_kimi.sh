@@ -102,8 +102,8 @@ if [ -f "$LOGS/kimi_$PHASE.json" ]; then
 import json, sys
 r = json.load(open(sys.argv[1]))
 word = "PASS" if r.get("ok") and sys.argv[2] == "0" else "FAIL"
-figures = {k: r.get(k) for k in ("accept_length", "ratios", "dump", "online_equals_offline", "miswired", "collect",
-                                 "train") if r.get(k) is not None}
+figures = {k: r.get(k) for k in ("accept_length", "ratios", "dump", "online_equals_offline", "handoff", "miswired",
+                                 "collect", "train") if r.get(k) is not None}
 figures.get("miswired", {}).pop("text", None)
 if isinstance(figures.get("train"), dict):
     figures["train"] = {k: figures["train"].get(k) for k in ("train", "seconds", "labels_in_the_hot_set")}

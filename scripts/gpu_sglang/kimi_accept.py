@@ -21,15 +21,19 @@ train leave their files in --state for the next call (the GPU script keeps it at
 3. **Online = offline.** A second server with the trained draft (and its dump); ``eagle3-capture doctor online
    --server URL --draft D --dump DIR`` serves the held-out prompts, predicts every verify from the dump, and says
    whether predicted = served (accept length, per-prompt verify counts and histograms, every verify a bf16
-   near-tie decided listed).
+   near-tie decided listed). The result's ``handoff`` says that the training process (train.json names it) had
+   finished and was gone when this server was launched.
 
 ``--miswired`` instead serves the untrained draft with every id one layer later and gives the doctor the draft as
 written: ``doctor online`` must exit 1 and its fingerprint name each served slot as the next layer, bit for bit
 from the full stream of the same forwards (the miswire a one-off convention slip makes, at 61 layers).
 
 Writes DIR/kimi_<phase>.json (machine, torch, command, kimi_plan's card / experts / budget, the figures of every
-step, the doctor's JSON) and exits 0 when the phase did its part: online, when the trained draft accepts (accept
-length > 1.5) and doctor online's verdict holds (predicted = served by the bf16 criterion, doctor/replay/near_ties).
+step, the doctor's JSON) and exits 0 when the phase did its part: online, when the training process was gone before
+its server was launched, the trained draft accepts (accept length > 1.5, ``--min-accept-length``) and doctor
+online's verdict holds (predicted = served by the bf16 criterion, doctor/replay/near_ties).
+``--device cpu --small --layers 8`` dry-runs every phase on SGLang's CPU path (tests/gpu_programs/test_kimi_harness.py
+runs collect -> train -> online so, each its own process, on a state folder like the GPU machine's).
 """
 from __future__ import annotations
 
@@ -52,9 +56,10 @@ import kimi_shape  # noqa: E402
 from compare import CPU_DRY_RUN_ENV, child_env, machine  # noqa: E402
 from kimi_compare import GAIN, RESHAPE_ENV, draft_arch, draft_ids, prompts, target_of, write_draft  # noqa: E402
 from make_pair import CHAIN  # noqa: E402
-from server_flags import accepted, graph_options  # noqa: E402
+from server_flags import accepted, eager_options, graph_options  # noqa: E402
 
 GRAPH_DECODE, GRAPH_PREFILL = (1, 4, 16), (64, 512)  # the batch sizes captured (as on the H200 probe)
+MIN_ACCEPT_LENGTH = 1.5  # the online phase's bar for a draft that accepts (issue: > 1.5 on held-out prompts)
 _RELEASE: Dict[str, dict] = {}
 
 
@@ -100,17 +105,17 @@ class Server:
                     "--context-length", str(context), "--max-running-requests", "16", "--host", "127.0.0.1",
                     "--port", str(self.port)]
         self.env = child_env(env, device)
-        self.graph_options = None
-        if device == "cuda":  # spelled as the installed release's parser spells them (server_flags.py)
-            self.graph_options = graph_options(release_options(self.env)["options"], GRAPH_DECODE, GRAPH_PREFILL)
-            self.cmd += self.graph_options
-        else:
-            self.cmd += ["--disable-cuda-graph"]
+        # spelled as the installed release's parser spells them (server_flags.py)
+        options = release_options(self.env)["options"]
+        self.graph_options = (graph_options(options, GRAPH_DECODE, GRAPH_PREFILL) if device == "cuda" else
+                              eager_options(options))
+        self.cmd += self.graph_options
         self.proc = None
         self.start_s = None
+        self.launched_at = None  # epoch seconds: the phases' handoff is judged on these (train ends before it)
 
     def __enter__(self):
-        t0 = time.time()
+        t0 = self.launched_at = time.time()
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, cwd=REPO,
                                      start_new_session=True)
@@ -139,11 +144,12 @@ class Server:
         self._log.close()
 
 
-def serve(url: str, ps: List[List[int]], new_tokens: int) -> List[List[int]]:
-    """Greedy continuations of `ps` from the server (the doctor's own client, 16 at a time)."""
+def serve(url: str, ps: List[List[int]], new_tokens: int, timeout_s: float) -> List[List[int]]:
+    """Greedy continuations of `ps` from the server (the doctor's own client, 16 at a time; each answer within
+    `timeout_s`: the phase's seconds left, as a CPU dry run's batch outlasts any fixed per-request limit)."""
     from eagle3_capture.doctor.sglang_model.http import generate
 
-    return [r.output_ids for r in generate(url, ps, new_tokens, timeout=600, concurrency=16, progress=False)]
+    return [r.output_ids for r in generate(url, ps, new_tokens, timeout=timeout_s, concurrency=16, progress=False)]
 
 
 def hot_tokens(seqs: List[List[int]], n: int, vocab: int) -> "object":
@@ -209,14 +215,16 @@ sys.exit(main(sys.argv[1:]))
 
 
 def doctor_online(url: str, prompts_path: str, draft: str, dump: str, new_tokens: int, device: str,
-                  out: str) -> dict:
+                  out: str, timeout_s: float) -> dict:
+    """``doctor online`` against the server (its own process, each of its requests answered within `timeout_s`,
+    the whole run within twice that)."""
     t0 = time.time()
     cmd = [sys.executable, "-c", RUN_DOCTOR, "doctor", "online", "--server", url, "--prompts", prompts_path,
            "--draft", draft, "--dump", dump, "--new-tokens", str(new_tokens), "--json", out, "--no-progress",
-           "--device", device, "--timeout", "600"]
+           "--device", device, "--timeout", f"{timeout_s:.0f}"]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (os.path.join(REPO, "python"),
                                                                       os.environ.get("PYTHONPATH")))))
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=1200)
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=2 * timeout_s)
     peaks = [json.loads(ln[len(PEAK):]) for ln in r.stderr.splitlines() if ln.startswith(PEAK)]
     return {"code": r.returncode, "seconds": round(time.time() - t0, 1), "peak": peaks[-1] if peaks else None,
             "text": r.stdout[-6000:], "err": r.stderr[-3000:],
@@ -242,6 +250,9 @@ def main(argv=None) -> int:
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--train-iters", type=int, default=300)
+    p.add_argument("--min-accept-length", type=float, default=MIN_ACCEPT_LENGTH,
+                   help="online: the served accept length the trained draft must exceed (a CPU dry run, whose few "
+                        "prompts teach the draft nothing that carries to held-out ones, passes 1)")
     p.add_argument("--budget-s", type=float, default=560)
     p.add_argument("--mem-fraction", type=float, default=0.6)
     p.add_argument("--small", action="store_true", help="kimi_shape.SMALL widths (a dry run)")
@@ -256,6 +267,9 @@ def main(argv=None) -> int:
         a.phase = "miswired"
     if min(a.prompts, a.held_out, a.prompt_len, a.new_tokens, a.train_iters) < 1:
         p.error("--prompts, --held-out, --prompt-len, --new-tokens and --train-iters must be >= 1")
+    if not 1.0 <= a.min_accept_length <= 1 + CHAIN[0]:
+        p.error(f"--min-accept-length must be in [1, {1 + CHAIN[0]}] (num-steps {CHAIN[0]} + 1), got "
+                f"{a.min_accept_length}")
     if a.device == "cpu" and not a.small:
         p.error("--device cpu needs --small (a 44 GB target does not fit the CPU machine)")
     t_start = time.time()
@@ -282,11 +296,14 @@ def main(argv=None) -> int:
                                  "plan": json.load(open(a.plan)) if a.plan else None, "target":
                                  {k: cfg[k] for k in ("num_hidden_layers", "hidden_size", "n_routed_experts",
                                                       "num_experts_per_tok", "vocab_size")},
-                                 "prompts": a.prompts, "held_out": a.held_out, "new_tokens": a.new_tokens}
+                                 "prompts": a.prompts, "held_out": a.held_out, "new_tokens": a.new_tokens,
+                                 "min_accept_length": a.min_accept_length, "pid": os.getpid(),
+                                 "started_at": t_start}
 
     def finish(ok: bool, failures: List[str]) -> int:
         result["ok"], result["failures"] = ok, failures
-        result["seconds"] = round(time.time() - t_start, 1)
+        result["finished_at"] = time.time()
+        result["seconds"] = round(result["finished_at"] - t_start, 1)
         for path in filter(None, (os.path.join(a.out, f"kimi_{a.phase}.json"), a.result)):
             with open(path, "w") as f:
                 json.dump(result, f, indent=1)
@@ -351,12 +368,14 @@ def collect(a, cfg: dict, state: str, context: int, base_env: dict, left) -> dic
     with Server("collect", target, untrained, a.out, {**base_env, "EAGLE3_CAPTURE_DUMP": dump, **DUMP_ENV},
                 a.device, context, a.mem_fraction, max(60.0, left() - 60)) as srv:
         t0 = time.time()
-        outs = serve(srv.url, train_ps, a.new_tokens)
-        side = ServerTarget.teacher_force(srv.url, dump, train_ps, outs, CHAIN[0], vocab_size=cfg["vocab_size"])
+        outs = serve(srv.url, train_ps, a.new_tokens, max(60.0, left()))
+        side = ServerTarget.teacher_force(srv.url, dump, train_ps, outs, CHAIN[0], timeout=max(60.0, left()),
+                                          vocab_size=cfg["vocab_size"])
         spec = TapSpec.from_draft_ids(draft_ids(cfg["num_hidden_layers"]), cfg["num_hidden_layers"],
                                       cfg["hidden_size"])
         batch = side.batch(train_ps, list(range(len(train_ps))), a.new_tokens, layer_inputs(spec))
-        figures = {"server_start_s": srv.start_s, "graph_options": srv.graph_options,
+        figures = {"server_start_s": srv.start_s, "server_launched_at": srv.launched_at,
+                   "graph_options": srv.graph_options,
                    "seconds": round(time.time() - t0, 1),
                    "distinct_served_tokens_per_prompt": round(sum(len(set(o)) for o in outs) / len(outs), 2),
                    "taps": list(batch.taps.shape), "notes": side.notes[:4]}
@@ -377,6 +396,8 @@ def train(a, cfg: dict, state: str) -> dict:
     data = torch.load(data_path)
     out = trained_draft(cfg, a.gain, data["taps"], data["seq"], data["greedy"], a.train_iters, a.device,
                         os.path.join(state, "draft_trained"))
+    # who trained, and when it was done: the online phase checks that this process is gone before its server loads
+    out["process"] = {"pid": os.getpid(), "cmdline": _cmdline(os.getpid()), "finished_at": time.time()}
     with open(os.path.join(state, "train.json"), "w") as f:
         json.dump(out, f, indent=1)
     return out
@@ -416,20 +437,54 @@ def online_phase(a, cfg: dict, state: str, context: int, base_env: dict, left, r
         with open(os.path.join(state, "train.json")) as f:
             result["train"] = json.load(f)
     dump2 = os.path.join(a.out, "dump_online")
+    trainer = (result.get("train") or {}).get("process") or {}
+    running = trainer_running(trainer)  # just before the launch
     with Server("online", target, draft_dir, a.out, {**base_env, "EAGLE3_CAPTURE_DUMP": dump2, **DUMP_ENV},
                 a.device, context, a.mem_fraction, max(60.0, left() - 60)) as srv:
+        result["handoff"] = handoff(trainer, srv.launched_at, running)
         online = doctor_online(srv.url, held_path, draft_dir, dump2, a.new_tokens, a.device,
-                               os.path.join(a.out, "online.json"))
+                               os.path.join(a.out, "online.json"), max(60.0, left()))
         online["server_start_s"], online["graph_options"] = srv.start_s, srv.graph_options
+        online["server_launched_at"] = srv.launched_at
     result["online"] = online
     written = [os.path.join(r, f) for r, _, fs in os.walk(dump2) for f in fs] if os.path.isdir(dump2) else []
     result["dump_online"] = {"files": len(written), "bytes": sum(os.path.getsize(f) for f in written)}
-    return judge_online(online, result)
+    return result["handoff"]["failures"] + judge_online(online, result, a.min_accept_length)
 
 
-def judge_online(online: dict, result: dict) -> List[str]:
-    """The online phase's criterion: the draft accepts (served accept length > 1.5) and doctor online's prediction
-    is what the server served (verify counts and histograms per prompt, near-tie positions aside)."""
+def _cmdline(pid: int) -> Optional[str]:
+    """A process's command line (None when it is gone, or on a system without /proc)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return None
+
+
+def trainer_running(trainer: dict) -> bool:
+    """Whether the process train.json names is still running (that pid, still that program)."""
+    return trainer.get("pid") is not None and _cmdline(trainer["pid"]) == trainer.get("cmdline")
+
+
+def handoff(trainer: dict, launched_at: float, running: bool) -> dict:
+    """Whether the process that trained the draft (train.json's ``process``) had finished, and was gone
+    (``running``: :func:`trainer_running` just before the launch), when the online server was launched (a server
+    started beside the trainer was killed during its load on the H100); the failures, none when so."""
+    pid, done = trainer.get("pid"), trainer.get("finished_at")
+    out = {"trainer_pid": pid, "trainer_finished_at": done, "server_launched_at": launched_at,
+           "trainer_running_at_launch": running, "failures": []}
+    if pid is None or done is None:
+        out["failures"].append("train.json does not say which process trained the draft, or when it finished")
+    elif pid == os.getpid() or running or done >= launched_at:
+        out["failures"].append(f"the training process {pid} had not exited when the online server was launched "
+                               f"(finished at {done}, launched at {launched_at}, still running: {running})")
+    return out
+
+
+def judge_online(online: dict, result: dict, min_accept: float = MIN_ACCEPT_LENGTH) -> List[str]:
+    """The online phase's criterion: the draft accepts (served accept length > `min_accept`, 1.5 unless a dry run
+    says otherwise) and doctor online's prediction is what the server served (verify counts and histograms per
+    prompt, near-tie positions aside)."""
     failures = []
     if online["code"] != 0:
         failures.append(f"doctor online exited {online['code']}: {online['err'][-400:] or online['text'][-400:]}")
@@ -442,8 +497,8 @@ def judge_online(online: dict, result: dict) -> List[str]:
                                                                "correct_drafts_histogram"))
     result["online_equals_offline"] = {"verdict": j.get("verdict"), "ok": j.get("ok"), "counts_equal": equal,
                                        "near_ties": j.get("near_ties")}
-    if served is None or served <= 1.5:
-        failures.append(f"the trained draft does not accept: served accept length {served}")
+    if served is None or served <= min_accept:
+        failures.append(f"the trained draft does not accept: served accept length {served} <= {min_accept}")
     if not j.get("ok"):
         failures.append(f"predicted != served: {j.get('verdict')}")
     return failures
@@ -470,7 +525,7 @@ def miswired(a, cfg: dict, target: str, draft: str, held_path: str, context: int
         with Server("miswired", target, later, a.out, {**base_env, "EAGLE3_CAPTURE_DUMP": dump, **DUMP_ENV},
                     a.device, context, a.mem_fraction, max(60.0, left() - 60)) as srv:
             online = doctor_online(srv.url, held_path, draft, dump, a.new_tokens, a.device,
-                                   os.path.join(a.out, "online_miswired.json"))
+                                   os.path.join(a.out, "online_miswired.json"), max(60.0, left()))
             online["server_start_s"] = srv.start_s
     except Exception as e:
         return False, [f"miswired: {type(e).__name__}: {e}"[:2000]]

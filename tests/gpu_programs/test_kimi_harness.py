@@ -170,3 +170,100 @@ def test_the_train_phase_reads_collects_state_and_leaves_the_draft_for_online(tm
     assert r["ok"] and r["phase"] == "train" and r["train"]["train"]["iters"] == 3
     assert os.path.exists(state / "draft_trained" / "model.safetensors")
     assert kimi_plan.missing_files("online", str(state)) is None
+
+
+def test_the_accept_phases_wait_for_the_server_as_long_as_the_phase_has_left(monkeypatch, tmp_path):
+    """A served batch answers only when its last request is done: on a CPU dry run (16 prompts, 8 layers) that took
+    longer than the 600 s a request was once allowed, and collect failed with the server still serving. The
+    serving, the teacher-forced pass and doctor online get the seconds the phase has left."""
+    from eagle3_capture.doctor.sglang_model import http
+
+    seen = {}
+
+    def fake_generate(base, prompts, new_tokens, timeout, concurrency, progress):
+        seen["timeout"] = timeout
+        return [type("R", (), {"output_ids": [1] * new_tokens})() for _ in prompts]
+
+    monkeypatch.setattr(http, "generate", fake_generate)
+    assert kimi_accept.serve("http://127.0.0.1:1", [[5, 6]], 3, 1834.0) == [[1, 1, 1]]
+    assert seen["timeout"] == 1834.0
+
+    def fake_run(cmd, **kw):
+        seen["cmd"], seen["run_timeout"] = cmd, kw["timeout"]
+        return type("P", (), {"returncode": 0, "stdout": "", "stderr": ""})()
+
+    monkeypatch.setattr(kimi_accept.subprocess, "run", fake_run)
+    kimi_accept.doctor_online("http://127.0.0.1:1", "p.json", "d", "dump", 4, "cpu", str(tmp_path / "o.json"), 1834.0)
+    cmd = seen["cmd"]
+    assert cmd[cmd.index("--timeout") + 1] == "1834" and seen["run_timeout"] >= 1834.0
+
+
+def test_the_online_phase_refuses_a_trainer_that_has_not_exited(tmp_path):
+    """handoff(): train.json names the process that trained; a server launched while that process still runs (this
+    one, for the test), before it finished, or with no such record fails the online phase; one launched after it
+    exited passes."""
+    import time
+
+    me = {"pid": os.getpid(), "cmdline": kimi_accept._cmdline(os.getpid()), "finished_at": time.time()}
+    assert kimi_accept.trainer_running(me)
+    assert kimi_accept.handoff(me, me["finished_at"] + 5, kimi_accept.trainer_running(me))["failures"]
+    gone = dict(me, pid=2 ** 22 + 17)  # above pid_max's default: no such process
+    assert not kimi_accept.trainer_running(gone)
+    h = kimi_accept.handoff(gone, gone["finished_at"] + 5, False)
+    assert h["failures"] == [] and h["trainer_pid"] == gone["pid"] and not h["trainer_running_at_launch"]
+    assert kimi_accept.handoff(gone, gone["finished_at"] - 1, False)["failures"]  # launched before it finished
+    assert kimi_accept.handoff({}, time.time(), False)["failures"]
+
+
+@pytest.mark.engine
+@pytest.mark.sglang
+@pytest.mark.slow
+def test_the_phases_hand_over_through_the_state_folder_on_sglangs_cpu_path(tmp_path):
+    """collect -> train -> online as the GPU machine runs them (scripts/gpu_sglang_kimi.sh: one device call each,
+    /tmp/e3kimi-state between them): each phase its own kimi_accept.py process, SGLang's real launch_server on its
+    CPU path (8 layers, small widths). Only the state folder carries collect's taps to train and train's draft to
+    online; train starts no server, and its process has exited before the online server is launched; doctor online's
+    prediction is what the server served (float32: no near-ties). The draft is not asked to accept here (two
+    training prompts carry nothing to a held-out one): --min-accept-length 1."""
+    import subprocess
+    import sys
+
+    import kimi_plan
+
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    state = tmp_path / "e3kimi-state"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.join(repo, "python"), os.path.join(repo, "tests", "sglang_cpu_plugin"),
+         os.environ.get("PYTHONPATH", "")]))
+    common = ["--state", str(state), "--small", "--layers", "8", "--device", "cpu", "--experts", "2", "--prompts",
+              "2", "--held-out", "1", "--prompt-len", "6", "--new-tokens", "4", "--train-iters", "3", "--budget-s",
+              "900", "--min-accept-length", "1"]
+
+    def phase(name):
+        p = subprocess.run([sys.executable, os.path.join(repo, "scripts", "gpu_sglang", "kimi_accept.py"), "--out",
+                            str(tmp_path / name), "--phase", name, *common], capture_output=True, text=True, env=env,
+                           cwd=repo, timeout=1000)
+        path = tmp_path / name / f"kimi_{name}.json"
+        assert path.exists(), (p.stdout + p.stderr)[-3000:]
+        r = json.loads(path.read_text())
+        assert p.returncode == 0 and r["ok"], (r["failures"], p.stderr[-2000:])
+        return r
+
+    collect = phase("collect")
+    assert collect["collect"]["taps"] == [2, 6 + 4, 3 * kimi_shape.SMALL["hidden_size"]]
+    assert collect["collect"]["graph_options"] == ["--disable-cuda-graph"]
+    assert kimi_plan.missing_files("train", str(state)) is None
+    train = phase("train")
+    assert not list((tmp_path / "train").glob("*.log")), "the train phase started a server"
+    trainer = train["train"]["process"]
+    assert trainer["pid"] == train["pid"] != collect["pid"] and trainer["finished_at"] <= train["finished_at"]
+    assert collect["finished_at"] <= train["started_at"]
+    assert kimi_plan.missing_files("online", str(state)) is None
+    online = phase("online")
+    h = online["handoff"]
+    assert h["failures"] == [] and h["trainer_pid"] == train["pid"] != online["pid"]
+    assert not h["trainer_running_at_launch"] and train["finished_at"] < h["server_launched_at"]
+    same = online["online_equals_offline"]
+    assert same["ok"] and same["counts_equal"] and same["near_ties"] == [], same
+    assert online["accept_length"]["served"] == online["accept_length"]["predicted"] >= 1.0
+    assert online["dump_online"]["files"] > 0
