@@ -717,6 +717,75 @@ def test_the_pipeline_runs_on_the_cpu_path(tmp_path):
     assert r["pair"].get("profile"), r["pair"].get("profile_error")  # make_pair's doctor accept ran on the CPU
 
 
+# (release, id rule its own set_eagle3_layers_to_capture applies, adapter named in the plugin's startup line)
+RELEASE_DRY_RUNS = [pytest.param("0.5.12", "shift_all", "list-in-loop", id="0.5.12"),
+                    pytest.param("0.5.20", "shift_if_first_is_1", "packer", id="0.5.20")]
+
+
+@pytest.mark.engine
+@pytest.mark.sglang_releases
+@pytest.mark.slow
+@pytest.mark.parametrize("version,rule,adapter", RELEASE_DRY_RUNS)
+def test_the_pipeline_runs_on_the_cpu_path_on_the_releases_the_gpu_runs_serve(tmp_path, version, rule, adapter):
+    """scripts/gpu_sglang.sh's pipeline with SGLANG=0.5.12 (the seed's release) or 0.5.20 (a packer release), as the
+    device runs it but on SGLang's CPU path, the release first on PYTHONPATH: the id rule read from the release's
+    own code (server_flags, the GPU stand-ins on the path, as gpu_sglang.sh reads it), make_pair with it, then
+    compare.py --device cpu. The servers get the release's graphs-off flags (0.5.12's piecewise prefill graph off
+    too) and, on 0.5.12, the import-only sgl_kernel. The plugin serves the target's greedy continuation with the
+    embedding captured (its self-test on a served forward); on 0.5.12 stock raises on that embedding tap and the
+    copy without it serves plugin = stock, its own taps in the plugin's startup line; on 0.5.20 plugin = stock."""
+    import server_flags
+    from doctor_helpers import demo_fast
+    from sglang_release_dirs import install_hint, sglang_importable
+
+    root = sglang_importable(version)
+    if root is None:
+        pytest.skip(f"SGLang {version} {install_hint('importable', version)}")
+    _, demo = demo_fast()
+    here = [str(root), os.path.join(REPO, "python"), os.path.join(REPO, "tests", "sglang_cpu_plugin")]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(here + [os.environ.get("PYTHONPATH", "")]))
+    gpu_env = dict(env, PYTHONPATH=os.pathsep.join([str(root), compare.STANDINS] + here[1:]),
+                   SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK="1")
+    opts = server_flags.accepted(gpu_env, cwd=REPO)
+    assert (opts["version"], opts["id_rule"]) == (version, rule)
+    pair, out = tmp_path / "pair", tmp_path / "cmp"
+    p = subprocess.run([sys.executable, os.path.join(PROGRAMS, "make_pair.py"), "--out", str(pair), "--reuse", demo,
+                        "--device", "cpu", "--prompts", "2", "--new-tokens", "4", "--id-rule", rule, "--profile",
+                        "off"], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    p = subprocess.run([sys.executable, os.path.join(PROGRAMS, "compare.py"), "--pair", str(pair), "--out", str(out),
+                        "--device", "cpu", "--only", "plugin_eager,stock_eager", "--timed-repeats", "0",
+                        "--budget-s", "1500", "--per-config-s", "600"],
+                       capture_output=True, text=True, env=env, timeout=1600)
+    r = json.loads((out / "gpu_sglang.json").read_text())
+    assert p.returncode == 0 and r["ok"], (r["failures"], p.stdout[-3000:])
+    cfg, comp = r["configs"], r["comparisons"]
+    noemb = rule == "shift_all"  # +1 on every id: stock cannot capture the embedding tap
+    assert r["stock_raises"] == noemb
+    assert set(cfg) == {"plugin_eager", "stock_eager"} | (set(compare.NOEMB) if noemb else set())
+    raising = {"stock_eager"} if noemb else set()  # SGLang kills that server's process: no summary.json
+    for name, c in cfg.items():
+        assert c["cuda_graph"] == "off"
+        if name not in raising:
+            assert c["ok"], (name, c["error"])
+            kw = json.loads((out / "runs" / name / "summary.json").read_text())["engine_kwargs"]
+            assert kw["disable_cuda_graph"] is True and kw.get("disable_piecewise_cuda_graph", False) == noemb
+    pe = cfg["plugin_eager"]
+    assert pe["ok"] and pe["log"]["startup_line_as_expected"] and pe["log"]["selftest_passed"] >= 1
+    assert f"SGLang {version} (adapter {adapter}" in pe["log"]["startup_line"][0]
+    assert "slot 0 equals the embedding bit for bit" in " ".join(pe["log"]["selftest_lines"])
+    assert pe["dump"]["with_served_prompts"] >= 1
+    greedy = comp["vs the target's greedy continuation (transformers)"]
+    if noemb:
+        assert not cfg["stock_eager"]["ok"] and report.stock_raises_as_expected(cfg["stock_eager"])
+        assert comp["plugin_noemb_graphs vs stock_noemb_graphs"]["equal"]
+        assert cfg["plugin_noemb_graphs"]["log"]["startup_line_as_expected"]
+        assert all(greedy[n]["all"] for n in ("plugin_eager", *compare.NOEMB)), greedy
+    else:
+        assert comp["plugin_eager vs stock_eager"]["equal"]
+        assert all(greedy[n]["all"] for n in ("plugin_eager", "stock_eager")), greedy
+
+
 def test_the_cpu_dry_run_serves_every_configuration_with_graphs_off(tmp_path):
     """--device cpu: the GPU run's whole table (the metrics server and the no-embedding pair of a release that cannot
     capture the embedding included), each with graphs off -- the CPU has none -- under its own name."""
