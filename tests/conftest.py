@@ -63,6 +63,29 @@ def pytest_report_header(config):
 
 DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.cuda)]
 
+# A folder the whole run shares, pytest-xdist workers included (made by the controlling process, which the workers'
+# environment comes from; removed when the run ends): what is expensive to build and the same in every worker is
+# built once there (doctor_helpers.demo_fast: the trained demo pair).
+SHARED_DIR = "E3_TEST_SHARED_DIR"
+
+
+def pytest_configure(config):
+    if hasattr(config, "workerinput") or os.environ.get(SHARED_DIR):  # an xdist worker, or the caller chose one
+        return
+    import tempfile
+
+    os.environ[SHARED_DIR] = tempfile.mkdtemp(prefix="e3-tests-shared-")
+    config._e3_shared_dir = os.environ[SHARED_DIR]
+
+
+def pytest_unconfigure(config):
+    made = getattr(config, "_e3_shared_dir", None)
+    if made is not None:
+        import shutil
+
+        shutil.rmtree(made, ignore_errors=True)
+        os.environ.pop(SHARED_DIR, None)
+
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):

@@ -118,38 +118,67 @@ def never_calls(rank: int, world: int, port: int, backend: str, queue) -> None:
         queue.put((rank, "error", traceback.format_exc()))
 
 
-def held_after_error(rank: int, world: int, port: int, queue) -> None:
-    """Every tensor this rank handed to a gloo collective -- the gatherer's set-up exchanges, then a good gather --
-    is still alive after the calls returned and a gather failed on the disagreement: nothing is left for gloo's
-    worker thread to free during interpreter teardown (gather_agreement: why that aborts the process)."""
-    import gc
+LATE_S = 0.3  # how long after a collective completes the stand-in for gloo's worker lets go of it
+
+
+def released_before_return(rank: int, world: int, port: int, queue) -> None:
+    """gloo's worker thread lets go of a collective's tensors a moment after the caller sees it complete, and that
+    release takes the GIL however many Python references the tensors have (gather_agreement: why a process that
+    exits then aborts). First the torch behaviour: a tensor that a live gloo work holds has one Python reference
+    more than the ones Python holds. Then every all_gather the gatherer makes hands its work to a thread that drops
+    it LATE_S later, as a late worker would: the gatherer's set-up, a gather that ends in the disagreement's
+    ValueError and a good gather must each return only after that drop -- no tensor they gave gloo is still
+    referenced from C++ (use count 1: its Python object's own; one that is gone was let go of)."""
+    import logging
+    import sys
+    import threading
     import weakref
 
     from torch.distributed import distributed_c10d as c10d
 
     try:
         _init(rank, world, port)
-        seen = []
         real = c10d.all_gather
+        t, outs = torch.full((2,), 1.5), [torch.zeros(2) for _ in range(world)]
+        alone = sys.getrefcount(t)
+        work = real(outs, t, async_op=True)
+        work.wait()
+        while_held = sys.getrefcount(t)
+        del work
 
-        def recording(tensor_list, tensor, *a, **k):
-            seen.extend(weakref.ref(t) for t in [*tensor_list, tensor])
-            return real(tensor_list, tensor, *a, **k)
+        given, late = [], []
 
-        c10d.all_gather = dist.all_gather = recording
+        def late_release(tensor_list, tensor, group=None, async_op=False):
+            assert not async_op
+            held = [real(tensor_list, tensor, group=group, async_op=True)]
+            held[0].wait()
+            given.extend(weakref.ref(x) for x in [*tensor_list, tensor])  # no reference of the test's own
+            timer = threading.Timer(LATE_S, held.clear)
+            late.append(timer)
+            timer.start()
+
+        c10d.all_gather = dist.all_gather = late_release
+        warnings = []  # the gatherer gave up waiting for a release (it must not: the stand-in lets go in LATE_S)
+        handler = logging.Handler(logging.WARNING)
+        handler.emit = lambda record: warnings.append(record.getMessage())
+        logging.getLogger("eagle3_capture.tp").addHandler(handler)
         from eagle3_capture.tp import PackedGatherer
+
+        def still_held():  # a tensor gone is released: while C++ held it, its Python object stayed alive
+            return sum(r() is not None and r()._use_count() > 1 for r in given)
 
         gat = PackedGatherer(None, num_taps=K, hidden_size=H, dtype=torch.float32, max_rows_per_rank=8,
                              timeout_s=TIMEOUT_S, device="cpu")
+        after_setup = (len(given), still_held())
         rows, _, rpr = SCENARIOS["rows_per_rank_differ"][1](rank, world)
         bad = _outcome(lambda: gat.gather(_local(rank, rows, K * H), rows_per_rank=rpr))
-        gc.collect()
-        after_setup = (len(seen), sum(r() is not None for r in seen))
+        after_error = (len(given), still_held())
         gat.gather(_local(rank, 2, K * H))
-        gc.collect()
-        after_gather = (len(seen), sum(r() is not None for r in seen))
-        queue.put((rank, "ok", (bad[0], after_setup, after_gather)))
-        # no destroy_process_group: the process ends as a short script would
+        after_gather = (len(given), still_held())
+        for timer in late:
+            timer.join()
+        queue.put((rank, "ok", ((alone, while_held), after_setup, bad[0], after_error, after_gather, warnings)))
+        dist.destroy_process_group()
     except BaseException:
         queue.put((rank, "error", traceback.format_exc()))
 

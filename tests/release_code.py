@@ -1,4 +1,4 @@
-"""Reading a released package's source without importing it (shared by test_sglang_releases.py and
+"""Reading a released package's source without importing it (shared by test_sglang_releases_code.py and
 test_vllm_rules.py): find a function by its dotted path with `ast`, and exec that one function's real source in a
 namespace the test provides, so its real code runs on any release whose files are on disk."""
 from __future__ import annotations

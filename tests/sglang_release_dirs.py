@@ -44,13 +44,10 @@ MARKER = ".e3-release.json"
 PINNED = ("transformers", "xgrammar")
 # Requirements of those that are never copied: this environment's must do (compiled against its torch, or used by it).
 NEVER_COPY = {"torch", "numpy", "safetensors", "regex", "pyyaml", "tqdm", "packaging", "filelock", "fsspec"}
-# Older releases reach mem_cache/memory_pool_host.py from deepseek_v2.py's imports, which imports sgl_kernel
-# (CUDA-only): they cannot be imported on the CPU machine (checked: 0.5.8, 0.5.10).
-IMPORTABLE_FROM = "0.5.11"
 
 # What the `sglang_releases` tests read, all installed by `python tests/sglang_release_dirs.py for-tests` (make
 # test-releases): every modelled release's sources, these releases importable (one of each adapter and of each id
-# rule that imports on a CPU machine; the import probe of test_sglang_releases.py runs on them, and make
+# rule that imports on a CPU machine; the import probe of test_sglang_releases_code.py runs on them, and make
 # test-sglang's matrix on some), and the vLLM releases vllm_rules.py models.
 IMPORT_PROBED = ("0.5.11", "0.5.12", "0.5.13", "0.5.16", "0.5.20", "0.5.21")
 VLLM_RELEASES = ("0.33.0", "0.34.0")
@@ -171,7 +168,14 @@ def _copy_missing(target: Path, meta: str, depth: int = 4) -> List[str]:
 
 
 def _import_check(target: Path, version: str) -> str:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(target), os.environ.get("PYTHONPATH")) if p))
+    """Whether the release imports beside this torch as on a GPU server, which has sglang-kernel and the CuTe DSL:
+    their import-only stand-ins (e3_sglang_cpu.sgl_kernel_standin) last on the path, for a release that imports
+    them whatever the device (0.5.15 imports cutlass)."""
+    from e3_sglang_cpu import sgl_kernel_standin
+
+    standins = sgl_kernel_standin.make_folder(str(target.parent / "import_standins"))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(target), os.environ.get("PYTHONPATH"),
+                                                                   standins) if p))
     check = ("import warnings; warnings.filterwarnings('ignore'); import sglang, transformers; "
              "import sglang.srt.models.deepseek_v2, sglang.srt.plugins.hook_registry; "
              "print(sglang.__version__, transformers.__version__)")
@@ -190,20 +194,29 @@ def _download(spec: str, into: Path) -> Path:
     return wheels[0]
 
 
-def known_versions():
-    """The modelled releases, from the checkout's package (bootstrap: this file runs as a script, outside pytest,
-    where the package may not be installed yet)."""
+def _releases():
+    """The release table, from the checkout's package (bootstrap: this file runs as a script, outside pytest, where
+    the package may not be installed yet)."""
     if str(REPO / "python") not in sys.path:
         sys.path.insert(0, str(REPO / "python"))
-    from eagle3_capture.sglang_releases import KNOWN_VERSIONS
+    from eagle3_capture import sglang_releases
 
-    return KNOWN_VERSIONS
+    return sglang_releases
+
+
+def known_versions():
+    """The modelled releases (the release table's)."""
+    return _releases().KNOWN_VERSIONS
+
+
+def cpu_blocker(version: str) -> str:
+    """Why SGLang ``version`` cannot run on a CPU machine, from the release table ("" when it can)."""
+    return _releases().release(version).cpu_blocker or ""
 
 
 def importable_here(version: str) -> bool:
-    """Whether SGLang ``version`` can be imported on a CPU machine (see IMPORTABLE_FROM)."""
-    known = known_versions()
-    return version in known and known.index(version) >= known.index(IMPORTABLE_FROM)
+    """Whether SGLang ``version`` can be imported on a CPU machine (the release table's cpu_blocker)."""
+    return version in known_versions() and not cpu_blocker(version)
 
 
 def _installed_here() -> Optional[str]:
@@ -215,8 +228,7 @@ def _installed_here() -> Optional[str]:
 
 def install_sglang(version: str, importable: bool = False) -> Path:
     if importable and not importable_here(version):
-        raise SystemExit(f"SGLang {version} cannot be imported on a CPU machine (its deepseek_v2.py imports "
-                         f"sgl_kernel through mem_cache/memory_pool_host.py before {IMPORTABLE_FROM}); install its "
+        raise SystemExit(f"SGLang {version} cannot run on a CPU machine ({cpu_blocker(version)}); install its "
                          "sources without --importable")
     final = releases_dir() / version
     have = _marker(final)

@@ -1,6 +1,6 @@
 """Run inside a subprocess whose sys.path starts with one SGLang release (tests/sglang_release_dirs.py
 ``--importable``): imports that release's real models and answers, as JSON on stdout, what its real code does for
-the cases read as JSON from stdin (test_sglang_releases.py compares the answers with sglang_releases/).
+the cases read as JSON from stdin (test_sglang_releases_code.py compares the answers with sglang_releases/).
 
 - ``set_layers``: ``DeepseekV2ForCausalLM.set_eagle3_layers_to_capture(ids)`` on an object built with ``__new__``
   -> ``model.layers_to_capture``;

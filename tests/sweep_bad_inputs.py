@@ -1,15 +1,20 @@
 """Sweep of bad inputs (issue 25's kinds and more), each run in a child process forked from a warm one, with a time
 limit, and counted by outcome: a clean error (exit 2, one line), a finding (exit 1), a result (exit 0), a
-traceback, a run killed at the time limit (a hang), a crash (a signal). Each case states what it must give; the
-table says how many cases of each kind gave what, and lists the ones that did not give what they must.
+traceback, a run killed at the time limit (a hang), a crash (a signal), and for `doctor watch` "could not judge"
+(exit 3). Each case states what it must give; the table says how many cases of each kind gave what, and lists the
+ones that did not give what they must.
 
-Not a pytest module (no test_ prefix): it takes minutes. Run it from the repository root:
+Not a pytest module (no test_ prefix): it takes minutes. One file (about 600 lines): one case builder per kind
+around the forked runner and the outcome table they share (issue 32's kinds: sweep_issue32_*.py). Run it from the
+repository root:
 
     PYTHONPATH=$PWD/python python tests/sweep_bad_inputs.py [--only KIND] [--timeout S] [--json OUT]
 
 Kinds: 1 online's recorded figures, 2 partly random targets, 4 sizes, 5 inputs that printed tracebacks, 6 the
 Python API, 8 messages that must name the right thing; 32.2 ... 32.8: issue 32's doctor kinds
-(tests/sweep_issue32_doctor.py). (Kind 7, the gather's exit after an agreement error, needs
+(tests/sweep_issue32_doctor.py); 42.1 ... 42.6: issue 42's kinds (tests/sweep_issue42.py: misspelt safety settings,
+watch readings, profile files, Prometheus rules, dump contracts, the request guard; 42.1 starts SGLang, run the
+sweep under `flock /tmp/e3-heavy.lock` on a shared machine). (Kind 7, the gather's exit after an agreement error, needs
 two processes per run: tests/test_gather_agreement.py repeats it.) The demo pair is trained once into
 /tmp/eagle3_sweep_demo (a `doctor demo --fast` in a subprocess) unless --demo names one.
 """
@@ -39,6 +44,7 @@ CHAIN = ("--speculative-algorithm EAGLE3 --speculative-num-steps 3 --speculative
          "--speculative-num-draft-tokens 4")
 CLEAN, FINDING, OK, TRACEBACK, HANG, CRASH, MULTILINE = ("clean error", "finding", "result", "traceback", "hang",
                                                        "crash", "error of several lines")
+UNJUDGED = "could not judge"   # doctor watch's exit 3: no alarm seen, a reading could not be judged
 
 
 class Case:
@@ -75,7 +81,7 @@ def classify(code, out, err):
     if code == 2:
         lines = [ln for ln in err.splitlines() if ln.strip()]
         return CLEAN if len(lines) == 1 and "error:" in lines[0] else MULTILINE
-    return {1: FINDING, 0: OK}.get(code, f"exit {code}")
+    return {1: FINDING, 0: OK, 3: UNJUDGED}.get(code, f"exit {code}")
 
 
 def run_forked(fn, timeout):
@@ -529,6 +535,12 @@ def message_cases(demo, tmp):
     return c
 
 
+def issue42_cases(demo, tmp, only):
+    from sweep_issue42 import cases
+
+    return cases(demo, tmp, None if not only else set(only))
+
+
 def issue32_doctor_cases(demo, tmp):
     from sweep_issue32_doctor import doctor_cases
 
@@ -555,6 +567,7 @@ def main(argv=None):
                 6: lambda: api_cases(tmp), 8: lambda: message_cases(demo, tmp),
                 32: lambda: issue32_doctor_cases(demo, os.path.join(tmp, "i32"))}
     builders["32"] = lambda: issue32_plugin_cases(os.path.join(tmp, "i32p"))  # issue 32's plugin kinds: 32.1, 32.6
+    builders[42] = lambda: issue42_cases(demo, os.path.join(tmp, "i42"), args.only)  # issue 42: 42.1 ... 42.6
     os.makedirs(os.path.join(tmp, "k5"))
     results, t0 = [], time.time()
     try:
@@ -575,7 +588,7 @@ def main(argv=None):
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"\n{len(results)} cases in {time.time() - t0:.0f} s")
     kinds = sorted({r["kind"] for r in results}, key=lambda k: [int(x) for x in str(k).split(".")])
-    outcomes = [CLEAN, FINDING, OK, TRACEBACK, HANG, CRASH, MULTILINE]
+    outcomes = [CLEAN, FINDING, OK, UNJUDGED, TRACEBACK, HANG, CRASH, MULTILINE]
     print(f"{'kind':>4}  {'cases':>5}  " + "  ".join(f"{o:>13}" for o in outcomes) + "  not as they must")
     for k in kinds:
         rs = [r for r in results if r["kind"] == k]

@@ -119,6 +119,66 @@ def test_positions_contradicting_the_histogram():
     assert P.from_json(d, "x.json").verifies == 50
 
 
+@pytest.mark.parametrize("row, value, needle", [
+    (0, 1.5, "a share in [0, 1]"), (1, -0.25, "a share in [0, 1]"), (0, 0.5, "the histogram gives 45/50"),
+    (2, "0.4", "a share in [0, 1]"), (2, True, "a share in [0, 1]"), (1, None, "a share in [0, 1]"),
+])
+def test_an_acceptance_contradicting_the_histogram_is_refused(row, value, needle):
+    """positions[].acceptance is derived from the histogram like the rest of the row: 1.5, a negative share, or one
+    that is not accepted / attempts is a file that contradicts itself."""
+    d = good()
+    d["positions"][row]["acceptance"] = value
+    refused(d, f"positions[{row}].acceptance")
+    refused(d, needle)
+
+
+def test_counts_in_a_row_are_integers():
+    d = good()
+    d["positions"][0]["attempts"] = float(d["positions"][0]["attempts"])  # 50.0 == 50 in Python: still refused
+    refused(d, "positions[0]")
+    d = good()
+    d["positions"][0]["position"] = True
+    refused(d, "positions[0]")
+
+
+def test_an_unreached_position_has_no_acceptance():
+    d = P.make("doctor accept", SPEC, [5, 0, 0, 0], 1).to_json()
+    assert d["positions"][1]["acceptance"] is None
+    assert P.from_json(d, "x.json").acceptance() == [0.0, None, None]
+    d["positions"][1]["acceptance"] = 0.0
+    refused(d, "no verify reached position 2")
+
+
+@pytest.mark.parametrize("body, needle", [
+    ("[" * 200000, "nested 200000 deep"), ("{\"a\": " * 50000 + "1" + "}" * 50000, "nested 50000 deep"),
+    ('{"format": "eagle3-capture/acceptance-profile", "prompts": ' + "7" * 5000 + "}", "a number of 5000"),
+    ('{"prompts": 1' + "0" * 60 + ".5}", "a number of 63"), ('{"prompts": 1e999}', "not finite"),
+    ('{"prompts": -1e400}', "not finite"),
+])
+def test_bounded_parse(tmp_path, body, needle):
+    """Nesting and number size are bounded before the decoder recurses or int() converts: one ProfileError line
+    naming the file, never a RecursionError or the int-digit-limit ValueError."""
+    f = tmp_path / "p.json"
+    f.write_text(body)
+    with pytest.raises(P.ProfileError) as ei:
+        P.read(str(f))
+    msg = str(ei.value)
+    assert msg.startswith(f"profile {f}: ") and needle in msg and "\n" not in msg, msg
+
+
+def test_brackets_inside_strings_do_not_count_as_nesting():
+    deep_text = "[" * 100 + '\\"]' + "{" * 100
+    d = good(draft=deep_text, target="}" * 200)
+    back = P.loads(json.dumps(d))
+    assert back["draft"] == deep_text and P.from_json(back, "x.json").draft == deep_text
+
+
+@pytest.mark.parametrize("path", ["", "   "])
+def test_an_empty_path_is_said_as_such(path):
+    with pytest.raises(P.ProfileError, match="an empty path"):
+        P.read(path)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # fuzz
 # ----------------------------------------------------------------------------------------------------------------
@@ -184,7 +244,9 @@ def test_fuzz_mutated_profiles(data):
 @FUZZ
 @given(body=st.one_of(st.binary(max_size=200), st.text(max_size=200).map(str.encode),
                       st.sampled_from([b"NaN", b"Infinity", b"-Infinity", b'{"a": NaN}', b"1e999", b"[1e999]",
-                                       b'"' + b"x" * 50 + b'"', b"{" * 5000 + b"}" * 5000])))
+                                       b'"' + b"x" * 50 + b'"', b"{" * 5000 + b"}" * 5000, b"[" * 100000,
+                                       b"[" * 3000 + b"]" * 3000, b"9" * 5000, b'{"a": ' + b"1" * 4400 + b"}",
+                                       b"0." + b"1" * 5000])))
 def test_fuzz_file_bytes(tmp_path_factory, body):
     f = tmp_path_factory.mktemp("pf") / "p.json"
     f.write_bytes(body)

@@ -1,5 +1,8 @@
 """capture_ and fused_add_rmsnorm_capture_ against the float64 reference: fuzzed shapes, strides, offsets and
-dtypes; poisoned outputs; untouched neighbours; bad inputs; opcheck; CUDA graphs (marker `cuda`)."""
+dtypes; poisoned outputs; untouched neighbours; bad inputs; opcheck; CUDA graphs (marker `cuda`).
+
+One file (just over 400 lines): the CUDA tests at the end reuse the case strategies, the packed-buffer builder and
+the outside-the-slot check of the CPU tests above them."""
 from __future__ import annotations
 
 import pytest

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from eagle3_capture.configs import (
-    SRC_DEFAULT, SRC_EAGLE_CONFIG, SRC_TOP_LEVEL, DraftConfig, check_sglang_0523_serving, draft_taps,
-    read_draft_config, read_target_config,
+    SRC_DEFAULT, SRC_EAGLE_CONFIG, SRC_TOP_LEVEL, DraftConfig, check_sglang_serving, draft_taps,
+    read_draft_config, read_target_config, target_ids,
 )
-from eagle3_capture.sglang_rules import SGLANG_0523_DEEPSEEK_V2, SGLANG_0523_QWEN_MOE
+from eagle3_capture.sglang_releases import FAMILY_DEEPSEEK_V2, FAMILY_QWEN_MOE
 from eagle3_capture.spec import CONV_DRAFT_IDS, CONV_HF, EMBEDDING, LayerOutput, TapSpec
 
 DATA = Path(__file__).parent / "data" / "configs"
@@ -27,7 +27,7 @@ def test_target_deepseek_v3():
     assert (t.num_layers, t.hidden_size, t.model_type) == (61, 7168, "deepseek_v3")
     assert t.architectures == ("DeepseekV3ForCausalLM",)
     assert t.source_path == str(DATA / "target_deepseek_v3_61.json")
-    assert t.text_config_key is None and t.sglang_0523_family == SGLANG_0523_DEEPSEEK_V2
+    assert t.text_config_key is None and t.sglang_family == FAMILY_DEEPSEEK_V2
 
 
 def test_target_kimi_k25_nested_text_config_from_directory():
@@ -37,12 +37,12 @@ def test_target_kimi_k25_nested_text_config_from_directory():
     assert t.model_type == "deepseek_v3" and t.top_model_type == "kimi_k25"
     assert t.architectures == ("KimiK25ForConditionalGeneration",)
     assert t.source_path.endswith(os.path.join("target_kimi_k25", "config.json"))
-    assert t.sglang_0523_family == SGLANG_0523_DEEPSEEK_V2
+    assert t.sglang_family == FAMILY_DEEPSEEK_V2
 
 
 def test_target_from_dict_and_sub_config_priority():
     t = read_target_config({"model_type": "x", "num_hidden_layers": 4, "hidden_size": 8})
-    assert (t.num_layers, t.hidden_size, t.source_path) == (4, 8, None) and t.sglang_0523_family is None
+    assert (t.num_layers, t.hidden_size, t.source_path) == (4, 8, None) and t.sglang_family is None
     # nested wins over top level, as in SGLang's get_hf_text_config; thinker_config > text_config
     t = read_target_config({"num_hidden_layers": 4, "hidden_size": 8,
                             "text_config": {"num_hidden_layers": 10, "hidden_size": 16}})
@@ -81,7 +81,7 @@ def test_target_top_level_not_object(tmp_path):
 def test_draft_ids_in_eagle_config():
     d = read_draft_config(DATA / "draft_eagle_config_ids.json")
     assert d.layer_ids == [-1, 2, 30] and d.layer_ids_source == SRC_EAGLE_CONFIG
-    assert d.sglang_0523_target_ids == [-1, 2, 30]
+    assert target_ids(d, "0.5.23") == [-1, 2, 30]
     assert d.convention == "draft_ids"
     assert (d.hidden_size, d.target_hidden_size, d.num_hidden_layers) == (7168, 7168, 1)
     assert d.fc_norm is True and d.norm_before_fc is False
@@ -93,25 +93,25 @@ def test_draft_ids_in_eagle_config():
 def test_draft_ids_top_level_are_not_seen_by_sglang_target():
     d = read_draft_config(DATA / "draft_top_level_ids.json")
     assert d.layer_ids == [2, 30, 58] and d.layer_ids_source == SRC_TOP_LEVEL
-    assert d.sglang_0523_target_ids is None
+    assert target_ids(d, "0.5.23") is None
     assert d.target_hidden_size is None and d.fc_in_features == 3 * 7168  # width falls back to hidden_size
     assert any("top level" in w and "default" in w for w in d.warnings)
     t = read_target_config(DATA / "target_deepseek_v3_61.json")
     assert draft_taps(d, t).taps == (LayerOutput(2), LayerOutput(30), LayerOutput(58))
     # the server captures its default [2, 30, 58] layer inputs = outputs 1, 29, 57: shifted by one
-    f = check_sglang_0523_serving(d, t)
+    f = check_sglang_serving(d, t, "0.5.23")
     assert codes(f) == ["config"] + ["shifted-tap"] * 3
 
 
 def test_draft_ids_absent_uses_sglang_default():
     d = read_draft_config(DATA / "draft_no_ids.json")
-    assert d.layer_ids is None and d.layer_ids_source == SRC_DEFAULT and d.sglang_0523_target_ids is None
+    assert d.layer_ids is None and d.layer_ids_source == SRC_DEFAULT and target_ids(d, "0.5.23") is None
     assert d.fc_in_features == 3 * 7168
     t = read_target_config(DATA / "target_deepseek_v3_61.json")
     spec = draft_taps(d, t)
     assert spec.to_layer_inputs() == [2, 30, 58]
     assert spec.taps == (LayerOutput(1), LayerOutput(29), LayerOutput(57))
-    assert check_sglang_0523_serving(d, t) == []
+    assert check_sglang_serving(d, t, "0.5.23") == []
 
 
 def test_draft_explicit_conventions():
@@ -147,7 +147,7 @@ def test_draft_legacy_use_aux_norm_and_norm_before_fc():
     assert d.hidden_size == 4096 and d.target_hidden_size == 7168 and d.fc_in_features == 3 * 7168
     t = read_target_config(DATA / "target_kimi_k25")
     assert draft_taps(d, t).taps == (LayerOutput(1), LayerOutput(29), LayerOutput(57))
-    assert check_sglang_0523_serving(d, t) == []  # ids starting with 1 get SGLang's +1: served right
+    assert check_sglang_serving(d, t, "0.5.23") == []  # ids starting with 1 get SGLang's +1: served right
 
 
 def test_kimi_k25_incident_from_configs():
@@ -155,13 +155,13 @@ def test_kimi_k25_incident_from_configs():
     t = read_target_config(DATA / "target_kimi_k25")
     spec = draft_taps(d, t)
     assert spec == TapSpec(TRAINED, 61, 7168)
-    f = check_sglang_0523_serving(d, t)
+    f = check_sglang_serving(d, t, "0.5.23")
     for code in ("dropped-tap", "capture-error", "count-mismatch", "missing-embedding", "shifted-tap"):
         assert code in codes(f)
     # the same draft on a Qwen MoE-style target (+1 always) would be served right
     q = read_target_config({"model_type": "qwen3_moe", "num_hidden_layers": 61, "hidden_size": 7168})
-    assert q.sglang_0523_family == SGLANG_0523_QWEN_MOE
-    assert check_sglang_0523_serving(d, q) == []
+    assert q.sglang_family == FAMILY_QWEN_MOE
+    assert check_sglang_serving(d, q, "0.5.23") == []
 
 
 def test_draft_hidden_size_mismatch_with_target():
@@ -195,15 +195,15 @@ def test_draft_both_locations_and_use_aux_false():
                                             "use_aux_hidden_state": False}})
     assert d.layer_ids == [1, 3] and d.layer_ids_source == SRC_EAGLE_CONFIG
     assert any("differ" in w for w in d.warnings) and d.use_aux_hidden_state is False
-    f = check_sglang_0523_serving(d, read_target_config({"model_type": "deepseek_v3", "num_hidden_layers": 10,
-                                                         "hidden_size": 8}))
+    f = check_sglang_serving(d, read_target_config({"model_type": "deepseek_v3", "num_hidden_layers": 10,
+                                                    "hidden_size": 8}), "0.5.23")
     assert "no-capture" in codes(f)
 
 
 def test_draft_unmodelled_family_is_info():
     d = read_draft_config({"hidden_size": 8, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2]}})
-    f = check_sglang_0523_serving(d, read_target_config({"model_type": "llama", "num_hidden_layers": 10,
-                                                         "hidden_size": 8}))
+    f = check_sglang_serving(d, read_target_config({"model_type": "llama", "num_hidden_layers": 10,
+                                                    "hidden_size": 8}), "0.5.23")
     assert codes(f) == ["unmodelled-family"] and f[0].severity == "info"
 
 

@@ -51,6 +51,11 @@ def fc_cases(draw, device):
     m = draw(st.one_of(st.just(0), st.just(1), st.integers(1, 8), st.integers(9, 64), st.integers(65, 140)))
     if big:
         m = min(m, 70)
+        if device == "cpu":
+            # The CPU op normalises each row (the width is what its accumulation sees) and hands the rest to torch's
+            # GEMM: the real width with few rows and outputs checks the same, at a tenth of the float64 reference's
+            # cost. Rows and outputs stay wide on CUDA, where they pick the decode kernels or the GEMM path.
+            m, n = min(m, 16), 130
     return dict(dtype=draw(st.sampled_from(dtypes)), m=m, k=k, h=h, n=n,
                 packed=draw(st.booleans()), norm=draw(st.booleans()), bias=draw(st.booleans()),
                 out=draw(st.booleans()), pad=8 * draw(st.integers(0, 2)), seed=draw(st.integers(0, 2**31 - 1)),

@@ -86,6 +86,19 @@ BREAKS = [
     ("server missing", lambda r: r.pop("server"), "missing keys ['server']"),
     ("host", lambda r: r.update(host=""), "host must be a non-empty string"),
     ("pid", lambda r: r.update(pid=0), "pid must be an integer >= 1"),
+    # issue 42: the declaration must agree with the rest of the record
+    ("2 of 3 taps", lambda r: r.update(declared=["Embedding", "LayerOutput(1)"], draft_ids=[-1, 1]),
+     "declared names 2 taps ['Embedding', 'LayerOutput(1)'], layers_to_capture 3 slots"),
+    ("4 taps for 3 slots", lambda r: r.update(declared=["Embedding", "LayerOutput(1)", "LayerOutput(2)",
+                                                        "LayerOutput(5)"], draft_ids=[-1, 1, 2, 5]),
+     "declared names 4 taps"),
+    ("beyond the model", lambda r: r.update(declared=["Embedding", "LayerOutput(1)", "LayerOutput(99)"],
+                                            draft_ids=[-1, 1, 99]), "LayerOutput(99) is beyond the model's 6 layers"),
+    ("draft ids", lambda r: r.update(draft_ids=[-1, 2, 5]), "draft_ids [-1, 2, 5] are not the declared taps"),
+    ("draft ids count", lambda r: r.update(draft_ids=[-1, 1]), "draft_ids 2 ids"),
+    ("unsorted taps", lambda r: r.update(declared=["LayerOutput(1)", "Embedding", "LayerOutput(5)"]),
+     "not distinct and in order"),
+    ("empty declaration", lambda r: r.update(declared=[]), "declared is an empty list"),
 ]
 
 
@@ -246,3 +259,150 @@ def test_inventory_of_version_2_records_says_their_pid_is_not_an_identity(tmp_pa
     assert len(inv.writers) == 1 and inv.several_declarations
     assert "a version-2 writer with pid 6 in its file names (no server id: replicas in separate PID namespaces " \
            "share pids)" in inv.mixed()
+
+
+def test_a_declaration_that_differs_from_the_capture_in_value_is_a_record_not_a_problem():
+    """A server that captures other layer inputs than its draft declares is what the doctor finds: the record carries
+    it. Only a declaration that contradicts the record's own shape is refused."""
+    rec = good()
+    rec["layers_to_capture"] = [1, 2, 5]   # one layer later than declared: miswired, and said
+    assert df.record_problems(rec) == []
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# issue 42: tensor bytes verified against the zip's CRC-32s
+# ----------------------------------------------------------------------------------------------------------------
+
+def _saved(tmp_path, name="r.pt"):
+    rec = good()
+    p = tmp_path / df.file_name(rec["host"], rec["server"], 0, 1)
+    torch.save(rec, p)
+    return p, rec
+
+
+def test_changed_tensor_bytes_are_refused_naming_the_member(tmp_path):
+    p, rec = _saved(tmp_path)
+    df.load_record(str(p))  # the good one loads
+    data = bytearray(p.read_bytes())
+    i = data.find(rec["aux"][2].numpy().tobytes()[:16])
+    assert i > 0
+    data[i + 5] ^= 0x01   # one bit of one aux value
+    p.write_bytes(bytes(data))
+    with pytest.raises(df.DumpError) as ei:
+        df.load_record(str(p))
+    msg = str(ei.value)
+    assert "fails its CRC-32" in msg and "/data/" in msg and "remove the record, or dump again" in msg, msg
+    assert "\n" not in msg
+    # before: torch.load took the changed bytes as data
+    assert not torch.equal(torch.load(p, weights_only=True)["aux"], rec["aux"])
+
+
+def test_a_record_without_crcs_is_unverifiable(tmp_path):
+    import zipfile
+
+    p, _ = _saved(tmp_path)
+    q = tmp_path / "nocrc.pt"
+    with zipfile.ZipFile(p) as src, zipfile.ZipFile(q, "w", zipfile.ZIP_STORED) as dst:
+        for info in src.infolist():
+            dst.writestr(info, src.read(info))
+    raw = bytearray(q.read_bytes())
+    with zipfile.ZipFile(q) as z:  # zero every CRC field (local headers and the directory), as an unchecked writer
+        for info in z.infolist():
+            crc = info.CRC.to_bytes(4, "little")
+            raw = raw.replace(crc, b"\0\0\0\0")
+    q.write_bytes(bytes(raw))
+    with pytest.raises(df.DumpError, match="written without CRC-32s"):
+        df.load_record(str(q))
+
+
+@pytest.mark.parametrize("cut", [10, 100, 1000, -10])
+def test_a_truncated_record_is_one_line(tmp_path, cut):
+    p, _ = _saved(tmp_path)
+    data = p.read_bytes()
+    p.write_bytes(data[:cut])
+    with pytest.raises(df.DumpError) as ei:
+        df.load_record(str(p))
+    assert "\n" not in str(ei.value) and str(p) in str(ei.value)
+
+
+@settings(max_examples=60, deadline=None)
+@given(where=st.integers(0, 10 ** 6), bit=st.integers(0, 7))
+def test_fuzz_any_flipped_bit_is_refused_or_harmless(tmp_path_factory, where, bit):
+    """Any single flipped bit: the record is refused (CRC, zip structure, contract) or it loads equal to what was
+    written (a bit of the zip's own bookkeeping that reading does not use) -- never changed data."""
+    d = tmp_path_factory.mktemp("flip")
+    p, rec = _saved(d)
+    data = bytearray(p.read_bytes())
+    data[where % len(data)] ^= 1 << bit
+    p.write_bytes(bytes(data))
+    try:
+        back = df.load_record(str(p))
+    except df.DumpError:
+        return
+    assert torch.equal(back.aux, rec["aux"]) and torch.equal(back.stream, rec["stream"])
+    assert torch.equal(back.input_ids, rec["input_ids"]) and back.declared == rec["declared"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# issue 42: records keyed by writer as well as rid
+# ----------------------------------------------------------------------------------------------------------------
+
+def _record_of(rid, ltc, server, L=6, T=4, H=8, seq=0):
+    g = torch.Generator().manual_seed(seq)
+    rec = good(T=T, H=H, L=L, stream=False)
+    rec.update(requests=[{"rid": rid, "row_start": 0, "row_end": T, "prefix_len": 0}], layers_to_capture=ltc,
+               aux=torch.randn(T, len(ltc) * H, generator=g), server=server, seq=seq)
+    return rec
+
+
+def test_two_writers_of_one_rid_are_two_requests(tmp_path):
+    """A miswired replica whose records reuse a correct replica's doctor rids: each writer's request is its own, so
+    neither hides the other (before, the second's rows were dropped as 'the same row written twice')."""
+    rid = "eagle3-doctor-run-0"
+    good_rec, bad_rec = _record_of(rid, [0, 2, 6], "a" * 16), _record_of(rid, [1, 3, 6], "b" * 16, seq=1)
+    paths = []
+    for rec in (good_rec, bad_rec):
+        p = tmp_path / df.file_name(rec["host"], rec["server"], 0, rec["seq"])
+        torch.save(rec, p)
+        paths.append(str(p))
+    from eagle3_capture.dump_format.reader import by_rid, doctor_requests, one_writer
+
+    reqs = doctor_requests(df.DumpReader(str(tmp_path)).refresh())
+    assert sorted(reqs) == [("a" * 16, rid), ("b" * 16, rid)]
+    assert [r.load().layers_to_capture for r in reqs.values()] == [[0, 2, 6], [1, 3, 6]]
+    with pytest.raises(df.DumpError, match="is in the records of 2 writers"):
+        one_writer(rid, by_rid(reqs)[rid], "--dump d")
+
+
+def test_one_writer_key_two_captures_at_one_position_is_refused(tmp_path):
+    """Version-2 records of two replicas in separate PID namespaces share a pid, so their writer is one key: rows of
+    one rid captured differently at one position are refused, naming both files and what to do."""
+    rid = "eagle3-doctor-run-0"
+    for seq, ltc in ((0, [0, 2, 6]), (1, [1, 3, 6])):
+        rec = as_v2(_record_of(rid, ltc, "a" * 16, seq=seq))
+        torch.save(rec, tmp_path / f"eagle3_capture_pid6_tp0_{seq:06d}.pt")
+    from eagle3_capture.dump_format.reader import doctor_requests
+
+    [req] = doctor_requests(df.DumpReader(str(tmp_path)).refresh()).values()
+    for read in (lambda: req.input_ids, lambda: req.load()):
+        with pytest.raises(df.DumpError) as ei:
+            read()
+        msg = str(ei.value)
+        assert "two records of one writer disagree at position 0" in msg and "layer inputs [0, 2, 6]" in msg, msg
+        assert "eagle3_capture_pid6_tp0_000000.pt" in msg and "own EAGLE3_CAPTURE_DUMP directory" in msg
+
+
+def test_two_records_of_one_token_that_disagree_say_so(tmp_path):
+    """Two records giving one position two tokens: said as such (before, the doctor blamed "another prompts file,
+    or another tokenizer")."""
+    rid = "eagle3-doctor-run-0"
+    a = _record_of(rid, [0, 2, 6], "a" * 16)
+    b = _record_of(rid, [0, 2, 6], "a" * 16, seq=1)
+    b["input_ids"] = b["input_ids"] + 7
+    for rec in (a, b):
+        torch.save(rec, tmp_path / df.file_name(rec["host"], rec["server"], 0, rec["seq"]))
+    from eagle3_capture.dump_format.reader import doctor_requests
+
+    [req] = doctor_requests(df.DumpReader(str(tmp_path)).refresh()).values()
+    with pytest.raises(df.DumpError, match="disagree at position 0: token 0 in .* and token 7 in"):
+        req.input_ids

@@ -14,10 +14,21 @@ import gather_worker
 from free_ports import free_port
 
 
-def spawn(world: int, target, *args, timeout: float = 240.0, exit_codes: list = None):
-    """Run target(rank, world, port, *args, queue) in `world` spawned processes; {rank: (status, payload)} from
-    the queue. `exit_codes`: a list that gets each process's exit code, in rank order."""
-    ctx = mp.get_context("spawn")
+# The ranks' processes are forked from multiprocessing's fork server, which imports torch and the package once
+# (a spawned rank spends seconds importing them; a test file starts dozens). A test about how a process ends asks for
+# "spawn": a forked rank leaves with os._exit, skipping the interpreter's teardown it would be about.
+PRELOAD = ["torch", "torch.distributed", "eagle3_capture", "eagle3_capture.tp"]
+
+
+def spawn(world: int, target, *args, timeout: float = 240.0, exit_codes: list = None, method: str = "forkserver"):
+    """Run target(rank, world, port, *args, queue) in `world` new processes (`method`: "forkserver", or "spawn"
+    for a fresh interpreter); {rank: (status, payload)} from the queue. `exit_codes`: a list that gets each
+    process's exit code, in rank order."""
+    if method not in ("forkserver", "spawn"):
+        raise ValueError(f"method must be 'forkserver' or 'spawn', got {method!r}")
+    ctx = mp.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(PRELOAD)
     q = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=target, args=(r, world, port, *args, q)) for r in range(world)]

@@ -50,7 +50,7 @@ def serve_multiprocess_dir(path: str):
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=path)
     server = make_server("127.0.0.1", 0, make_wsgi_app(registry), server_class=Threading, handler_class=Quiet)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
     return server
 
 
@@ -178,3 +178,105 @@ def test_a_taken_port_is_retried(monkeypatch):
         monkeypatch.setattr(prometheus_server, "free_port", lambda: next(offered, None) or find())
         with PrometheusServer("http://127.0.0.1:9/metrics") as p:
             assert not p.url.endswith(f":{taken}") and p.query("2") == [Series({}, 2.0)]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# issue 42: both name forms at once, the plugin's series absent beside SGLang's traffic, impossible counts
+# ----------------------------------------------------------------------------------------------------------------
+
+def serve_pages(pages):
+    """One http.server per page maker (a function of the seconds since start returning the page's text, served in
+    the text format): the /metrics of stand-in servers whose counters grow with time."""
+    import http.server
+    import time as _time
+
+    t0 = _time.monotonic()
+    servers = []
+    for make in pages:
+        class Handler(http.server.BaseHTTPRequestHandler):
+            maker = staticmethod(make)
+
+            def do_GET(self):
+                body = self.maker(_time.monotonic() - t0 + 1000.0).encode()  # 1000 s of history: no cut at 0
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        s = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        s.daemon_threads = True
+        threading.Thread(target=s.serve_forever, daemon=True).start()
+        servers.append(s)
+    return servers
+
+
+def _both_forms(t):
+    """The plugin's counters written twice, once per name form, at 10 verifies a second each (20 in all): what a
+    Prometheus stores across a restart that changed the scrape format, held here for the whole window."""
+    lines = []
+    for sep in (":", "_"):
+        lines += [f'eagle3_capture{sep}spec_verifies_total{{model_name="m"}} {10 * t}',
+                  f'eagle3_capture{sep}spec_draft_attempts_total{{model_name="m",position="1"}} {10 * t}',
+                  f'eagle3_capture{sep}spec_draft_accepted_total{{model_name="m",position="1"}} {5 * t}',
+                  f'eagle3_capture{sep}acceptance_alarms_total{{model_name="m",position="1"}} 0',
+                  f'eagle3_capture{sep}expected_acceptance{{model_name="m",position="1"}} 0.5',
+                  f'eagle3_capture{sep}expected_accept_length{{model_name="m"}} 1.5',
+                  f'sglang{sep}spec_accept_length{{model_name="m",tp_rank="0"}} 1.5']
+    return "\n".join(lines + [f'sglang:spec_verify_calls_total{{model_name="m"}} {10 * t}']) + "\n"
+
+
+def _no_plugin(t):
+    """SGLang 0.5.23 serving speculative traffic without the plugin's series."""
+    return f'sglang:spec_verify_calls_total{{model_name="m"}} {10 * t}\n'
+
+
+def _impossible(t):
+    """Position 1 accepted twice as often as it is reached, and a profile acceptance of 2."""
+    return (f'eagle3_capture:spec_verifies_total{{model_name="m"}} {10 * t}\n'
+            f'eagle3_capture:spec_draft_attempts_total{{model_name="m",position="1"}} {10 * t}\n'
+            f'eagle3_capture:spec_draft_accepted_total{{model_name="m",position="1"}} {20 * t}\n'
+            f'eagle3_capture:expected_acceptance{{model_name="m",position="1"}} 2\n')
+
+
+def test_both_name_forms_the_absent_plugin_and_impossible_counts_in_a_real_prometheus():
+    """A real Prometheus scraping three stand-ins. (a) both name forms at once: every rule evaluates (before, the
+    recording rules and the drift alert failed with "vector cannot contain metrics with the same labelset") and
+    the rates are the two forms' sum; (b) SGLang's verifies rising with no plugin series: Eagle3CaptureMetricsAbsent
+    goes pending for that instance only; (c) impossible counts: not recorded, Eagle3CountsImpossible pending."""
+    servers = serve_pages([_both_forms, _no_plugin, _impossible])
+    both, absent, impossible = (f"127.0.0.1:{s.server_address[1]}" for s in servers)
+    try:
+        with PrometheusServer([f"http://{h}/metrics" for h in (both, absent, impossible)]) as p:
+            p.wait_for("up", lambda s: len(s) == 3 and all(x.value == 1 for x in s), timeout=20)
+            rate = p.wait_for(f'eagle3_capture:spec_verifies:rate5m{{instance="{both}"}}',
+                              lambda s: len(s) == 1 and s[0].value > 0, timeout=20)[0].value
+            # the two forms' rates, each read by its own name, add up to the recorded one
+            forms = [p.query(f'sum(rate(eagle3_capture{sep}spec_verifies_total{{instance="{both}"}}[5m]))')[0].value
+                     for sep in (":", "_")]
+            assert forms[0] == pytest.approx(forms[1], rel=0.2) and rate == pytest.approx(sum(forms), rel=0.2)
+            acc = p.wait_for(f'eagle3_capture:spec_draft_acceptance:rate5m{{instance="{both}"}}', timeout=20)
+            assert len(acc) == 1 and acc[0].value == pytest.approx(0.5, abs=0.02)
+            [al] = p.wait_for(f'eagle3_capture:spec_accept_length:rate5m{{instance="{both}"}}', timeout=20)
+            assert al.value == pytest.approx(1.5, abs=0.02)
+            [sg] = p.wait_for(f'eagle3_capture:sglang_spec_accept_length:avg5m{{instance="{both}"}}', timeout=20)
+            assert sg.value == pytest.approx(1.5)
+            p.wait_for('ALERTS{alertname="Eagle3CaptureMetricsAbsent"}', timeout=20)
+            p.wait_for('ALERTS{alertname="Eagle3CountsImpossible"}', lambda s: len(s) == 2, timeout=20)
+            assert p.rule_errors() == []
+            states = {(a["labels"]["alertname"], a["labels"]["instance"], a["labels"].get("what")): a["state"]
+                      for a in p.alerts()}
+            assert states == {("Eagle3CaptureMetricsAbsent", absent, None): "pending",
+                              ("Eagle3CountsImpossible", impossible, "live acceptance over 1"): "pending",
+                              ("Eagle3CountsImpossible", impossible, "the profile's acceptance outside [0, 1]"):
+                                  "pending"}, states
+            # the impossible figures are not recorded
+            assert p.query(f'eagle3_capture:spec_draft_acceptance:rate5m{{instance="{impossible}"}}') == []
+            assert p.query(f'eagle3_capture:expected_acceptance:max{{instance="{impossible}"}}') == []
+    finally:
+        for s in servers:
+            s.shutdown()
+            s.server_close()

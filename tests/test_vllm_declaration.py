@@ -1,5 +1,5 @@
 """eagle3_capture.vllm.declaration: which taps the vLLM plugin captures for a draft config, pure (no vLLM), fuzzed.
-tests/vllm/ checks the same reading through vLLM's real config objects and serving loop."""
+tests/vllm_engine/ checks the same reading through vLLM's real config objects and serving loop."""
 from __future__ import annotations
 
 import pytest

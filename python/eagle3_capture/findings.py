@@ -1,6 +1,6 @@
 """Findings: one mismatch between what a draft was trained on and what a capture delivers (with its fix), and
-:func:`compare_taps`, which names every such mismatch slot by slot. Engine-free: sglang_rules.py adds what stock
-SGLang 0.5.23 drops and raises; the doctor's checks add their own findings of the same type."""
+:func:`compare_taps`, which names every such mismatch slot by slot. Engine-free: sglang_releases/ adds what stock
+SGLang drops and raises on each release; the doctor's checks add their own findings of the same type."""
 
 from __future__ import annotations
 

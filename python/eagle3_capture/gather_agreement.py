@@ -13,14 +13,15 @@ decision and raises too.
 """
 from __future__ import annotations
 
-import collections
-import ctypes
 import json
+import logging
 import pickle
+import sys
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -64,38 +65,55 @@ def group_store(group: Optional[dist.ProcessGroup]):
 # gloo collectives that a process can exit right after
 # ----------------------------------------------------------------------------------------------------------------
 #
-# gloo runs a collective on one of its worker threads, and that thread drops its references to the call's tensors a
-# moment after the caller has seen the call complete. When the caller's references are gone by then, the worker's
-# drop frees the tensor, and a tensor made in Python frees its Python object there, which takes the GIL. A process
-# that exits in that moment -- a script that ends right after a gather's ValueError, the gatherer's own set-up
-# collectives a few milliseconds before -- is finalizing its interpreter, and CPython ends a thread that asks for the
-# GIL then with pthread_exit; inside a C++ destructor that is std::terminate: SIGABRT, "terminate called without an
-# active exception" (seen about once in 25 runs on a loaded two-core machine; `gloo all_gather, then exit` alone
-# shows it too). The tensors of the gatherer's latest gloo collectives therefore keep one reference that the
-# interpreter's teardown never drops, so a worker's late release is a plain decrement; a set is let go (in the
-# caller's thread, holding the GIL) when newer collectives have replaced it.
+# gloo runs a collective on one of its worker threads, and the work object that thread holds keeps a C++ reference
+# to each of the call's tensors; the worker marks the work complete first and drops it a moment later, so the
+# caller can see the call return before gloo has let go. torch keeps a tensor's Python object alive while a C++
+# reference besides the object's own exists (PyObject preservation, c10/util/intrusive_ptr.h): the C++ count going
+# from 2 to 1 decrefs the Python object, and that takes the GIL -- however many references Python itself holds. A
+# process that is finalizing its interpreter in that moment (a script that ends right after a gather's ValueError,
+# the gatherer's own set-up collectives a few milliseconds before) ends a thread that waits for the GIL with
+# pthread_exit; inside that noexcept decrement it is std::terminate: SIGABRT, "terminate called without an active
+# exception" (core dumps: gloo's worker in ~AsyncWork -> TensorImpl::decref_pyobject -> take_gil -> pthread_exit;
+# docs/status.md has the rates). Keeping the tensors referenced from Python does not help: the decrement takes the
+# GIL all the same. Not returning before gloo has let go does: each of the gatherer's gloo collectives waits, once
+# complete, until its tensors' Python reference counts are back where they were before the call -- the worker's
+# decrement has then run, under the GIL, which the wait gives up while it sleeps. Usually there is nothing to wait
+# for; on a loaded machine a worker descheduled for a few milliseconds is.
 
-_HELD_SETS = 4  # the set-up exchanges, then the latest gathers: a bounded few buffers, let go oldest first
-_held: "collections.deque[List[object]]" = collections.deque()
+_RELEASE_POLL_S = 0.0002  # between looks at the reference counts, the GIL is free for the worker's decrement
+# A worker comes round to its decrement within milliseconds even on a loaded machine; a count still raised after
+# this long is held by something else (a profiler, an in-flight-work registry): warn once and go on.
+_RELEASE_WAIT_S = 5.0
+_warned_unreleased = False
 
 
-def hold_collective_tensors(tensors: Sequence[object]) -> None:
-    """Keep these tensors of a gloo collective referenced past interpreter teardown (see above); lets go of the
-    oldest held set beyond the last few."""
-    objs = [t for t in tensors if isinstance(t, torch.Tensor)]
-    for t in objs:
-        ctypes.pythonapi.Py_IncRef(ctypes.py_object(t))
-    _held.append(objs)
-    while len(_held) > _HELD_SETS:
-        for t in _held.popleft():
-            ctypes.pythonapi.Py_DecRef(ctypes.py_object(t))
+def _py_refs(tensors: Sequence[torch.Tensor]) -> List[int]:
+    return [sys.getrefcount(t) for t in tensors]
+
+
+def gloo_collective(run: Callable[[], object], tensors: Sequence[torch.Tensor]) -> None:
+    """Runs ``run()``, a blocking gloo collective over ``tensors`` (made by the caller and referenced only by it),
+    and returns once gloo's worker thread has let go of them (see above): a process may end right after."""
+    global _warned_unreleased
+    before = _py_refs(tensors)
+    run()
+    deadline = time.monotonic() + _RELEASE_WAIT_S
+    while any(now > then for now, then in zip(_py_refs(tensors), before)):
+        if time.monotonic() > deadline:
+            if not _warned_unreleased:
+                _warned_unreleased = True
+                logging.getLogger("eagle3_capture.tp").warning(
+                    "a gloo collective's tensors were still referenced from C++ %.0f s after it completed (something "
+                    "other than gloo's worker holds them); a process that exits while that reference is dropped can "
+                    "abort", _RELEASE_WAIT_S)
+            return
+        time.sleep(_RELEASE_POLL_S)
 
 
 def all_gather_objects(group: Optional[dist.ProcessGroup], obj, world: int) -> list:
     """Every rank's picklable ``obj``, in rank order. Collective. ``dist.all_gather_object``, except that on gloo
-    the tensors it exchanges stay held (hold_collective_tensors): it is the gatherer's last collective before its
-    first gather, so a process that ends right after a gather's error would otherwise exit while gloo's worker
-    still holds them."""
+    it returns only once gloo's worker has let go of the tensors it exchanged (gloo_collective): it is the
+    gatherer's last collective before its first gather, and a process may end right after that gather's error."""
     if dist.get_backend(group) != "gloo":
         everyone: list = [None] * world
         dist.all_gather_object(everyone, obj, group=group)
@@ -103,13 +121,12 @@ def all_gather_objects(group: Optional[dist.ProcessGroup], obj, world: int) -> l
     data = pickle.dumps(obj)
     size = torch.tensor([len(data)], dtype=torch.int64)
     sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
-    dist.all_gather(sizes, size, group=group)
+    gloo_collective(lambda: dist.all_gather(sizes, size, group=group), [size, *sizes])
     longest = max(int(s) for s in sizes)
     mine = torch.zeros(longest, dtype=torch.uint8)
     mine[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
     outs = [torch.empty(longest, dtype=torch.uint8) for _ in range(world)]
-    dist.all_gather(outs, mine, group=group)
-    hold_collective_tensors([size, *sizes, mine, *outs])
+    gloo_collective(lambda: dist.all_gather(outs, mine, group=group), [mine, *outs])
     return [pickle.loads(bytes(o[:int(s)].tolist())) for o, s in zip(outs, sizes)]
 
 
@@ -200,4 +217,4 @@ def disagreement(headers: Sequence[Header], n: int, layout_rows: bool) -> Option
 
 
 __all__ = ["AgreementTimeout", "Header", "CallAgreement", "group_store", "shared_prefix", "disagreement",
-           "all_gather_objects", "hold_collective_tensors"]
+           "all_gather_objects", "gloo_collective"]

@@ -26,8 +26,8 @@ layer-input index i                i = 0      i = k + 1 (k < L-1)  engines loop 
 EAGLE draft id d (SpecForge)       d = -1     d = k
 =================================  =========  ===================  ==========================================
 
-It knows no engine: what SGLang 0.5.23 does with the draft ids is modelled in sglang_rules.py, and captured taps are
-compared with trained ones in findings.py. Pure Python (no torch), so configs can be checked anywhere.
+It knows no engine: what each SGLang release does with the draft ids is modelled in sglang_releases/, and captured
+taps are compared with trained ones in findings.py. Pure Python (no torch), so configs can be checked anywhere.
 """
 
 from __future__ import annotations

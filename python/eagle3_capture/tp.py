@@ -159,7 +159,7 @@ class PackedGatherer:
     def _check_same_config(self) -> None:
         mine = _Config(self.world, str(self.dtype), self.num_taps, self.hidden_size, self.max_rows_per_rank,
                        self.layout, self.device.type)
-        everyone = gather_agreement.all_gather_objects(self.group, mine, self.world)  # gloo: tensors held
+        everyone = gather_agreement.all_gather_objects(self.group, mine, self.world)  # gloo: released
         bad = [(r, c) for r, c in enumerate(everyone) if c != mine]
         if bad:
             diffs = "; ".join(f"rank {r}: {c}" for r, c in bad)
@@ -410,7 +410,7 @@ class PackedGatherer:
         if m == 0:
             return out  # nobody has rows: nothing to exchange
         padded = local
-        if local.shape[0] != m:
+        if local.shape[0] != m or self.backend == "gloo":  # gloo: a buffer only this call references (see below)
             padded = torch.zeros(m, local.shape[1], dtype=local.dtype, device=local.device)
             padded[: local.shape[0]] = local
         padded = padded.contiguous()
@@ -418,9 +418,11 @@ class PackedGatherer:
         if self.backend == "nccl":
             dist.all_gather_into_tensor(staging, padded, group=self.group)
         else:
+            # Returns once gloo's worker has let go of the buffers, so the process may end right after this gather
+            # (gather_agreement.gloo_collective says why it must).
             chunks = list(staging.chunk(self.world))
-            dist.all_gather(chunks, padded, group=self.group)
-            gather_agreement.hold_collective_tensors([padded, staging, *chunks])  # gloo's worker releases them late
+            gather_agreement.gloo_collective(lambda: dist.all_gather(chunks, padded, group=self.group),
+                                             [padded, *chunks])
         parts = staging.view(self.world, m, local.shape[1])
         if self.layout == ROWS:
             start = 0

@@ -4,8 +4,8 @@ tests/conftest.py for `from conftest import ...`).
 - `cli(*argv)`: run `eagle3-capture ...` in-process, returning (exit code, stdout, stderr).
 - `cli_subprocess(*argv)`: the same through `python -m eagle3_capture` in a fresh process (for the "never a
   traceback" checks, where the whole interpreter's output matters).
-- `demo_fast(tmp_root)`: the fast demo, run once per test process and shared (its draft, target, prompts,
-  reference and captures feed the accept / dump-reference / fingerprint / check tests).
+- `demo_fast()`: the fast demo, trained once per run and shared, pytest-xdist workers included (its draft, target,
+  prompts, reference and captures feed the accept / dump-reference / fingerprint / check tests).
 - `write_json`, config builders for small synthetic targets and drafts.
 """
 from __future__ import annotations
@@ -78,15 +78,43 @@ _DEMO = {}
 
 
 def demo_fast():
-    """The fast demo (doctor demo --fast --no-plot? no: with the plot), once per process: (DemoResult, out dir)."""
+    """The fast demo (`doctor demo --fast`, with the plot): (DemoResult, out dir), read-only for the tests. Trained
+    once per run: in the run's shared folder (tests/conftest.py: E3_TEST_SHARED_DIR), under a file lock, so that
+    pytest-xdist workers train it once between them; else once per process, in a folder of its own."""
     if "res" not in _DEMO:
-        from eagle3_capture.doctor.demo.run import run_demo
-
-        out = tempfile.mkdtemp(prefix="e3demo_")
-        atexit.register(shutil.rmtree, out, True)  # the test process's own copy: gone when it exits
-        _DEMO["res"] = run_demo(out_dir=out, fast=True, device="cpu", threads=1, seed=0, plot=True, progress=False)
-        _DEMO["out"] = out
+        shared = os.environ.get("E3_TEST_SHARED_DIR")
+        _DEMO["res"], _DEMO["out"] = _shared_demo(shared) if shared else _own_demo()
     return _DEMO["res"], _DEMO["out"]
+
+
+def _run_demo(out: str):
+    from eagle3_capture.doctor.demo.run import run_demo
+
+    return run_demo(out_dir=out, fast=True, device="cpu", threads=1, seed=0, plot=True, progress=False)
+
+
+def _own_demo():
+    out = tempfile.mkdtemp(prefix="e3demo_")
+    atexit.register(shutil.rmtree, out, True)  # the test process's own copy: gone when it exits
+    return _run_demo(out), out
+
+
+def _shared_demo(shared: str):
+    import pickle
+
+    from filelock import FileLock
+
+    out = os.path.join(shared, "demo_fast")
+    done = os.path.join(shared, "demo_fast.pickle")
+    with FileLock(os.path.join(shared, "demo_fast.lock")):
+        if not os.path.exists(done):
+            shutil.rmtree(out, ignore_errors=True)  # a half-made one (a worker killed while training)
+            res = _run_demo(out)
+            with open(done + ".tmp", "wb") as f:
+                pickle.dump(res, f)
+            os.replace(done + ".tmp", done)
+        with open(done, "rb") as f:
+            return pickle.load(f), out
 
 
 def replay_demo(demo_out: str, prompts, new_tokens: int, flags=(3, 1, 4)):

@@ -33,6 +33,8 @@ def write_v2_record(path: str, *, seq: int, mode: str, input_ids, positions, req
         "dtype": str(aux.dtype) if aux is not None else None, "tp_rank": 0, "tp_size": 1, "attn_tp_rank": 0,
         "attn_tp_size": 1, "dp_rank": None, "writer": "test: attn-TP rank 0 of the only DP group",
     }
+    if override.get("format") == "eagle3-capture-dump/3":  # the writing process, as the plugin's version 3 adds it
+        rec["pid"] = int(os.path.basename(path).split("_pid")[1].split("_")[0]) if "_pid" in path else 1
     rec.update(override)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     torch.save(rec, path + ".tmp")
@@ -93,9 +95,10 @@ class TeacherForced:
     def write_dump(self, d: str, served: Sequence[int], stream_layers: Optional[Sequence[int]],
                    run: str = "testrun", per_record: int = 2, chunk: Optional[int] = None,
                    dtype: torch.dtype = torch.float32, start_seq: int = 0, declared=None, pid: int = 4242,
-                   **override) -> List[str]:
+                   holds: Optional[Sequence[int]] = None, **override) -> List[str]:
         """Records of the teacher-forced requests: `per_record` requests a forward; `chunk`: split each request's
-        rows over forwards of at most that many rows (chunked prefill); `pid`: the writing process in the names."""
+        rows over forwards of at most that many rows (chunked prefill); `pid`: the writing process in the names;
+        `holds`: the layer inputs the slots really hold (default `served`, their label)."""
         pieces = []  # (rid, ids, positions, stack rows)
         for i, (ids, stack) in enumerate(zip(self.sent, self.stack)):
             T = ids.numel()
@@ -111,7 +114,7 @@ class TeacherForced:
                 reqs.append({"rid": rid, "row_start": row, "row_end": row + ids.numel(), "prefix_len": int(pos[0])})
                 row += ids.numel()
             stack = torch.cat([g[3] for g in group]).to(dtype)
-            aux = stack[:, list(served)].reshape(stack.shape[0], -1).contiguous()
+            aux = stack[:, list(holds if holds is not None else served)].reshape(stack.shape[0], -1).contiguous()
             stream = None if stream_layers is None else stack[:, list(stream_layers)].permute(1, 0, 2).contiguous()
             paths.append(write_v2_record(
                 record_path(d, seq, pid), seq=seq, mode="EXTEND", input_ids=torch.cat([g[1] for g in group]),

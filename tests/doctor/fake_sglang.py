@@ -13,7 +13,11 @@ stream and the replay of a correctly wired server):
 It behaves as SGLang does where the doctor can hurt it: a token id outside the vocabulary kills it (SGLang's
 scheduler dies of an IndexError in the embedding; every later request fails), an input of `max_req_input_len`
 tokens or more is refused (HTTP 400). Each such request is kept in `harm`, so a test can assert that the doctor never
-sent one. `answer_offset` adds to every output token id (a server answering with ids of another vocabulary).
+sent one. `answer_offset` adds to every output token id (a server answering with ids of another vocabulary),
+`top_offset` to the teacher-forced answer's `input_top_logprobs` ids only. A `logit_bias` key outside the vocabulary
+is refused as SGLang's tokenizer manager refuses it (`SamplingParams.verify`, before the scheduler: HTTP 400,
+``{"error": {"message": "logit_bias must has keys in [0, V-1], got K."}}``, the text of 0.5.12 to 0.5.23);
+`checks_logit_bias=False` stands for a server that does not check (it then reveals no vocabulary).
 """
 from __future__ import annotations
 
@@ -32,11 +36,13 @@ class FakeSGLang:
     def __init__(self, tf, *, flags=(3, 1, 4), vocab: int = 256, max_req_input_len: int = 250,
                  dump_dir: Optional[str] = None, served=(0, 1, 4), stream_layers=(0, 1, 4), declared=None,
                  server_info: Optional[dict] = None, answer_offset: int = 0, dump_delay: float = 0.2,
-                 dump_dtype: torch.dtype = torch.float32, mutate_record=None):
+                 dump_dtype: torch.dtype = torch.float32, mutate_record=None, top_offset: int = 0,
+                 checks_logit_bias: bool = True):
         self.tf, self.flags, self.vocab, self.limit = tf, flags, vocab, max_req_input_len
         self.dump_dir, self.served, self.stream_layers, self.declared = dump_dir, list(served), stream_layers, declared
         self.extra_info, self.offset, self.delay, self.dtype = server_info or {}, answer_offset, dump_delay, dump_dtype
         self.mutate_record = mutate_record  # f(seq, record dict) -> None, before a dump record is written
+        self.top_offset, self.checks_logit_bias = top_offset, checks_logit_bias
         self.requests: List[dict] = []
         self.harm: List[str] = []
         self.dead = False
@@ -72,7 +78,8 @@ class FakeSGLang:
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self._serve = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        # shutdown() waits for serve_forever's next poll (0.5 s by default)
+        self._serve = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
 
     def __enter__(self) -> "FakeSGLang":
         self._serve.start()
@@ -100,6 +107,12 @@ class FakeSGLang:
             return 503, {"error": "the scheduler died"}
         if path.rstrip("/") != "/generate":
             return 404, {"detail": "Not Found"}
+        bias = (body.get("sampling_params") or {}).get("logit_bias")
+        if bias and self.checks_logit_bias:  # SGLang's tokenizer manager, before anything reaches the scheduler
+            for key in bias:
+                if not 0 <= int(key) < self.vocab:
+                    return 400, {"error": {"message": f"logit_bias must has keys in [0, {self.vocab - 1}], got "
+                                                      f"{key}."}}
         ids = body.get("input_ids")
         bad = [v for v in ids if not (isinstance(v, int) and 0 <= v < self.vocab)] if isinstance(ids, list) else ids
         if bad:
@@ -148,8 +161,9 @@ class FakeSGLang:
         greedy = t.greedy[i].tolist()
         T = len(ids)
         self._dump_later(body["rid"], t.sent[i][:T], t.stack[i][:T])
+        off = self.offset + self.top_offset
         return {"output_ids": [greedy[T - 1] + self.offset], "meta_info": {
-            "input_top_logprobs": [None] + [[[-1.0, g + self.offset, None]] for g in greedy[:T - 1]]}}
+            "input_top_logprobs": [None] + [[[-1.0, g + off, None]] for g in greedy[:T - 1]]}}
 
     def _dump_later(self, rid: str, ids: torch.Tensor, stack: torch.Tensor) -> None:
         if self.dump_dir is None:

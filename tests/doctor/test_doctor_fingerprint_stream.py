@@ -69,6 +69,32 @@ def test_embedding_checked_bit_for_bit_against_the_shard(tf, tmp_path):
     assert code == 1 and "differs from embed_tokens[input_ids]" in text, text + err
 
 
+@pytest.mark.parametrize("token, says", [
+    (10 ** 6, "token id 1000000 is outside the vocabulary of --target-checkpoint (256 rows of embed_tokens)"),
+    (-5, "token id -5 is negative: a record whose input_ids are corrupted"),
+])
+@pytest.mark.parametrize("with_vocab", [True, False])
+def test_a_dumped_id_outside_the_checkpoint_says_what_is_wrong(tf, tmp_path, token, says, with_vocab):
+    """Issue 42: ids of 10^6 gave "index 0 is out of bounds for dimension 0 with size 0" (the config giving no
+    vocabulary) and negative ids "outside the checkpoint's vocabulary (None)"; now one line saying what is wrong
+    (another model, or corrupted input_ids) and what to do."""
+    m = tf["t"].side.target.model
+    cfg = dict(tf["t"].side.target.config_dict)
+    if not with_vocab:
+        cfg.pop("vocab_size", None)
+    ck = write_checkpoint(str(tmp_path / "ck"), {"model.embed_tokens.weight": m.get_input_embeddings().weight.detach()},
+                          cfg)
+    d = str(tmp_path / "d")
+    tf["t"].write_dump(d, [0, 1, 4], list(range(L + 1)), declared=["Embedding", "LayerOutput(0)", "LayerOutput(3)"])
+    for name in sorted(os.listdir(d))[:1]:
+        rec = torch.load(os.path.join(d, name))
+        rec["input_ids"][3] = token
+        torch.save(rec, os.path.join(d, name))
+    code, text, err = cli("doctor", "fingerprint", "--captured", d, "--target-checkpoint", ck)
+    assert_clean_error(code, text, err, says)
+    assert "out of bounds" not in err and "(None)" not in err
+
+
 @pytest.fixture(scope="module")
 def training(tf):
     """Training data of the demo target in bf16 under both readings of ids [0, 1, 4]: the HF backend's (layer

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from conftest import fuzz_examples
 from doctor_helpers import assert_clean_error, cli
 from free_ports import free_port
-from metrics_server import MetricsServer, State, page
+from metrics_server import Answer, MetricsServer, State, page, text_page
 from eagle3_capture.acceptance import names
 from eagle3_capture.acceptance import profile as acceptance_profile
 from eagle3_capture.doctor.common import DoctorError
@@ -66,7 +66,8 @@ def test_parse_sums_series_and_keeps_the_largest_gauge():
     ('eagle3_capture:spec_draft_attempts_total{position="65"} 3\n', "position"),
     ('eagle3_capture:spec_verifies_total -1\n', "never negative"),
     ('eagle3_capture:spec_verifies_total NaN\n', "finite"),
-    ('eagle3_capture:acceptance_alarm{position="1"} 2\n', "[0, 1]"),
+    ('eagle3_capture:spec_verifies_total 1\neagle3_capture:acceptance_alarm{position="1"} 2\n', "[0, 1]"),
+    ('eagle3_capture:selftest_runs_total{result="passed"} 1\n', "no acceptance counters"),
     ('eagle3_capture:spec_verifies_total{a="\n', "Prometheus text format"),
 ])
 def test_parse_refuses(body, needle):
@@ -191,9 +192,10 @@ def test_a_server_that_goes_away_is_noted(tmp_path):
         url = s.url
         s.pages.append(b"")  # the second reading: an empty page, no plugin metrics
         code, out, err = cli("doctor", "watch", "--server", url, *FAST, "--count", 2, "--json", tmp_path / "w.json")
-    assert code == 0, out + err
+    assert code == 3, out + err  # no alarm seen, but a reading could not be judged: not "fine"
     j = series(tmp_path / "w.json")
-    assert j["refreshes"][1]["error"] and "no reading" in out
+    assert j["refreshes"][1]["error"] and "no reading" in out and j["failed_readings"] == 2
+    assert "could not be judged (exit 3)" in out
 
 
 def test_ctrl_c_ends_with_the_summary(tmp_path, monkeypatch):
@@ -213,6 +215,165 @@ def test_ctrl_c_ends_with_the_summary(tmp_path, monkeypatch):
         code, out, err = cli("doctor", "watch", "--server", s.url, *FAST, "--json", tmp_path / "w.json")
     assert code == 0, out + err
     assert "stopped by Ctrl-C" in out and series(tmp_path / "w.json")["ended"] == "interrupted"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# issue 42: each reading judged whole; a bad reading is a failed reading (exit 3 later, exit 2 first), never a figure
+# ----------------------------------------------------------------------------------------------------------------
+
+GOOD_PAGES = [State([10, 10, 10, 10], **EXP), State([20, 20, 20, 20], **EXP)]
+BAD_READINGS = {
+    # positions 2-3 gone for one scrape (a partial page)
+    "series missing": text_page(100, [100, None, None], [75, None, None]),
+    # cut at a line boundary: the body ends early, its Content-Length promised more
+    "cut short": Answer(page(State([30, 30, 30, 30], **EXP)).split(b"# HELP eagle3_capture:spec_draft_accepted")[0],
+                        length=len(page(State([30, 30, 30, 30], **EXP)))),
+    "accepted > attempts": text_page(200, [200, 150, 100], [250, 100, 50]),
+    "accept length 251 with 3 positions": text_page(1, [1, 1, 1], [1, 1, 248]),  # 1 + (1 + 1 + 248) / 1
+    "accepted at 2 > at 1": text_page(200, [200, 150, 140], [150, 140, 151]),
+    "attempts at 2 > accepted at 1": text_page(200, [200, 150, 150], [100, 100, 50]),
+    "attempts at 1 > verifies": text_page(100, [200, 150, 100], [150, 100, 50]),
+    "a duplicated series": text_page(200, [200, 150, 100], [150, 100, 50],
+                                     extra='eagle3_capture:spec_verifies_total{model_name="m"} 200\n'),
+    'position="01"': text_page(200, [200, 150, 100], [150, 100, 50], positions=["01", "2", "3"]),
+    'position="1.0"': text_page(200, [200, 150, 100], [150, 100, 50], positions=["1.0", "2", "3"]),
+    'position=" 1"': text_page(200, [200, 150, 100], [150, 100, 50], positions=[" 1", "2", "3"]),
+    'position="+1"': text_page(200, [200, 150, 100], [150, 100, 50], positions=["+1", "2", "3"]),
+    "a NaN gauge": text_page(200, [200, 150, 100], [150, 100, 50],
+                             extra='eagle3_capture:expected_accept_length{model_name="m"} NaN\n'),
+    "100 of 5000 promised bytes": Answer(page(State([30, 30, 30, 30], **EXP))[:100], length=5000),
+    "an accept counter down, verifies not": text_page(81, [81, 61, 41], [61, 41, 5]),  # accepted at 3: 20 -> 5
+}
+NEEDLES = {"series missing": "missing", "cut short": "Content-Length promises",
+           "accepted > attempts": "accepted of", "accept length 251 with 3 positions": "248 accepted of 1",
+           "accepted at 2 > at 1": "accepted of", "attempts at 2 > accepted at 1": "accepted at position 1",
+           "attempts at 1 > verifies": "verifies", "a duplicated series": "appears twice",
+           'position="01"': "position='01'", 'position="1.0"': "position='1.0'", 'position=" 1"': "position=' 1'",
+           'position="+1"': "position='+1'", "a NaN gauge": "finite",
+           "100 of 5000 promised bytes": "100 of the 5000 bytes", "an accept counter down, verifies not":
+           "went down"}
+
+
+@pytest.mark.parametrize("what", sorted(BAD_READINGS))
+def test_a_bad_reading_mid_watch_is_a_failed_reading_never_a_figure(tmp_path, what):
+    """The bad reading between two good ones: it fails with its one-line reason, shows no figure, and the watch
+    exits 3 (could not judge), not 0. Before: exit 0 with "accept length -1.300", acceptance -0.800 (-80/100), a
+    traceback from drift.py with --profile, or "no speculative traffic"."""
+    pages = [GOOD_PAGES[0], GOOD_PAGES[1], BAD_READINGS[what], State([40, 40, 40, 40], **EXP)]
+    prof = write_profile(tmp_path, hist=(100, 200, 300, 400))
+    code, out, err = watch(pages, "--json", tmp_path / "w.json", "--profile", prof)
+    assert code == 3, out + err
+    j = series(tmp_path / "w.json")
+    bad = j["refreshes"][2]
+    assert bad["error"] and NEEDLES[what] in bad["error"] and "\n" not in bad["error"], bad["error"]
+    assert bad["verifies"] is None and bad["positions"] == []
+    # the next good reading is compared with the last good one: its figures are right
+    last = j["refreshes"][3]
+    assert last["verifies"] == 80 and [p["attempts"] for p in last["positions"]] == [80, 60, 40]
+    for r in j["refreshes"]:
+        for p in r["positions"]:
+            assert p["live"] is None or 0 <= p["live"] <= 1
+        assert r["accept_length"] is None or 1 <= r["accept_length"] <= 4
+    assert "verdict: no alarm in the readings judged; 1 of 4 could not be judged (exit 3)" in out
+
+
+@pytest.mark.parametrize("what", sorted(BAD_READINGS))
+def test_a_bad_first_reading_is_bad_input(what):
+    """The first reading bad: exit 2, one line naming why."""
+    if what in ("an accept counter down, verifies not", "series missing"):
+        return  # relations between two readings: a first reading is judged on its own (positions 1..1 are whole)
+    with MetricsServer([BAD_READINGS[what]]) as s:
+        code, out, err = cli("doctor", "watch", "--server", s.url, *FAST, "--count", 1)
+    assert_clean_error(code, out, err, NEEDLES[what])
+
+
+@pytest.mark.parametrize("drip", ["drip_headers", "drip_body"])
+def test_a_dripping_server_fails_the_reading_at_its_deadline(drip):
+    """The deadline is per reading, not per recv: a server that sends a byte every 50 ms for ever fails the
+    reading in about the deadline (2 s at --interval 0.1), and the watch ends. Before: it hung."""
+    import time
+
+    drips = Answer(page(State([30, 30, 30, 30], **EXP)), **{drip: True})
+    t0 = time.monotonic()
+    code, out, err = watch([GOOD_PAGES[0], GOOD_PAGES[1], drips], count=2)
+    took = time.monotonic() - t0
+    assert code == 3 and "did not complete within 2 s" in out, out + err
+    assert took < 15, took
+    with MetricsServer([drips]) as s:
+        code, out, err = cli("doctor", "watch", "--server", s.url, *FAST, "--count", 1)
+    assert_clean_error(code, out, err, "did not complete within 2 s")
+
+
+def test_a_drift_over_the_threshold_is_an_alarm_whatever_the_alarm_gauge_says(tmp_path):
+    """A drift statistic of 1e308 with the alarm gauge at 0 was printed as "ok": the gauge follows the statistic,
+    which is over its threshold, so it is an alarm."""
+    pages = [State([10, 10, 10, 10], alarm=[0, 0, 0], drift=[0, 0, 0], **EXP),
+             State([20, 20, 20, 20], alarm=[0, 0, 0], drift=[0, 1e308, 0], **EXP)]
+    code, out, err = watch(pages, "--json", tmp_path / "w.json")
+    assert code == 1 and ">999" in out and "ALARM" in out, out
+    assert series(tmp_path / "w.json")["alarms"][0]["position"] == 2
+
+
+def test_an_interval_read_mid_flush_is_merged_into_the_next():
+    """Two consistent readings whose interval is not (the first read between two of the server's counters in its
+    flush): that interval shows no figure and counts nothing; the next one starts from it."""
+    w = Watcher(None, 1.0)
+    w.update(parse(text_page(100, [100, 80, 60], [80, 60, 30]).decode(), "p"), 0.0, None)
+    # mid-flush: verifies and position 1's attempts counted 10 more, its accepted not yet
+    mid = w.update(parse(text_page(110, [110, 80, 60], [80, 60, 30]).decode(), "p"), 1.0, 1.0)
+    assert mid.verifies == 10 and [(x.attempts, x.accepted) for x in mid.rows] == [(10, 0), (0, 0), (0, 0)]
+    # the rest of that flush: accepted at 1 and attempts at 2 follow, with no new verify: no figure, nothing counted
+    r = w.update(parse(text_page(110, [110, 88, 64], [88, 64, 30]).decode(), "p"), 2.0, 1.0)
+    assert r.verifies is None and r.error is None and "during one of the server's flushes" in r.notes[0]
+    assert [(x.attempts, x.accepted) for x in r.rows] == [(None, None)] * 3
+    r = w.update(parse(text_page(120, [120, 96, 68], [96, 68, 32]).decode(), "p"), 3.0, 1.0)
+    assert r.verifies == 10 and [(x.attempts, x.accepted) for x in r.rows] == [(10, 8), (8, 4), (4, 2)]
+    assert [(x.total_attempts, x.total_accepted) for x in r.rows] == [(20, 8), (8, 4), (4, 2)]
+
+
+def test_one_model_restarting_beside_another_counts_per_series():
+    """Two served models; one restarts (its counters from 0), the other goes on: each series' interval is its own
+    increase (the restarted one's value), not the other's whole count."""
+    a1, b1 = text_page(100, [100, 80, 60], [80, 60, 30], "a"), text_page(50, [50, 40, 30], [40, 30, 10], "b")
+    a2, b2 = text_page(120, [120, 96, 72], [96, 72, 36], "a"), text_page(5, [5, 4, 3], [4, 3, 1], "b")
+    w = Watcher(None, 1.0)
+    w.update(parse((a1 + b1).decode(), "p"), 0.0, None)
+    r = w.update(parse((a2 + b2).decode(), "p"), 1.0, 1.0)
+    assert r.restart and r.verifies == 20 + 5 and [(x.attempts, x.accepted) for x in r.rows] == \
+        [(20 + 5, 16 + 4), (16 + 4, 12 + 3), (12 + 3, 6 + 1)]
+
+
+PAGE_PARTS = st.fixed_dictionaries({
+    "verifies": st.integers(0, 300), "attempts": st.lists(st.integers(0, 300) | st.none(), min_size=0, max_size=4),
+    "accepted": st.lists(st.integers(0, 300) | st.none(), min_size=0, max_size=4),
+    "labels": st.lists(st.sampled_from(["1", "2", "3", "4", "01", "0", "1.0", "x"]), min_size=4, max_size=4)})
+
+
+@settings(max_examples=fuzz_examples(300), deadline=None)
+@given(pages=st.lists(PAGE_PARTS, min_size=1, max_size=6))
+def test_fuzz_no_figure_from_a_bad_reading(pages):
+    """Any sequence of hand-written pages (impossible counters, gaps, bad labels, resets): every refresh is either
+    a failed reading with one line, or figures that keep every relation: 0 <= live <= 1, accepted <= attempts,
+    accept length <= positions + 1, totals consistent."""
+    w = Watcher(None, 1.0)
+    for i, pp in enumerate(pages):
+        body = text_page(pp["verifies"], pp["attempts"], pp["accepted"][:len(pp["attempts"])]
+                         + [None] * max(0, len(pp["attempts"]) - len(pp["accepted"])),
+                         positions=pp["labels"][:len(pp["attempts"])])
+        try:
+            r = w.update(parse(body.decode(), "p"), float(i), 1.0)
+        except DoctorError as e:
+            r = w.failed(float(i), str(e))
+            assert "\n" not in str(e)
+            continue
+        P = len(r.rows)
+        for row in r.rows:
+            assert row.attempts is None or 0 <= row.accepted <= row.attempts
+            assert 0 <= row.total_accepted <= row.total_attempts
+        if r.accept_length is not None:
+            assert 1 <= r.accept_length <= P + 1
+        if r.accept_length_since_start is not None:
+            assert 1 <= r.accept_length_since_start <= P + 1
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -272,7 +433,7 @@ def garbage_pages(draw):
 def test_fuzz_garbage_pages(body):
     with MetricsServer([body]) as s:
         code, out, err = cli("doctor", "watch", "--server", s.url, *FAST, "--count", 1)
-    assert code in (0, 1, 2), (code, err)
+    assert code in (0, 1, 2, 3), (code, err)
     assert "Traceback" not in out + err
     if code == 2:
         assert_clean_error(code, out, err)

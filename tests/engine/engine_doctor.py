@@ -5,8 +5,9 @@ fixtures in test_engine.py call them while their server runs, so each server sta
   first EAGLE3_CAPTURE_DUMP_MAX), the full residual stream of the doctor's requests (version 2).
 - `online_without_target(...)`: `doctor online --server URL --draft PATH --dump DIR`, no `--target`.
 - `training_data(...)`: the demo pair's training data in SpecForge's layout, written here from the transformers
-  target in bfloat16 (as SpecForge stores it), with the taps at the given layer inputs; `fingerprint_training(...)`
-  runs `doctor fingerprint --training-data ... --server URL` on it.
+  target in bfloat16 (as SpecForge stores it), with the taps at the given layer inputs (no server needed: written
+  beside the servers); `fingerprint_training(...)` runs `doctor fingerprint --training-data ... --server URL` on
+  it.
 """
 from __future__ import annotations
 
@@ -79,8 +80,8 @@ def training_data(pair, name: str, layers: List[int]) -> str:
     return d
 
 
-def fingerprint_training(pair, url: str, dump: str, name: str, layers: List[int]) -> dict:
-    d = training_data(pair, name, layers)
+def fingerprint_training(pair, url: str, dump: str, name: str, d: str) -> dict:
+    """`doctor fingerprint --training-data d --server URL --captured dump` on training data `training_data` wrote."""
     cfg = pair.draft_variant("ids_014", eagle_aux_hidden_state_layer_ids=TRAINING_IDS)
     out = os.path.join(pair.root, f"fingerprint_{name}.json")
     code, text, err = doctor("fingerprint", "--training-data", d, "--server", url, "--captured", dump,

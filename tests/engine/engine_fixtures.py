@@ -9,7 +9,9 @@
   by E3_SGLANG_CPU_STANDINS=1) and Triton's interpreter; this project's plugin loads through SGLang's own
   load_plugins() as in any deployment. Its switches come from the caller's environment unless a configuration sets
   them: run with EAGLE3_CAPTURE_DISABLE=taps and the plugin-on tests fail, as they should.
-- Few prompts, short continuations: each engine costs 1-3 minutes on two cores.
+- Few prompts, short continuations: each engine costs 1-3 minutes on two cores. Servers may run two at a time, each
+  from its own thread (engine_runs.py): the files written here are made under a lock, and every server process
+  started here is stopped by `stop_every_server()` if the session ends before its run does.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -39,8 +42,16 @@ CHAIN = (3, 1, 4)   # num-steps, eagle-topk, num-draft-tokens: SGLang's auto val
 TREE = (3, 2, 6)
 ENGINE_TIMEOUT_S = 900
 
+# OMP_NUM_THREADS=1: one torch thread a server process (a TP rank included). Servers run two at a time on two cores
+# (engine_runs.py), beside their clients; without sgl_kernel's AMX path SGLang binds no threads on the CPU, and
+# torch's two OpenMP threads per process would oversubscribe the cores and spin between ops.
 BASE_ENV = {"E3_SGLANG_CPU_STANDINS": "1", "TRITON_INTERPRET": "1", "TORCHDYNAMO_DISABLE": "1",
-            "PYTHONUNBUFFERED": "1"}
+            "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+# SGLang's scheduler polls for requests in a busy loop unless told to sleep when idle (every release 0.5.12-0.5.23
+# has the flag; it waits on its sockets, so a request wakes it at once): without it each server burns a core while
+# it waits for the doctor or the tests, which two servers at a time on two cores cannot afford (serve.py passes
+# sleep_on_idle too)
+IDLE_FLAGS = ("--sleep-on-idle",)
 
 
 def flags_text(flags) -> str:
@@ -60,23 +71,29 @@ class Pair:
     def first_prompts(self, n: int) -> str:
         """A prompts file holding the first n held-out prompts (written once)."""
         path = os.path.join(self.root, f"first_{n}_prompts.json")
-        if not os.path.exists(path):
-            with open(self.held_out or self.prompts) as f, open(path, "w") as g:
-                json.dump(json.load(f)[:n], g)
+        with _FILES:
+            if not os.path.exists(path):
+                with open(self.held_out or self.prompts) as f, open(path, "w") as g:
+                    json.dump(json.load(f)[:n], g)
         return path
 
     def draft_variant(self, name: str, **eagle_config) -> str:
         """A copy of the draft whose config's eagle_config has these keys changed (weights untouched)."""
         path = os.path.join(self.root, f"draft_{name}")
-        if not os.path.isdir(path):
-            shutil.copytree(self.draft, path)
-            p = os.path.join(path, "config.json")
-            with open(p) as f:
-                cfg = json.load(f)
-            cfg["eagle_config"].update(eagle_config)
-            with open(p, "w") as f:
-                json.dump(cfg, f, indent=1)
+        with _FILES:
+            if not os.path.isdir(path):
+                shutil.copytree(self.draft, path)
+                p = os.path.join(path, "config.json")
+                with open(p) as f:
+                    cfg = json.load(f)
+                cfg["eagle_config"].update(eagle_config)
+                with open(p, "w") as f:
+                    json.dump(cfg, f, indent=1)
         return path
+
+
+_FILES = threading.Lock()   # the pair's derived files, written once whichever run's thread asks first
+_PAIR: Dict[str, Pair] = {}
 
 
 @dataclass
@@ -100,14 +117,19 @@ class Served:
 
 @pytest.fixture(scope="session")
 def pair(tmp_path_factory) -> Pair:
-    res, out = demo_fast()
-    root = str(tmp_path_factory.mktemp("engine"))  # pytest keeps the last few runs' logs, not every run's
-    with open(os.path.join(out, "prompts.json")) as f:
-        prompts = json.load(f)[:PROMPTS]
-    p = os.path.join(root, "prompts.json")
-    with open(p, "w") as f:
-        json.dump(prompts, f)
-    return Pair(root, os.path.join(out, "target"), os.path.join(out, "draft"), p, os.path.join(out, "prompts.json"))
+    """The demo pair and the folder of the session's server logs and outputs: one for every module that imports
+    this fixture (the runs started from one module are read from others)."""
+    if "pair" not in _PAIR:
+        res, out = demo_fast()
+        root = str(tmp_path_factory.mktemp("engine"))  # pytest keeps the last few runs' logs, not every run's
+        with open(os.path.join(out, "prompts.json")) as f:
+            prompts = json.load(f)[:PROMPTS]
+        p = os.path.join(root, "prompts.json")
+        with open(p, "w") as f:
+            json.dump(prompts, f)
+        _PAIR["pair"] = Pair(root, os.path.join(out, "target"), os.path.join(out, "draft"), p,
+                             os.path.join(out, "prompts.json"))
+    return _PAIR["pair"]
 
 
 def _env(extra: Optional[Dict[str, str]]) -> Dict[str, str]:
@@ -133,14 +155,22 @@ def serve_engine(pair: Pair, name: str, draft: str, flags=CHAIN, env: Optional[D
                                                                     if second_round else [])
     s, k, d = flags
     t0 = time.time()
-    p = subprocess.run([sys.executable, os.path.join(HERE, "serve.py"), "--target", pair.target, "--draft", draft,
-                        "--prompts", prompts or pair.prompts, "--out", out, "--steps", str(s), "--topk", str(k),
-                        "--draft-tokens", str(d), "--new-tokens", str(new_tokens), "--context-length", "56",
-                        "--tp", str(tp), *extra],
-                       capture_output=True, text=True, timeout=ENGINE_TIMEOUT_S, env=_env(env), cwd=REPO)
-    log = p.stdout + p.stderr
-    with open(os.path.join(pair.root, f"{name}.log"), "w") as f:
-        f.write(log)
+    log_path = os.path.join(pair.root, f"{name}.log")
+    with open(log_path, "w") as log_file:
+        p = subprocess.Popen([sys.executable, os.path.join(HERE, "serve.py"), "--target", pair.target, "--draft",
+                              draft, "--prompts", prompts or pair.prompts, "--out", out, "--steps", str(s), "--topk",
+                              str(k), "--draft-tokens", str(d), "--new-tokens", str(new_tokens), "--context-length",
+                              "56", "--tp", str(tp), *extra],
+                             stdout=log_file, stderr=subprocess.STDOUT, text=True, env=_env(env), cwd=REPO,
+                             start_new_session=True)
+        with _running(p):
+            try:
+                p.wait(timeout=ENGINE_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                _stop(p)
+                raise
+    with open(log_path) as f:
+        log = f.read()
     lines = []
     if os.path.exists(out):
         with open(out) as f:
@@ -175,7 +205,7 @@ class LaunchedServer:
                     "--speculative-num-draft-tokens", str(d), "--device", "cpu", "--dtype", "float32",
                     "--attention-backend", "triton", "--disable-cuda-graph", "--skip-tokenizer-init",
                     "--mem-fraction-static", "0.05", "--max-total-tokens", "4096", "--chunked-prefill-size", "512",
-                    "--context-length", "56", "--host", "127.0.0.1", "--port", str(self.port), *extra]
+                    "--context-length", "56", "--host", "127.0.0.1", "--port", str(self.port), *IDLE_FLAGS, *extra]
         self.env = _env(env)
         self.proc = None
         self._log = None
@@ -184,6 +214,7 @@ class LaunchedServer:
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, cwd=REPO,
                                      start_new_session=True)
+        _LIVE.add(self.proc)
         deadline = time.time() + ENGINE_TIMEOUT_S
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -209,16 +240,50 @@ class LaunchedServer:
             return r.read().decode()
 
     def __exit__(self, *exc):
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        if self.proc is not None:
+            _stop(self.proc)
+            _LIVE.discard(self.proc)
         if self._log is not None:
             self._log.close()
         return False
+
+
+# every server process group started here and not yet ended (serve.py's and launch_server's)
+_LIVE: set = set()
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM to the process group (the server's scheduler and detokenizer included), SIGKILL after 60 s."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        except ProcessLookupError:
+            pass
+
+
+class _running:
+    """Keeps `proc` in the set `stop_every_server` ends, while the block runs."""
+
+    def __init__(self, proc):
+        self.proc = proc
+
+    def __enter__(self):
+        _LIVE.add(self.proc)
+        return self.proc
+
+    def __exit__(self, *exc):
+        _LIVE.discard(self.proc)
+        return False
+
+
+def stop_every_server() -> None:
+    """Stop every server still running (a session that ends before its runs do: Ctrl-C, -x)."""
+    for proc in list(_LIVE):
+        _stop(proc)
 
 
 def post_json(url: str, body: dict, timeout: float = 600) -> dict:
@@ -249,3 +314,21 @@ def doctor(*argv, timeout: int = 600):
     p = subprocess.run([sys.executable, "-m", "eagle3_capture", "doctor", *[str(a) for a in argv]],
                        capture_output=True, text=True, timeout=timeout, cwd=REPO)
     return p.returncode, p.stdout, p.stderr
+
+
+def dump_records(dump: str) -> List[dict]:
+    """Every record of a capture dump directory, each validated against the dump format, in write order (and no
+    half-written .tmp file left)."""
+    import glob
+
+    import torch
+
+    from eagle3_capture.dump_format import validate_record
+
+    recs = []
+    for f in sorted(glob.glob(os.path.join(dump, "*.pt"))):
+        rec = torch.load(f, weights_only=True)
+        validate_record(rec, f)
+        recs.append(rec)
+    assert not glob.glob(os.path.join(dump, "*.tmp"))
+    return sorted(recs, key=lambda r: r["seq"])

@@ -92,13 +92,16 @@ class Watch:
     SIGTERM, which the watch takes like Ctrl-C: summary, --json and --plot written); then ``code``, ``out``,
     ``err``, and the files."""
 
-    def __init__(self, url: str, profile: str, root: str, name: str, interval: float = 2.0):
+    # every 5 s: the watch redraws its --plot PNG at every refresh (0.2 s of matplotlib each, for the whole life of
+    # a server of 10-20 minutes); the alarm it reports is the server's, and a refresh every 5 s still sees it
+    def __init__(self, url: str, profile: str, root: str, name: str, interval: float = 5.0):
         import os
 
         self.plot = os.path.join(root, f"watch_{name}.png")
         self.json = os.path.join(root, f"watch_{name}.json")
         self.cmd = ["-m", "eagle3_capture", "doctor", "watch", "--server", url, "--profile", profile, "--interval",
                     str(interval), "--plot", self.plot, "--json", self.json, "--no-progress"]
+        self.interval = interval
         self.proc = None
         self.code = self.out = self.err = None
 
@@ -118,7 +121,7 @@ class Watch:
         import subprocess
 
         if self.proc.poll() is None:
-            time.sleep(3.0)  # one more refresh after the last request
+            time.sleep(self.interval + 1.0)  # one more refresh after the last request
             self.proc.send_signal(signal.SIGTERM)
         try:
             self.proc.wait(timeout=60)

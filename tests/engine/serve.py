@@ -57,6 +57,7 @@ def main() -> int:
             skip_tokenizer_init=True, mem_fraction_static=0.05, max_total_tokens=4096, chunked_prefill_size=512,
             max_running_requests=a.max_running, context_length=a.context_length, log_level="info",
             enable_metrics=a.metrics_out is not None,
+            sleep_on_idle=True,  # no busy loop while waiting for requests (tests/engine/engine_fixtures.py: IDLE_FLAGS)
         )
     except BaseException as e:  # the engine's own failure is the result some tests want
         with open(a.out, "w") as f:

@@ -27,7 +27,8 @@ from typing import List, Optional
 import pytest
 
 from e3_sglang_cpu import sgl_kernel_standin
-from engine_fixtures import CHAIN, REPO, LaunchedServer, doctor, flags_text, pair, post_json  # noqa: F401
+from engine_fixtures import CHAIN, LaunchedServer, doctor, flags_text, pair, post_json  # noqa: F401
+from engine_runs import run_fixture
 
 pytestmark = [pytest.mark.engine, pytest.mark.sglang, pytest.mark.slow]
 
@@ -103,13 +104,24 @@ class Release:
     pythonpath: Optional[str]   # a directory holding only the stand-ins this release needs, or None
 
 
+_RELEASE = {}
+
+
+def release_under_test(pair) -> Release:
+    """The release's facts, read once, in the main thread (they import SGLang in this process)."""
+    if "release" not in _RELEASE:
+        ids, inputs, note = stock_draft_ids()
+        extra = None
+        modules = sgl_kernel_standin.needed_modules()
+        if modules:
+            extra = sgl_kernel_standin.make_folder(os.path.join(pair.root, "import_standins"), modules)
+        _RELEASE["release"] = Release(sglang_version(), ids, inputs, note, server_flags(), extra)
+    return _RELEASE["release"]
+
+
 @pytest.fixture(scope="module")
 def release(pair) -> Release:
-    ids, inputs, note = stock_draft_ids()
-    extra = None
-    if sgl_kernel_standin.needed():
-        extra = sgl_kernel_standin.make_folder(os.path.join(pair.root, "sgl_kernel_standin"))
-    return Release(sglang_version(), ids, inputs, note, server_flags(), extra)
+    return release_under_test(pair)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -171,16 +183,14 @@ def serve(pair, release: Release, name: str, draft: str, env: dict) -> Smoke:
     return Smoke(name, rows, t1 - t0, t2 - t1, log)
 
 
-@pytest.fixture(scope="module")
-def stock(pair, release) -> Smoke:
+def serve_stock(pair, release: Release) -> Smoke:
     """Stock SGLang (the plugin registers nothing), the draft's ids written in the release's own convention."""
     draft = pair.draft_variant("smoke_stock_" + "_".join(str(i) for i in release.stock_ids),
                                eagle_aux_hidden_state_layer_ids=release.stock_ids)
     return serve(pair, release, f"stock_{release.version}", draft, {"EAGLE3_CAPTURE_DISABLE": "all"})
 
 
-@pytest.fixture(scope="module")
-def plugin(pair, release) -> Smoke:
+def serve_plugin(pair, release: Release) -> Smoke:
     """This project's plugin on (every switch as a deployment has it), the draft as shipped (ids [-1, 0, 3])."""
     return serve(pair, release, f"plugin_{release.version}", pair.draft, {"EAGLE3_CAPTURE_DISABLE": None})
 
@@ -189,8 +199,7 @@ def plugin(pair, release) -> Smoke:
 # what the doctor says
 # ----------------------------------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def greedy(pair) -> List[List[int]]:
+def greedy_continuations(pair) -> List[List[int]]:
     """The transformers target's greedy continuation of each smoke prompt."""
     from doctor_helpers import replay_demo
 
@@ -236,9 +245,9 @@ def report(pair, release: Release, key: str, smoke: Smoke, pred: dict, greedy_ok
         json.dump(data, f, indent=1)
 
 
-def check(pair, release: Release, key: str, smoke: Smoke, greedy: List[List[int]], layer_inputs: List[int]):
+def check(pair, release: Release, key: str, smoke: Smoke, greedy: List[List[int]], pred: dict):
+    """`pred`: `predicted(...)` for the taps this server captures."""
     assert len(smoke.responses) == SMOKE_PROMPTS
-    pred = predicted(pair, key, layer_inputs)
     same = [o == g for o, g in zip(smoke.outputs, greedy)]
     report(pair, release, key, smoke, pred, same)
     assert all(same), f"{key}: outputs {smoke.outputs} != greedy {greedy}"
@@ -248,25 +257,46 @@ def check(pair, release: Release, key: str, smoke: Smoke, greedy: List[List[int]
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# the runs: both servers at once, the doctor's figures beside them (engine_runs.py)
+# ----------------------------------------------------------------------------------------------------------------
+
+def define(runs, pair) -> None:
+    release = release_under_test(pair)
+    runs.add("smoke_stock", lambda: serve_stock(pair, release), priority=20)
+    runs.add("smoke_plugin", lambda: serve_plugin(pair, release), priority=20)
+    runs.add("smoke_greedy", lambda: greedy_continuations(pair), priority=21)
+    runs.add("smoke_predicted_stock", lambda: predicted(pair, "stock", release.stock_layer_inputs), priority=22)
+    runs.add("smoke_predicted_plugin", lambda: predicted(pair, "plugin", TRAINED_LAYER_INPUTS), priority=22)
+
+
+smoke_stock, smoke_plugin, smoke_greedy, smoke_predicted_stock, smoke_predicted_plugin = (
+    run_fixture(name, define) for name in ("smoke_stock", "smoke_plugin", "smoke_greedy", "smoke_predicted_stock",
+                                           "smoke_predicted_plugin"))
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # the smoke
 # ----------------------------------------------------------------------------------------------------------------
 
-def test_stock_serves_the_greedy_continuation_at_the_predicted_accept_length(pair, release, stock, greedy):
+def test_stock_serves_the_greedy_continuation_at_the_predicted_accept_length(pair, release, smoke_stock, smoke_greedy,
+                                                                               smoke_predicted_stock):
     """Stock SGLang with the draft's ids in its own convention: lossless, and the doctor's replay with the taps it
     captures predicts its verify counts exactly."""
-    check(pair, release, "stock", stock, greedy, release.stock_layer_inputs)
+    check(pair, release, "stock", smoke_stock, smoke_greedy, smoke_predicted_stock)
 
 
-def test_plugin_serves_the_greedy_continuation_at_the_predicted_accept_length(pair, release, plugin, greedy):
+def test_plugin_serves_the_greedy_continuation_at_the_predicted_accept_length(pair, release, smoke_plugin,
+                                                                                smoke_greedy, smoke_predicted_plugin):
     """The plugin serves the draft's declared taps (the embedding included, on every release): lossless, and the
     doctor's replay with those taps predicts its verify counts exactly."""
-    check(pair, release, "plugin", plugin, greedy, TRAINED_LAYER_INPUTS)
+    check(pair, release, "plugin", smoke_plugin, smoke_greedy, smoke_predicted_plugin)
     # the startup line names the release, and the declared taps stored as the layers SGLang's loop captures; the
     # served-forward self-test found the embedding in slot 0 (on 0.5.12 the plugin captures it: stock cannot)
     startup = re.search(r"eagle3_capture: SGLang (\S+) \(adapter [^)]+\): DeepseekV3ForCausalLM: taps \[Embedding, "
-                        r"LayerOutput\(0\), LayerOutput\(3\)\].*-> layers_to_capture \[0, 1, 4\]", plugin.log)
-    assert startup and startup.group(1) == release.version, plugin.log[-3000:]
-    assert "capture self-test passed: slot 0 equals the embedding bit for bit" in plugin.log, plugin.log[-3000:]
+                        r"LayerOutput\(0\), LayerOutput\(3\)\].*-> layers_to_capture \[0, 1, 4\]", smoke_plugin.log)
+    assert startup and startup.group(1) == release.version, smoke_plugin.log[-3000:]
+    assert "capture self-test passed: slot 0 equals the embedding bit for bit" in smoke_plugin.log, \
+        smoke_plugin.log[-3000:]
 
 
 def test_doctor_check_says_what_stock_serves(pair, release):

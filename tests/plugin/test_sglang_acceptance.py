@@ -394,6 +394,46 @@ def test_a_required_profile_refuses_at_model_load(sglang_plugin, lines, monkeypa
         switches.configure()
 
 
+@pytest.mark.parametrize("what,body,reason", [
+    ("nested 200000 deep", "[" * 200000, "nested 200000 deep"),
+    ("a 5000-digit integer", '{"format": "eagle3-capture/acceptance-profile", "prompts": ' + "9" * 5000 + "}",
+     "a number of 5000 characters"),
+    ("an acceptance of 1.5", None, "positions[0].acceptance is 1.5"),
+    ("a negative acceptance", None, "positions[1].acceptance is -0.25"),
+])
+def test_a_bad_profile_is_one_line_naming_the_file_and_counting_stays_on(sglang_plugin, lines, monkeypatch, tmp_path,
+                                                                        what, body, reason):
+    """Through the plugin's real model-load hook: a profile that cannot be used -- however it is bad -- is one ERROR
+    line naming the file and why, and counting (and the export) start anyway. Before the one bounded parser, deep
+    nesting gave "setting up the acceptance counts failed (RecursionError ...)": no file named, counting off."""
+    from eagle3_capture.sglang.monitor import histogram as acceptance_count, live as acceptance_live
+    from eagle3_capture.sglang.settings import switches
+
+    f = tmp_path / "bad.json"
+    if body is None:
+        path, _ = _profile(tmp_path, name="good.json")
+        d = json.load(open(path))
+        d["positions"][0 if "1.5" in reason else 1]["acceptance"] = 1.5 if "1.5" in reason else -0.25
+        body = json.dumps(d)
+    f.write_text(body)
+    runner = SimpleNamespace(server_args=_server_args(), tp_rank=0, is_draft_worker=False)
+    monkeypatch.setattr(acceptance_count, "output_rank", lambda: (True, "attention-TP rank 0"))
+    try:
+        switches.configure({"EAGLE3_CAPTURE_PROFILE": str(f)})
+        assert sglang_plugin.load_model_hook(lambda self: "loaded", runner) == "loaded"
+        assert acceptance_count.counting() and acceptance_live.flusher() is not None
+        assert acceptance_live.flusher().monitor is None
+        errors = [m for lv, m in lines if lv == "error"]
+        assert len(errors) == 1 and "\n" not in errors[0], lines
+        assert errors[0].startswith(f"eagle3_capture: profile {f}: {reason}"), errors[0]
+        assert errors[0].endswith("the acceptance alarm is off (counting and export stay on)")
+        assert any("counting on" in m for lv, m in lines if lv == "info"), lines
+    finally:
+        acceptance_live.stop()
+        acceptance_count.reset()
+        switches.configure()
+
+
 def test_ranks_that_cannot_be_read_are_one_error_line(tmp_path):
     from eagle3_capture.sglang.monitor import live as acceptance_live
     from eagle3_capture.sglang.settings.alarm import AlarmSettings

@@ -78,6 +78,15 @@ def test_a_malformed_dump_setting_is_one_error_line_and_the_dump_is_off(tmp_path
     ("EAGLE3_CAPTURE_DUMPMAX", "3", "EAGLE3_CAPTURE_DUMP_MAX", "dump off"),
     ("EAGLE3_CAPTURE_GATHER_BACKEN", "nccl", "EAGLE3_CAPTURE_GATHER_BACKEND", "ignored"),
     ("EAGLE3_CAPTURE_ENABLE", "0", "EAGLE3_CAPTURE_DISABLE", "ignored"),
+    # issue 42: a near-miss of a guard refuses even where another setting is a shade closer, naming the guard meant
+    ("EAGLE3_CAPTURE_PROFILE_REQ", "1", "EAGLE3_CAPTURE_PROFILE_REQUIRED", "refused"),
+    ("EAGLE3_CAPTURE_REQUIRED_PROFILE", "1", "EAGLE3_CAPTURE_PROFILE_REQUIRED", "refused"),
+    ("EAGLE3_CAPTURE_REQ_PROFILE", "1", "EAGLE3_CAPTURE_PROFILE_REQUIRED", "refused"),
+    ("EAGLE3_CAPTURE_PROFILE_REQUIRE", "1", "EAGLE3_CAPTURE_PROFILE_REQUIRED", "refused"),
+    ("EAGLE3_CAPTURE_TEST_SELF", "raise", "EAGLE3_CAPTURE_SELFTEST", "refused"),
+    ("EAGLE3_CAPTURE_DISABL", "taps", "EAGLE3_CAPTURE_DISABLE", "refused"),
+    ("EAGLE3_CAPTURE_SELFTEST_EVERYY", "5", "EAGLE3_CAPTURE_SELFTEST_EVERY", "ignored"),  # clearly another setting's
+    ("EAGLE3_CAPTURE_PROFILE_PATH", "/p.json", "EAGLE3_CAPTURE_PROFILE", "alarm off"),
 ])
 def test_a_misspelt_name_is_one_line_naming_the_closest_and_a_guards_refuses(tmp_path, name, value, closest,
                                                                              outcome):
@@ -99,8 +108,72 @@ def test_a_misspelt_name_is_one_line_naming_the_closest_and_a_guards_refuses(tmp
     if outcome == "dump off":  # a dump setting misspelt: no dump rather than one bounded otherwise than asked
         assert s.dump is None and s.errors[0].endswith("ignored: the capture dump is off in this process (the "
                                                        "rest of the plugin is on)")
+    elif outcome == "alarm off":
+        assert s.alarm.drift is None and "the acceptance alarm is off" in s.errors[0]
     else:
         assert s.dump is not None and s.errors[0].endswith("; ignored")
+
+
+def test_a_name_equally_near_two_known_names_is_refused():
+    """Which of two equally near settings was meant cannot be told: reading it as either (or neither) guesses."""
+    from eagle3_capture.sglang.settings.switches import read_settings
+
+    s = read_settings({"EAGLE3_CAPTURE_GATHER": "1"})
+    assert s.refusal is not None and "\n" not in s.refusal, s
+    assert ("EAGLE3_CAPTURE_GATHER='1' is not a setting of the plugin and is exactly as near to "
+            "EAGLE3_CAPTURE_GATHER_SIGNAL as to EAGLE3_CAPTURE_GATHER_BLOCKS") in s.refusal
+
+
+def _near_misses(name: str):
+    """Typos of a setting's name: a letter dropped, doubled or swapped with the next, the words reordered, a word
+    cut to its first letters, separators changed, lower case."""
+    tail = name[len("EAGLE3_CAPTURE_"):]
+    words = tail.split("_")
+    letters = st.integers(0, len(tail) - 1)
+    dropped = letters.map(lambda i: tail[:i] + tail[i + 1:])
+    doubled = letters.map(lambda i: tail[:i] + tail[i] + tail[i:])
+    swapped = st.integers(0, len(tail) - 2).map(lambda i: tail[:i] + tail[i + 1] + tail[i] + tail[i + 2:])
+    reordered = st.permutations(words).map("_".join)
+    cut = st.integers(0, len(words) - 1).flatmap(
+        lambda i: st.integers(3, max(3, len(words[i]) - 1)).map(
+            lambda n: "_".join(w[:n] if j == i else w for j, w in enumerate(words))))
+    typo = st.one_of(dropped, doubled, swapped, reordered, cut)
+    prefix = st.sampled_from(["EAGLE3_CAPTURE_", "eagle3_capture_", "EAGLE3CAPTURE_", "EAGLE3_CAPTURE__"])
+    return st.tuples(prefix, typo).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_fuzz_a_near_miss_of_a_guard_refuses_naming_it(data):
+    """Issue 42: any near-miss of a safety setting (every name of switches.GUARDS) refuses, naming the intended
+    name; ``EAGLE3_CAPTURE_PROFILE_REQ=1`` was read as a misspelt PROFILE: the alarm off, the server serving."""
+    from eagle3_capture.sglang.settings.switches import GUARDS, SETTINGS, read_settings
+
+    guard = data.draw(st.sampled_from(sorted(GUARDS)))
+    name = data.draw(_near_misses(guard))
+    if name in SETTINGS:  # a typo that spells another setting (or the guard itself) is that setting
+        return
+    s = read_settings({name: "1"})
+    assert s.refusal is not None, (name, s)
+    assert f"looks like a misspelt {guard}," in s.refusal and "\n" not in s.refusal, s.refusal
+
+
+@settings(max_examples=200, deadline=None)
+@given(name=st.text(alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZ_0123456789", min_size=1, max_size=30)
+       .map(lambda t: "EAGLE3_CAPTURE_" + t))
+def test_fuzz_an_unknown_name_is_never_silent(name):
+    """Every name that looks like the package's and is not one of its variables is either refused or said in one
+    ERROR line naming the closest known name; nothing is read silently."""
+    from eagle3_capture.sglang.settings.typos import OTHER_VARIABLES
+    from eagle3_capture.sglang.settings.switches import SETTINGS, read_settings
+
+    if name in SETTINGS or name in OTHER_VARIABLES:
+        return
+    s = read_settings({name: "1"}, prepare_dir=False)
+    if s.refusal is not None:
+        assert name in s.refusal and s.errors == (), s
+    else:
+        assert len(s.errors) == 1 and name in s.errors[0] and "\n" not in s.errors[0], s
 
 
 def test_the_packages_other_variables_are_known():
@@ -259,7 +332,9 @@ def _fuzzed_cases(tmp_path, n=6, seed=1234):
              {"EAGLE3_CAPTURE_DISABLE": "all", "EAGLE3_CAPTURE_DUMP": str(tmp_path / "off")},
              {"EAGLE3_CAPTURE_DUMP": str(tmp_path / "ok")},
              {"EAGLE3_CAPTURE_DUMP": str(tmp_path / "ok"), "EAGLE3_CAPTURE_DUMP_MAX": "lots"},
-             {"EAGLE3_CAPTURE_DUMP": str(tmp_path / "file")}]
+             {"EAGLE3_CAPTURE_DUMP": str(tmp_path / "file")},
+             {"EAGLE3_CAPTURE_PROFILE": str(tmp_path / "good.json"), "EAGLE3_CAPTURE_PROFILE_REQ": "1"},
+             {"EAGLE3_CAPTURE_PROFILE": str(tmp_path / "good.json"), "EAGLE3_CAPTURE_REQUIRED_PROFILE": "1"}]
     (tmp_path / "file").write_text("x")
     for name in ["EAGLE3_CAPTURE_DISABLE", "EAGLE3_CAPTURE_SELFTEST"] + DUMP_VARS:
         for _ in range(n):
@@ -301,8 +376,14 @@ def test_load_plugins_fuzzed_settings_never_serve_stock_silently(harness, tmp_pa
     def result(env):
         return by_env[json.dumps(env, sort_keys=True)]
 
+    good = str(tmp_path / "good.json")
     for env, closest in (({"EAGLE3_CAPTURE_SELFTST": "raise"}, "EAGLE3_CAPTURE_SELFTEST"),
-                         ({"EAGLE3_CAPTURE_DISABLED": "all"}, "EAGLE3_CAPTURE_DISABLE")):
+                         ({"EAGLE3_CAPTURE_DISABLED": "all"}, "EAGLE3_CAPTURE_DISABLE"),
+                         # issue 42: read as a misspelt PROFILE, these served without the alarm they asked for
+                         ({"EAGLE3_CAPTURE_PROFILE": good, "EAGLE3_CAPTURE_PROFILE_REQ": "1"},
+                          "EAGLE3_CAPTURE_PROFILE_REQUIRED"),
+                         ({"EAGLE3_CAPTURE_PROFILE": good, "EAGLE3_CAPTURE_REQUIRED_PROFILE": "1"},
+                          "EAGLE3_CAPTURE_PROFILE_REQUIRED")):
         r = result(env)
         assert r["registered"] == ["refusal"] and f"looks like a misspelt {closest}" in r["load"], r
     r = result({"EAGLE3_CAPTURE_DUMPDIR": str(tmp_path / "typo")})

@@ -14,17 +14,25 @@ This module is the format's one owner. A JSON object::
      "verifies": sum(h), "accept_length": ...,
      "positions": [{"position": 1, "attempts": ..., "accepted": ..., "acceptance": ...}, ...]}
 
-``positions`` and ``accept_length`` are derived from the histogram (positions.py) and checked against it on read, so
-a hand-edited file that contradicts itself is refused. Reading never trusts the file: a path that is not a regular
-file, more than :data:`MAX_BYTES`, not JSON, a wrong format or version, a non-integer or negative count, a NaN, flags
-out of range: each is a :class:`ProfileError` with one line saying what was expected and what was found.
+``positions`` (each row's attempts, accepted and acceptance) and ``accept_length`` are derived from the histogram
+(positions.py) and checked against it on read, so a hand-edited file that contradicts itself is refused: an
+acceptance of 1.5, a negative one, or one that is not accepted / attempts. Reading never trusts the file: a path that
+is not a regular file, more than :data:`MAX_BYTES`, not JSON, nested deeper than :data:`MAX_DEPTH` (checked on the
+raw text before it is decoded, so a file of 200000 ``[`` is one line, not a RecursionError), a number longer than
+:data:`MAX_NUMBER_CHARS` characters (checked before it is converted: no 5000-digit integer reaches ``int()``), a NaN
+or an infinity, a wrong format or version, a non-integer or negative count, flags out of range: each is a
+:class:`ProfileError` with one line naming the file and saying what was expected and what was found.
+:func:`read` is the one reader, for the plugin (``EAGLE3_CAPTURE_PROFILE``) and ``doctor watch --profile`` alike;
+it raises nothing else.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import numbers
 import os
+import re
 import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -36,6 +44,8 @@ VERSION = 1
 MAX_BYTES = 1 << 20
 MAX_STEPS = 64
 MAX_COUNT = 10 ** 15
+MAX_DEPTH = 16          # a profile nests 3 deep (object > positions list > row)
+MAX_NUMBER_CHARS = 40   # any count up to MAX_COUNT, or a float written with 17 significant digits and an exponent
 SOURCES = ("doctor accept", "doctor online")
 
 
@@ -141,8 +151,11 @@ def write(profile: Profile, path: str) -> str:
 
 
 def read(path: str) -> Profile:
-    """Read and validate a profile file (ProfileError on anything wrong)."""
+    """Read and validate a profile file (ProfileError on anything wrong, and nothing else)."""
     shown = path
+    if not isinstance(path, str) or not path.strip():
+        raise ProfileError(f"profile {path!r}: an empty path; expected the path of a JSON file written by "
+                           "`eagle3-capture doctor accept|online --profile-out`")
     try:
         path = os.path.abspath(os.path.expanduser(path))
         st = os.stat(path)
@@ -158,7 +171,9 @@ def read(path: str) -> Profile:
     try:
         with open(path, "rb") as f:
             raw = f.read(MAX_BYTES + 1)
-        data = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+        if len(raw) > MAX_BYTES:  # grew since the stat
+            raise ProfileError(f"more than {MAX_BYTES} bytes; a profile is a small JSON file")
+        data = loads(raw.decode("utf-8"))
     except OSError as e:
         raise ProfileError(f"profile {path}: cannot be read ({e.strerror or e})") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -171,6 +186,40 @@ def read(path: str) -> Profile:
 
 def _no_constant(name: str):
     raise ProfileError(f"{name} in the file; expected finite numbers only")
+
+
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+
+
+def _depth(text: str) -> int:
+    """The deepest nesting of arrays and objects in JSON text, strings skipped (an unterminated string is left to
+    the decoder, which refuses it)."""
+    brackets = _NOT_BRACKET.sub("", _STRING.sub('""', text))
+    steps = (1 if c in "[{" else -1 for c in brackets)
+    return max(itertools.accumulate(steps, initial=0))
+
+
+def _number(kind):
+    def parse(text: str):
+        if len(text) > MAX_NUMBER_CHARS:
+            raise ProfileError(f"a number of {len(text)} characters ({text[:12]}...); expected counts up to "
+                               f"{MAX_COUNT} and plain decimals")
+        v = kind(text)
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ProfileError(f"the number {text} is not finite as a float; expected finite numbers only")
+        return v
+    return parse
+
+
+def loads(text: str) -> Any:
+    """JSON text decoded within bounds: nesting at most :data:`MAX_DEPTH` (checked before decoding: the decoder
+    recurses), numbers at most :data:`MAX_NUMBER_CHARS` characters (checked before conversion), no NaN / Infinity;
+    ProfileError (without the file's name) when a bound is passed, json.JSONDecodeError when it is not JSON."""
+    depth = _depth(text)
+    if depth > MAX_DEPTH:
+        raise ProfileError(f"nested {depth} deep; a profile nests {MAX_DEPTH} deep at most (3 as written)")
+    return json.loads(text, parse_constant=_no_constant, parse_int=_number(int), parse_float=_number(float))
 
 
 def _int(where: str, v: Any, lo: int, hi: int) -> int:
@@ -238,11 +287,29 @@ def _check_derived(p: Profile, data: Dict[str, Any], fail) -> None:
     if not isinstance(rows, list) or len(rows) != p.positions:
         fail(f"positions: expected a list of {p.positions} rows (one per draft step), got {rows!r:.80}")
     for i, r in enumerate(rows):
-        if not isinstance(r, dict) or (r.get("position"), r.get("attempts"), r.get("accepted")) != \
-                (i + 1, att[i], acc[i]):
+        want = (i + 1, att[i], acc[i])
+        got = (r.get("position"), r.get("attempts"), r.get("accepted")) if isinstance(r, dict) else None
+        if got is None or any(isinstance(v, bool) or not isinstance(v, int) for v in got) or got != want:
             fail(f"positions[{i}] is {r!r:.120}; the histogram gives position {i + 1}: attempts {att[i]}, "
                  f"accepted {acc[i]}")
+        if "acceptance" in r:
+            _check_acceptance(i, r["acceptance"], att[i], acc[i], fail)
 
 
-__all__ = ["FORMAT", "VERSION", "MAX_BYTES", "SOURCES", "Profile", "ProfileError", "Speculative", "make", "read",
-           "write", "from_json"]
+def _check_acceptance(i: int, a: Any, attempts: int, accepted: int, fail) -> None:
+    """A row's acceptance: accepted / attempts of the histogram (None where no verify reached the position)."""
+    if attempts == 0:
+        if a is not None:
+            fail(f"positions[{i}].acceptance is {a!r}; no verify reached position {i + 1} (attempts 0): expected "
+                 "null")
+        return
+    want = accepted / attempts
+    if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0.0 <= a <= 1.0:
+        fail(f"positions[{i}].acceptance is {a!r:.40}; an acceptance is a share in [0, 1] (the histogram gives "
+             f"{want:.6f})")
+    if abs(a - want) > 1e-9:
+        fail(f"positions[{i}].acceptance is {a!r}; the histogram gives {accepted}/{attempts} = {want:.6f}")
+
+
+__all__ = ["FORMAT", "VERSION", "MAX_BYTES", "MAX_DEPTH", "MAX_NUMBER_CHARS", "SOURCES", "Profile", "ProfileError",
+           "Speculative", "make", "read", "write", "from_json", "loads"]

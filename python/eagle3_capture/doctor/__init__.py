@@ -18,13 +18,14 @@ The parts, one package each (its ``__init__`` says what it owns):
   replay/        the draft replayed over a target side; accuracy per step and tau
   fingerprint/   which hidden state each captured slot holds (against a reference, the server's stream, training
                  data)
-  sglang_model/  what the doctor knows of SGLang 0.5.23: its flags and their rules, its speculative loop, its
-                 responses, the HTTP client
+  sglang_model/  what the doctor knows of SGLang's server (the release it was read in: sglang_model/release.py): its
+                 flags and their rules, its speculative loop, its responses, the HTTP client
   deployment/    a deployment's configs and flags read without running a model (check's findings)
   demo/          the built-in pair's story
 
 Arrows point down: cli -> commands -> the parts -> common / bounds / progress (and the package's engine-free
-modules: spec, configs, findings, sglang_rules, pipelines, dump_format); the parts import one another without a
-cycle, no command imports another, and no module imports a private name of another (tests/test_import_graph.py). Nothing imports torch at module import time on the way to
-``doctor check``, so it runs without torch being loaded.
+modules: spec, configs, findings, sglang_releases, vllm_rules, pipelines, dump_format); the parts import one another
+without a cycle, no command imports another, and no module imports a private name of another
+(tests/test_import_graph.py). Nothing imports torch at module import time on the way to ``doctor check``, so it runs
+without torch being loaded.
 """

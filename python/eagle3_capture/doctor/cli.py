@@ -21,10 +21,12 @@ from typing import Optional, Sequence, Tuple
 from .common import EXIT_BAD_INPUT, EXIT_FINDINGS, DeploymentFinding, DoctorError, write_json
 from .options import add_arguments, options_from
 
-# (subcommand, its module under commands/, its line in `doctor --help`), in the order --help lists them.
+# (subcommand, its module under commands/, its line in `doctor --help`), in the order --help lists them. A line may
+# name {sglang_releases}: the SGLang releases modelled, read from the release table only when `doctor --help` shows
+# the lines (a command line that names its subcommand loads nothing it does not need).
 COMMANDS: Tuple[Tuple[str, str, str], ...] = (
-    ("check", "check", "trained taps vs what stock SGLang (any release 0.5.8-0.5.23) or vLLM / the plugin capture, "
-                       "config and flag traps"),
+    ("check", "check", "trained taps vs what stock SGLang (any release {sglang_releases}) or vLLM / the plugin "
+                       "capture, config and flag traps"),
     ("fingerprint", "fingerprint", "which layer each captured slot holds (a reference, the server's own stream, or "
                                    "training data)"),
     ("dump-reference", "dump_reference", "the training side's hidden states for some prompts (transformers)"),
@@ -48,6 +50,13 @@ def command_module(name: str) -> ModuleType:
     if name not in _MODULES:
         raise ValueError(f"unknown doctor subcommand {name!r}; known: {', '.join(NAMES)}")
     return importlib.import_module(f"{__package__}.commands.{_MODULES[name]}")
+
+
+def help_line(line: str) -> str:
+    """A COMMANDS help line with the modelled SGLang releases filled in from the release table."""
+    from ..sglang_releases.versions import NEWEST, OLDEST
+
+    return line.replace("{sglang_releases}", f"{OLDEST}-{NEWEST}")
 
 
 def requested(argv: Sequence[str]) -> Optional[str]:
@@ -88,7 +97,9 @@ def add_doctor_parser(sub, argv: Optional[Sequence[str]] = None) -> None:
     one_line_errors(doc)
     ds = doc.add_subparsers(dest="doctor_command", required=True, metavar="{" + ",".join(NAMES) + "}")
     wanted = requested(argv) if argv is not None else None
+    listed = wanted is None  # only `doctor --help` (no subcommand named) shows the help lines
     for name, _, help in COMMANDS:
+        help = help_line(help) if listed else help
         if argv is not None and name != wanted:
             ds.add_parser(name, help=help)
             continue
@@ -129,4 +140,4 @@ def run(args) -> int:
 
 
 __all__ = ["COMMANDS", "NAMES", "DESCRIPTION", "HELP", "add_doctor_parser", "one_line_errors", "command_module",
-           "requested", "run_command", "bad_input", "run"]
+           "help_line", "requested", "run_command", "bad_input", "run"]

@@ -14,6 +14,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 EXIT_OK = 0
 EXIT_FINDINGS = 1   # the doctor ran and found an error-severity problem
 EXIT_BAD_INPUT = 2  # the doctor could not run: bad or missing input (argparse uses 2 too)
+EXIT_NOT_JUDGED = 3  # the doctor ran, found nothing wrong, and could not judge part of what it read (doctor watch)
 
 
 class DoctorError(Exception):

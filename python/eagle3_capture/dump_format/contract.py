@@ -178,6 +178,8 @@ def record_problems(rec: Any) -> List[str]:
     dec = g("declared")
     if dec is not None and not (isinstance(dec, list) and all(isinstance(x, str) and _TAP_RE.match(x) for x in dec)):
         out.append(f"declared must be a list of 'Embedding' / 'LayerOutput(k)' or None, got {_shown(dec)}")
+    else:
+        out += declaration_problems(dec, ltc, g("draft_ids") if _int_list(g("draft_ids")) else None, L)
     conv = g("declared_convention")
     if conv is not None and conv not in CONVENTIONS:
         out.append(f"declared_convention must be one of {list(CONVENTIONS)} or None, got {_shown(conv)}")
@@ -188,6 +190,38 @@ def record_problems(rec: Any) -> List[str]:
 
     out += _stream_problems(g("stream"), g("stream_layer_inputs"), T, H, L, aux)
     out += _rank_problems(rec)
+    return out
+
+
+def _tap_index(tap: str) -> int:
+    """'Embedding' -> -1, 'LayerOutput(k)' -> k (the EAGLE draft-id meaning)."""
+    return -1 if tap == "Embedding" else int(tap[len("LayerOutput("):-1])
+
+
+def declaration_problems(declared: Optional[list], layers_to_capture: Optional[list], draft_ids: Optional[list],
+                         L: Optional[int]) -> List[str]:
+    """How the declared taps contradict the rest of a record: each served slot is one declared tap (as many taps as
+    layers_to_capture and draft_ids), the taps are distinct, in order, and within the model (LayerOutput(k) with k
+    < num_layers). Their *values* may differ from layers_to_capture: a server that captures other layers than its
+    draft declares is what the doctor exists to find, and the record must carry it."""
+    if declared is None:
+        return []
+    out = []
+    idx = [_tap_index(t) for t in declared]
+    if not declared:
+        out.append("declared is an empty list; a draft declares at least one tap (None where unknown)")
+    if idx != sorted(set(idx)):
+        out.append(f"declared taps {declared} are not distinct and in order (Embedding, then LayerOutput(k) by k)")
+    if L is not None and idx and idx[-1] >= L:
+        out.append(f"declared {declared[-1]} is beyond the model's {L} layers (LayerOutput(0..{L - 1}))")
+    if layers_to_capture is not None and len(layers_to_capture) != len(declared):
+        out.append(f"declared names {len(declared)} taps {declared}, layers_to_capture {len(layers_to_capture)} "
+                   f"slots {list(layers_to_capture)}: each served slot is one declared tap")
+    if draft_ids is not None and len(draft_ids) != len(declared):
+        out.append(f"declared names {len(declared)} taps, draft_ids {len(draft_ids)} ids {list(draft_ids)}")
+    elif draft_ids is not None and list(draft_ids) != idx:
+        out.append(f"draft_ids {list(draft_ids)} are not the declared taps {declared} (draft id -1 is Embedding, k "
+                   "is LayerOutput(k))")
     return out
 
 
@@ -337,6 +371,8 @@ def v1_record_problems(rec: Any) -> List[str]:
     dec = rec.get("declared")
     if dec is not None and not (isinstance(dec, list) and all(isinstance(x, str) for x in dec)):
         out.append(f"declared must be a list of strings, got {_shown(dec)}")
+    elif dec is not None and all(_TAP_RE.match(x) for x in dec):
+        out += declaration_problems(dec, lists.get("layers_to_capture"), lists.get("draft_ids"), L)
     out += _stream_problems(rec.get("stream"), rec.get("stream_layer_inputs"), T, H, L, aux)
     return out
 
@@ -353,4 +389,5 @@ def validate_record(rec: Any, where: str = "record") -> None:
 __all__ = ["FORMAT", "FORMAT_V2", "FORMATS", "DOCTOR_RID_PREFIX", "TMP_SUFFIX", "SERVER_RE", "FILE_RE", "V2_FILE_RE",
            "V1_FILE_RE", "STREAM_DECLARED", "STREAM_ALL", "STREAM_MODES", "CONVENTIONS", "FIELDS", "FIELDS_V2",
            "SERVER_FIELDS", "REQUEST_FIELDS", "RANK_FIELDS", "DumpError", "DumpRecordError", "host_in_name",
-           "file_name", "is_doctor_rid", "record_problems", "v1_record_problems", "validate_record"]
+           "file_name", "is_doctor_rid", "record_problems", "v1_record_problems", "validate_record",
+           "declaration_problems"]

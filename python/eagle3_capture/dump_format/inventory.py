@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Tuple
 
 from .contract import V2_FILE_RE
-from .reader import DumpRecord
+from .reader import DumpRecord, writer_key
 
 _SHOWN = 4  # writers or records named per declaration before "and N more"
 
@@ -64,8 +64,7 @@ def writer_of(rec: DumpRecord) -> Writer:
     if rec.server is not None:
         return Writer(rec.server, rec.host, rec.pid, rec.version)
     m = V2_FILE_RE.match(os.path.basename(rec.path))
-    pid = int(m.group(1)) if m else None
-    return Writer(f"v{rec.version}-pid{pid}" if pid is not None else f"v{rec.version}", None, pid, rec.version)
+    return Writer(writer_key(rec), None, int(m.group(1)) if m else None, rec.version)
 
 
 def declaration_of(rec: DumpRecord) -> Declaration:

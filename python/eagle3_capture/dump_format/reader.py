@@ -12,21 +12,25 @@ requests (rid prefix ``eagle3-doctor-``), the residual stream (``stream`` [S, T,
 norm). Version 1 (``eagle3_capture_pid<pid>_<n>.pt``, no ``format`` key) carries ``aux``, ``input_ids``,
 ``positions`` and ``layers_to_capture`` only: no request ids, no stream.
 
-Rows of one request may be split over several records (chunked prefill); :func:`doctor_requests` stitches them by
-``positions`` and refuses rows that disagree. ``*.tmp`` files are in flight and never read. Every problem is a
-:class:`~.contract.DumpError` naming the file (or the request) and the field.
+Rows of one request may be split over several records (chunked prefill); :func:`doctor_requests` gathers them per
+*writer and rid* -- replicas sharing a directory may write records of one rid (a miswired replica reusing a correct
+one's), and neither may hide the other -- and :func:`stitch` joins them by ``positions``, refusing rows that
+disagree: another token, or another capture (layers_to_capture, declared taps) at one position. ``*.tmp`` files are
+in flight and never read. Every problem is a :class:`~.contract.DumpError` naming the file (or the request) and the
+field.
 """
 from __future__ import annotations
 
 import glob
 import os
+import zipfile
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional
 
 import torch
 
-from .contract import (DOCTOR_RID_PREFIX, FORMAT, FORMATS, DumpError, DumpRecordError, int_values, record_problems,
-                       v1_record_problems)
+from .contract import (DOCTOR_RID_PREFIX, FORMAT, FORMATS, V2_FILE_RE, DumpError, DumpRecordError, int_values,
+                       record_problems, v1_record_problems)
 
 # forwards whose rows are the request's own tokens (a verify's rows are draft tokens, a decode's one new token)
 PREFILL_MODES = ("EXTEND", "MIXED", "PREFILL", "SPLIT_PREFILL")
@@ -120,8 +124,43 @@ def read_record(d: Any, path: str) -> DumpRecord:
                       d.get("declared_convention"), d.get("graph"), d.get("server"), d.get("host"), d.get("pid"))
 
 
+CRC_CHUNK = 16 << 20
+
+
+def verify_bytes(path: str) -> None:
+    """Every byte of a record file against the CRC-32 its zip directory holds for each member (torch.save writes
+    them; torch.load does not check them, so a flipped bit in a tensor would load as data). DumpError naming the
+    member when one does not match. Costs one read of the file at the speed of zlib's CRC-32 (docs/dump_format.md
+    gives the figures)."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            infos = z.infolist()
+            if infos and all(i.CRC == 0 for i in infos) and any(i.file_size for i in infos):
+                raise DumpError(f"dump {path}: written without CRC-32s (torch.serialization.config.save."
+                                "compute_crc32 off in the writing process): its bytes cannot be verified; write the "
+                                "dump with CRCs on (the default)")
+            for info in infos:
+                try:
+                    with z.open(info) as f:
+                        while f.read(CRC_CHUNK):
+                            pass
+                except zipfile.BadZipFile as e:
+                    if "CRC" not in str(e):
+                        raise
+                    raise DumpError(f"dump {path}: {info.filename} fails its CRC-32: the record's bytes changed "
+                                    "after it was written (a disk or copy error, or an edit); remove the record, or "
+                                    "dump again") from None
+    except DumpError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a truncated or foreign file fails in many ways inside zipfile
+        raise DumpError(f"dump {path}: not a readable dump record (zip: {type(e).__name__}: "
+                        f"{str(e).splitlines()[0] if str(e) else ''}); a truncated or foreign file?") from None
+
+
 def load_record(path: str) -> DumpRecord:
-    """One record file, loaded (memory-mapped, no pickled code) and checked."""
+    """One record file, its bytes verified against their CRC-32s, loaded (memory-mapped, no pickled code) and
+    checked."""
+    verify_bytes(path)
     try:
         d = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:  # pickle / zip errors come in many types; a truncated file is one of them
@@ -190,10 +229,9 @@ def stitch(rid: Optional[str], parts: List[tuple], layers: Optional[List[int]] =
             tok = int(rec.input_ids[r])
             if p in by_pos:
                 other, orow = by_pos[p]
-                if int(other.input_ids[orow]) != tok:
-                    raise DumpError(f"{what}: position {p} holds token {int(other.input_ids[orow])} in "
-                                      f"{os.path.basename(other.path)} and {tok} in {os.path.basename(rec.path)}")
-                continue  # the same row written twice (two TP ranks of a version-1 dump)
+                if int(other.input_ids[orow]) != tok or capture_of(other) != capture_of(rec):
+                    raise _conflict(what, p, other, int(other.input_ids[orow]), rec, tok)
+                continue  # the same row written twice (two TP ranks of a version-1 dump, a retracted prefill)
             by_pos[p] = (rec, r)
     first, last = min(by_pos), max(by_pos)
     missing = [p for p in range(first, last + 1) if p not in by_pos]
@@ -251,19 +289,60 @@ def _gather_rows(rows: List[tuple], pick: Optional[List[int]] = None) -> torch.T
     return torch.cat(out, dim=rows[0][2]).clone()
 
 
+def writer_key(rec: DumpRecord) -> str:
+    """Who wrote a record: its server id (version 3), else what its file name says of its process (version 2:
+    ``v2-pid<pid>``, which replicas in separate PID namespaces share), else its version alone."""
+    if rec.server is not None:
+        return rec.server
+    m = V2_FILE_RE.match(os.path.basename(rec.path))
+    return f"v{rec.version}-pid{m.group(1)}" if m else f"v{rec.version}"
+
+
+def capture_of(rec: DumpRecord) -> tuple:
+    """What a record says its slots hold: (layers_to_capture, declared taps); two records of one row must agree."""
+    return (None if rec.layers_to_capture is None else tuple(rec.layers_to_capture),
+            None if rec.declared is None else tuple(rec.declared))
+
+
+def _conflict(what: str, p: int, a: DumpRecord, ta: int, b: DumpRecord, tb: int) -> DumpError:
+    """Two records of one request disagree at a position: say what differs and what to do."""
+    fa, fb = os.path.basename(a.path), os.path.basename(b.path)
+    if ta != tb:
+        differs = f"token {ta} in {fa} and token {tb} in {fb}"
+    else:
+        (la, da), (lb, db) = capture_of(a), capture_of(b)
+        differs = (f"the same token {ta}, captured at layer inputs {list(la) if la else la} (declared {da}) in {fa} "
+                   f"and at {list(lb) if lb else lb} (declared {db}) in {fb}")
+    who = ("one writer" if writer_key(a) == writer_key(b) else
+           f"writers {writer_key(a)} and {writer_key(b)}")
+    return DumpError(f"{what}: two records of {who} disagree at position {p}: {differs}. One rid written twice "
+                     "(replicas sharing the directory whose records cannot be told apart -- version-2 records "
+                     "carry only a pid -- or a copied or edited record): remove the foreign records, or give each "
+                     "server its own EAGLE3_CAPTURE_DUMP directory and run the doctor on each")
+
+
 @dataclass
 class RequestParts:
-    """Where one request's prefill rows are (record, row_start, row_end); read with :meth:`load`."""
+    """Where one request's prefill rows are (record, row_start, row_end), all of one writer; read with
+    :meth:`load`."""
 
     rid: Optional[str]
     parts: List[tuple]
+    writer: Optional[str] = None
 
     @property
     def input_ids(self) -> torch.Tensor:
-        """The request's token ids by position (DumpError when a position is missing), without its tensors."""
+        """The request's token ids by position (DumpError when a position is missing or two records disagree on
+        it), without its tensors."""
         by_pos: Dict[int, int] = {}
+        seen: Dict[int, tuple] = {}
+        what = f"dumped request {self.rid or '(no rid)'}"
         for rec, s, e in self.parts:
-            by_pos.update(zip(rec.positions[s:e].tolist(), rec.input_ids[s:e].tolist()))
+            for r, (p, tok) in enumerate(zip(rec.positions[s:e].tolist(), rec.input_ids[s:e].tolist())):
+                if p in by_pos and (by_pos[p] != tok or capture_of(seen[p][0]) != capture_of(rec)):
+                    raise _conflict(what, p, seen[p][0], by_pos[p], rec, tok)
+                by_pos[p] = tok
+                seen.setdefault(p, (rec, s + r))
         first, last = min(by_pos), max(by_pos)
         if len(by_pos) != last - first + 1:
             gap = next(p for p in range(first, last + 1) if p not in by_pos)
@@ -276,17 +355,41 @@ class RequestParts:
         return stitch(self.rid, self.parts, layers, with_aux)
 
 
-def doctor_requests(records: Iterable[DumpRecord], rid_prefix: str = DOCTOR_RID_PREFIX) -> Dict[str, RequestParts]:
-    """rid -> where the request's prefill rows are, for the requests of version-2 or -3 records whose rid starts with
-    ``rid_prefix`` (nothing is read until :meth:`RequestParts.load`)."""
-    parts: Dict[str, RequestParts] = {}
+def doctor_requests(records: Iterable[DumpRecord], rid_prefix: str = DOCTOR_RID_PREFIX
+                    ) -> Dict[tuple, RequestParts]:
+    """(writer, rid) -> where the request's prefill rows are, for the requests of version-2 or -3 records whose rid
+    starts with ``rid_prefix`` (nothing is read until :meth:`RequestParts.load`). Keyed by writer as well as rid:
+    replicas sharing a directory never hide each other's records of one rid (:func:`writer_key`)."""
+    parts: Dict[tuple, RequestParts] = {}
     for rec in records:
         if rec.version < 2 or rec.forward_mode not in PREFILL_MODES:
             continue
+        w = writer_key(rec)
         for rq in rec.requests or []:
             if rq.rid is not None and rq.rid.startswith(rid_prefix) and rq.row_end > rq.row_start:
-                parts.setdefault(rq.rid, RequestParts(rq.rid, [])).parts.append((rec, rq.row_start, rq.row_end))
+                parts.setdefault((w, rq.rid), RequestParts(rq.rid, [], w)).parts.append(
+                    (rec, rq.row_start, rq.row_end))
     return parts
+
+
+def by_rid(requests: Dict[tuple, RequestParts]) -> Dict[str, List[RequestParts]]:
+    """rid -> its requests, one per writer that wrote it (in the order first seen)."""
+    out: Dict[str, List[RequestParts]] = {}
+    for (_, rid), parts in requests.items():
+        out.setdefault(rid, []).append(parts)
+    return out
+
+
+def one_writer(rid: str, found: List[RequestParts], where: str) -> RequestParts:
+    """The one request of `rid` (the doctor sent it once, to one server); DumpError naming the writers when several
+    wrote it."""
+    if len(found) == 1:
+        return found[0]
+    files = "; ".join(f"{p.writer}: {os.path.basename(p.parts[0][0].path)}" for p in found[:4])
+    raise DumpError(f"{where}: request {rid} is in the records of {len(found)} writers ({files}); the doctor sent it "
+                    "once, to one server: another server's records carry the same rid (a copied dump directory, or "
+                    "replicas given the same requests): give the directory of the server that was sent the request, "
+                    "or remove the foreign records")
 
 
 def v1_sequences(records: Iterable[DumpRecord]) -> List[RequestParts]:
@@ -305,4 +408,5 @@ def v1_sequences(records: Iterable[DumpRecord]) -> List[RequestParts]:
 
 
 __all__ = ["PREFILL_MODES", "RequestRows", "DumpRecord", "DumpedRequest", "DumpReader", "RequestParts", "dump_files",
-           "read_record", "load_record", "stitch", "doctor_requests", "v1_sequences"]
+           "read_record", "load_record", "verify_bytes", "stitch", "doctor_requests", "by_rid", "one_writer",
+           "writer_key", "capture_of", "v1_sequences"]

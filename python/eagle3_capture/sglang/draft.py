@@ -42,6 +42,7 @@ from typing import Callable, List, Optional, Tuple
 
 import torch
 
+from .. import draft_layouts
 from .installed.internals import LLAMA_DRAFT_FORWARD_PATH, MLA_DRAFT_FORWARD_PATH
 from .settings import switches
 from .settings.switches import logger
@@ -500,10 +501,9 @@ def _fc_forward_hook(compute: Callable):
 mla_forward_hook = _fc_forward_hook(_mla_fc)
 llama_forward_hook = _fc_forward_hook(_llama_fc)
 
-HOOKS: List[Tuple[str, Callable]] = [
-    (MLA_DRAFT_FORWARD_PATH, mla_forward_hook),
-    (LLAMA_DRAFT_FORWARD_PATH, llama_forward_hook),
-]
+# one AROUND hook per draft layout, on the SGLang forward its row names (draft_layouts.py)
+HOOKS: List[Tuple[str, Callable]] = [(lay.sglang_forward, draft_layouts.implementation(lay.plugin_hook))
+                                     for lay in draft_layouts.LAYOUTS]
 
 __all__ = ["MLA_DRAFT_FORWARD_PATH", "LLAMA_DRAFT_FORWARD_PATH", "HOOKS", "gather_hooks", "unavailable",
            "gather_unavailable", "fused_fc", "gather_columns", "mla_forward_hook", "llama_forward_hook",

@@ -36,28 +36,33 @@ same, or differs only in lines that do not touch the rule). The central facts:
   graphs ("Must be called BEFORE init_device_graphs()").
 
 The package: versions.py (the releases and their order), hook_points.py (where each plugin hook lives per release),
-catalogue.py (each release's facts as step tables), stock_capture.py (what stock SGLang does with a draft's ids),
-outlook.py (the same ids on every release at once).
+catalogue.py (each release's facts as step tables, and what this project does with it: the plugin's range, the CPU
+machine, the doctor's serving model, the test matrix), stock_capture.py (what stock SGLang does with a draft's ids),
+outlook.py (the same ids on every release at once). It has the shape every engine's table has
+(eagle3_capture/release_table.py); docs/sglang_releases.md is printed from it, and CONTRIBUTING.md's "Adding an
+SGLang release" says what a new release takes.
 """
 from __future__ import annotations
 
 from .catalogue import (COUNT_CHECK_ASSERT, COUNT_CHECK_NONE, COUNT_CHECK_RAISE, ERROR_AT_DRAFT_FC, ERROR_AT_FORWARD,
                         ERROR_AT_LOAD, FAMILIES, FAMILY_DEEPSEEK_V2, FAMILY_QWEN_MOE, ID_RULE_PLUS_ONE_ALWAYS,
-                        ID_RULE_PLUS_ONE_IF_FIRST_IS_1, RELEASES, VARIANT_LIST_IN_LOOP, VARIANT_LIST_INTO_LAYER,
-                        VARIANT_PACKER, VARIANT_PACKER_LAYER_BOUNDARY, VARIANTS, SGLangRelease, assumed_release,
-                        installed_sglang_version, model_support_error, release, sglang_family)
+                        ID_RULE_PLUS_ONE_IF_FIRST_IS_1, IDS_KEY_EAGLE_CONFIG, MATRIX_KINDS, RELEASES, SUPPORTED_RANGE,
+                        VARIANT_LIST_IN_LOOP, VARIANT_LIST_INTO_LAYER, VARIANT_PACKER, VARIANT_PACKER_LAYER_BOUNDARY,
+                        VARIANTS, SGLangRelease, assumed_release, installed_sglang_version, matrix, model_support_error,
+                        release, serving_model_release, sglang_family, supported)
 from .hook_points import HOOK_POINTS, HookPoint
 from .outlook import ReleaseSpan, release_outlook
 from .stock_capture import (NativeCapture, capture_only, capture_only_ids_for, check_release, compare_native_capture,
                             default_layers_to_capture, ids_for, layers_to_capture, native_capture)
-from .versions import KNOWN_VERSIONS, NEWEST, OLDEST, SPECFORGE_SGLANG
+from .versions import ENGINE, KNOWN_RANGE, KNOWN_VERSIONS, NEWEST, OLDEST, SPECFORGE_SGLANG
 
 __all__ = [
     "ID_RULE_PLUS_ONE_ALWAYS", "ID_RULE_PLUS_ONE_IF_FIRST_IS_1", "VARIANT_LIST_IN_LOOP", "VARIANT_LIST_INTO_LAYER",
     "VARIANT_PACKER", "VARIANT_PACKER_LAYER_BOUNDARY", "VARIANTS", "COUNT_CHECK_NONE", "COUNT_CHECK_ASSERT",
     "COUNT_CHECK_RAISE", "FAMILY_DEEPSEEK_V2", "FAMILY_QWEN_MOE", "FAMILIES", "ERROR_AT_LOAD", "ERROR_AT_FORWARD",
-    "ERROR_AT_DRAFT_FC", "HookPoint", "HOOK_POINTS", "SGLangRelease", "RELEASES", "KNOWN_VERSIONS", "OLDEST",
-    "NEWEST", "SPECFORGE_SGLANG", "release", "installed_sglang_version", "assumed_release", "sglang_family",
+    "ERROR_AT_DRAFT_FC", "IDS_KEY_EAGLE_CONFIG", "HookPoint", "HOOK_POINTS", "SGLangRelease", "RELEASES", "ENGINE",
+    "KNOWN_VERSIONS", "KNOWN_RANGE", "OLDEST", "NEWEST", "SPECFORGE_SGLANG", "supported", "SUPPORTED_RANGE", "serving_model_release",
+    "matrix", "MATRIX_KINDS", "release", "installed_sglang_version", "assumed_release", "sglang_family",
     "model_support_error", "default_layers_to_capture", "layers_to_capture", "NativeCapture", "native_capture",
     "capture_only", "ids_for", "capture_only_ids_for", "compare_native_capture", "check_release", "ReleaseSpan",
     "release_outlook",

@@ -1,18 +1,22 @@
 """What this project knows of each SGLang release: its pins, its id rule, how DeepseekV2 captures there (the plugin's
 adapter), its count check, its capture-only mode, its plugin registry, the model families it serves -- as step
-tables read in the wheels -- and :func:`release` / :func:`assumed_release` to pick one."""
+tables read in the wheels -- and what this project does with it: whether the plugin serves it, whether it runs on
+the CPU machine (and why not), whether the doctor's serving model was read in it, which releases the test matrix
+runs. :func:`release` / :func:`assumed_release` pick one; every other part of the project reads these rows."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Dict, Optional, Sequence, Tuple, Union
 
+from ..release_table import span_text
 from .hook_points import hook_point
 from .versions import KNOWN_RANGE, KNOWN_VERSIONS, NEWEST, OLDEST, since, version_key
 
 ID_RULE_PLUS_ONE_ALWAYS = "+1 on every id"
 ID_RULE_PLUS_ONE_IF_FIRST_IS_1 = "+1 only if ids[0] == 1"
 
-# The plugin's adapters, one per way DeepseekV2Model captures (names shared with eagle3_capture.sglang).
+# The plugin's adapters, one per way DeepseekV2Model captures (the plugin's detection, sglang/installed/internals.py,
+# names them with these).
 VARIANT_LIST_IN_LOOP = "list-in-loop"
 VARIANT_LIST_INTO_LAYER = "list-into-layer"
 VARIANT_PACKER = "packer"
@@ -27,6 +31,9 @@ COUNT_CHECK_RAISE = "raise"      # AuxHiddenStatePacker.finalize: raise RuntimeE
 FAMILY_DEEPSEEK_V2 = "deepseek_v2"
 FAMILY_QWEN_MOE = "qwen_moe"
 FAMILIES = (FAMILY_DEEPSEEK_V2, FAMILY_QWEN_MOE)
+
+# Where a release's target side reads the draft's ids (SGLangRelease.ids_key): the same key in every release.
+IDS_KEY_EAGLE_CONFIG = "eagle_config.eagle_aux_hidden_state_layer_ids"
 
 # When stock SGLang fails (NativeCapture.error_at).
 ERROR_AT_LOAD = "model load"          # set_eagle3_layers_to_capture raises, or the model has none
@@ -65,6 +72,31 @@ _GRAPHS_CAPTURE_DEFAULT = (("0.5.8", True), ("0.5.11", False))
 # 0.5.12.post1; 0.5.13 removed eagle_worker.py and always returns EAGLEWorkerV2.
 _EAGLE_WORKER_V1 = (("0.5.8", True), ("0.5.13", False))
 
+# ----------------------------------------------------------------------------------------------------------------
+# what this project does with each release
+# ----------------------------------------------------------------------------------------------------------------
+
+# The releases the plugin (python/eagle3_capture/sglang/) serves: read against each one's source, its model-level
+# tests run on each one's real classes (make test-sglang SGLANG=X). An older one is refused at model load; a newer
+# one is served by the adapter its code matches, with a warning (sglang/installed/internals.py).
+_PLUGIN_SUPPORTED = (("0.5.8", False), ("0.5.12", True))
+# The release the doctor's serving model (doctor/sglang_model/: the server flags' rules, the speculative loop, the
+# responses) was read in; any other release is predicted with the newest such model, and the report says so.
+_SERVING_MODEL = (("0.5.8", False), ("0.5.23", True))
+# Why a release cannot run on the CPU machine (this repository's torch, no sgl_kernel), one line each, checked by
+# importing it there (tests/sglang_release_dirs.py sglang --importable X, with the test-only import stand-ins a GPU
+# server does not need: sgl_kernel, and cutlass for 0.5.15's jit_kernel/dsa); a release not named runs there.
+_SGL_KERNEL_IMPORT = ("its deepseek_v2.py imports reach mem_cache/memory_pool_host.py, which imports sgl_kernel "
+                      "(CUDA-only) (checked on 0.5.8 and 0.5.10)")
+_CPU_BLOCKERS = {
+    "0.5.8": _SGL_KERNEL_IMPORT, "0.5.8.post1": _SGL_KERNEL_IMPORT, "0.5.9": _SGL_KERNEL_IMPORT,
+    "0.5.10": _SGL_KERNEL_IMPORT, "0.5.10.post1": _SGL_KERNEL_IMPORT,
+}
+# The releases `make test-releases` runs besides the environment's own (make test): one of each adapter and id rule
+# that runs on the CPU machine; "smoke" adds SGLang's serving loop (the release smoke) to the model-level tests.
+_MATRIX = {"0.5.12": "smoke", "0.5.16": "model", "0.5.20": "model"}
+MATRIX_KINDS = ("smoke", "model")
+
 # Target model types a release cannot serve with EAGLE-3 although the family's rule is modelled: model_type ->
 # (first release that can, why the earlier ones cannot).
 _MODEL_SUPPORT = {
@@ -98,6 +130,16 @@ class SGLangRelease:
     plugin_registry: bool        # sglang.srt.plugins (HookRegistry, entry point group sglang.srt.plugins)
     graphs_capture_default_layers: bool
     eagle_worker_v1: bool        # speculative/eagle_worker.py EAGLEWorker, chosen when overlap scheduling is off
+    plugin_supported: bool = False      # the plugin serves it (read against it, tested on it)
+    serving_model: bool = False         # the doctor's serving model (doctor/sglang_model/) was read in it
+    cpu_blocker: Optional[str] = None   # why it cannot run on the CPU machine (None: it runs there)
+    matrix: Optional[str] = None        # MATRIX_KINDS: what make test-releases runs on it (None: nothing)
+
+    @property
+    def ids_key(self) -> str:
+        """Where the target side of this release reads a draft's ids: ``eagle_config.eagle_aux_hidden_state_layer_ids``
+        in every modelled release (any exception -> None -> the default layers; :meth:`cite` "read-ids")."""
+        return IDS_KEY_EAGLE_CONFIG
 
     def hook_path(self, name: str) -> Optional[str]:
         """The dotted path (``sglang.srt.`` + ...) of hook point ``name`` in this release, or None if it has none."""
@@ -160,11 +202,34 @@ def _make(version: str) -> SGLangRelease:
         count_check=since(_COUNT_CHECK, version), capture_only_mode=since(_CAPTURE_ONLY, version),
         plugin_registry=since(_PLUGIN_REGISTRY, version),
         graphs_capture_default_layers=since(_GRAPHS_CAPTURE_DEFAULT, version),
-        eagle_worker_v1=since(_EAGLE_WORKER_V1, version))
+        eagle_worker_v1=since(_EAGLE_WORKER_V1, version), plugin_supported=since(_PLUGIN_SUPPORTED, version),
+        serving_model=since(_SERVING_MODEL, version), cpu_blocker=_CPU_BLOCKERS.get(version),
+        matrix=_MATRIX.get(version))
 
 
 RELEASES: Tuple[SGLangRelease, ...] = tuple(_make(v) for v in KNOWN_VERSIONS)
 _BY_VERSION: Dict[str, SGLangRelease] = {r.version: r for r in RELEASES}
+
+
+def supported() -> Tuple[str, ...]:
+    """The releases the plugin serves, oldest first (consecutive)."""
+    return tuple(r.version for r in RELEASES if r.plugin_supported)
+
+
+SUPPORTED_RANGE = span_text(supported())   # "0.5.12 through 0.5.23": how messages and documents state it
+
+
+def serving_model_release() -> SGLangRelease:
+    """The newest release the doctor's serving model was read in (what a prediction for any release uses)."""
+    return [r for r in RELEASES if r.serving_model][-1]
+
+
+def matrix(kind: str) -> Tuple[str, ...]:
+    """The releases ``make test-releases`` runs with ``kind`` ("smoke": model-level tests and the serving loop;
+    "model": the model-level tests), oldest first."""
+    if kind not in MATRIX_KINDS:
+        raise ValueError(f"expected one of {', '.join(MATRIX_KINDS)}, got {kind!r}")
+    return tuple(r.version for r in RELEASES if r.matrix == kind)
 
 
 def release(version: Union[str, SGLangRelease]) -> SGLangRelease:

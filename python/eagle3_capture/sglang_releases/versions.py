@@ -2,8 +2,11 @@
 versions sort: the one list every other part of the model indexes."""
 from __future__ import annotations
 
-import re
-from typing import Optional, Sequence, Tuple
+from typing import Tuple
+
+from ..release_table import since, span_text, version_key
+
+ENGINE = "SGLang"
 
 # Every release on the registry from 0.5.8 through 0.5.23 (`pip index versions sglang`, 2026-12-03), oldest first.
 KNOWN_VERSIONS: Tuple[str, ...] = (
@@ -18,25 +21,6 @@ OLDEST, NEWEST = KNOWN_VERSIONS[0], KNOWN_VERSIONS[-1]
 # -> model.set_eagle3_layers_to_capture(layer_ids)).
 SPECFORGE_SGLANG = "0.5.14"
 
-_VERSION_RE = re.compile(r"^(\d+)\.(\d+)\.(\d+)(?:\.post(\d+))?$")
-KNOWN_RANGE = f"{OLDEST} .. {NEWEST}"
+KNOWN_RANGE = span_text(KNOWN_VERSIONS, " .. ")
 
-
-def version_key(text: str) -> Optional[Tuple[int, int, int, int]]:
-    """Sort key of a release version (N.N.N or N.N.N.postN; a .post sorts after its release), None if not one."""
-    m = _VERSION_RE.match(text)
-    if m is None:
-        return None
-    post = -1 if m.group(4) is None else int(m.group(4))
-    return int(m.group(1)), int(m.group(2)), int(m.group(3)), post
-
-
-def since(steps: Sequence[Tuple[str, object]], version: str) -> object:
-    """The value of a step table (first version, value), oldest first, at ``version``."""
-    key = version_key(version)
-    value = None
-    for first, v in steps:
-        if version_key(first) <= key:
-            value = v
-    return value
-
+__all__ = ["ENGINE", "KNOWN_VERSIONS", "OLDEST", "NEWEST", "SPECFORGE_SGLANG", "KNOWN_RANGE", "version_key", "since"]

@@ -45,9 +45,18 @@ logger = logging.getLogger("e3_sglang_cpu")
 
 
 def stub_vllm() -> None:
-    if "vllm" in sys.modules:
+    """Only ``vllm._custom_ops`` is stood in for, and only where no real one is importable. A ``vllm`` that is
+    already imported without it (a namespace package a folder named vllm on sys.path makes) keeps its name and gets
+    the stand-in attribute: skipping the stand-in there is what left SGLang's RotaryEmbedding failing to import."""
+    if "vllm._custom_ops" in sys.modules:
         return
-    vllm = types.ModuleType("vllm")
+    vllm = sys.modules.get("vllm")
+    if vllm is None:
+        try:
+            import vllm._custom_ops  # noqa: F401  (a real vLLM: nothing to stand in for)
+            return
+        except ImportError:  # no vllm, or one without _custom_ops (kept if the attempt imported it)
+            vllm = sys.modules.get("vllm") or types.ModuleType("vllm")
     ops = types.ModuleType("vllm._custom_ops")
 
     def rotary_embedding(*args, **kwargs):

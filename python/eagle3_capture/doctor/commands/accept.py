@@ -29,14 +29,15 @@ from ..common import EXIT_FINDINGS, EXIT_OK, DoctorError
 from ..options import flag
 from ..profile_out import WrittenProfile, check_profile_out, write_profile
 from ..replay.metrics import SERVED_MEANS, TAU_MEANS, Metrics
+from ..sglang_model.release import MODELLED
 from ..sglang_model.serving import Served, total
 
 
 DESCRIPTION = ("Runs the target's greedy continuation of each prompt and the draft's chain at every position, as a "
                "server would (draft fc through the project's op): top-1 agreement per draft step, teacher-forced and "
                "conditional on the earlier steps; the served accept length (completion tokens / verifies along SGLang "
-               "0.5.23's own loop, chain or tree, per prompt and in total: the figure to compare with a server's); "
-               "and tau = 1 + sum_k prod_(i<=k) acc_i over every position (not a served figure).")
+               f"{MODELLED}'s own loop, chain or tree, per prompt and in total: the figure to compare with a "
+               "server's); and tau = 1 + sum_k prod_(i<=k) acc_i over every position (not a served figure).")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -152,7 +153,7 @@ def render(rep: AcceptReport) -> str:
         lines.append(f"server flags {rep.flags_text!r}: no served accept length: {rep.unserved}")
         lines.append(f"tau for a chain of {rep.steps} = {rep.tau:.3f}")
     else:
-        src = f"server flags {rep.flags_text!r}" if rep.flags_text else "SGLang 0.5.23 defaults for this target"
+        src = f"server flags {rep.flags_text!r}" if rep.flags_text else f"SGLang {MODELLED} defaults for this target"
         lines.append(f"{src}: num-steps {rep.steps}, eagle-topk {rep.topk}, num-draft-tokens {rep.draft_tokens}"
                      + (" (a tree)" if rep.topk > 1 else " (a chain)"))
         lines += ["", "SGLang's loop replayed (what each response's meta_info reports):"]

@@ -185,10 +185,10 @@ def run(opts: Options) -> FingerprintReport:
         from ..sglang_model.request_guard import server_limits
         from ..target_side.checkpoint import config_vocab
 
-        vocab, src = ck.vocab_size, f"--target-checkpoint {opts.target_checkpoint}"
-        if vocab is None and opts.target_config is not None:
-            vocab, src = config_vocab(opts.target_config), f"--target-config {opts.target_config}"
-        limits = server_limits(opts.server, min(opts.timeout, 30.0), vocab, src)
+        others = [(f"--target-config {opts.target_config}", config_vocab(opts.target_config))] \
+            if opts.target_config is not None else []
+        limits = server_limits(opts.server, min(opts.timeout, 30.0), ck.vocab_size,
+                               f"--target-checkpoint {opts.target_checkpoint}", others=others)
         rids = send_samples(opts.server, smp, timeout=opts.timeout, limits=limits)
     return FingerprintReport("training", training_fingerprint(smp, opts.captured, rids, _draft_ids(opts.draft_config),
                                                               opts.timeout, opts.min_cos))

@@ -37,6 +37,7 @@ from ..common import EXIT_FINDINGS, EXIT_OK, DoctorError
 from ..options import flag
 from ..profile_out import WrittenProfile, check_profile_out, write_profile
 from ..replay.metrics import SERVED_MEANS
+from ..sglang_model.release import MODELLED
 from ..sglang_model.responses import Response, StepRow, check_counts, read_recorded
 from ..sglang_model.serving import Served, total
 
@@ -154,7 +155,7 @@ def _r(v: float):
 
 def served_flags(server_args: Optional[str], arch: Optional[str], from_server, responses: Sequence[Response]
                  ) -> Tuple[int, int, int]:
-    """The server's (num-steps, eagle-topk, num-draft-tokens): from ``--server-args`` (resolved as SGLang 0.5.23
+    """The server's (num-steps, eagle-topk, num-draft-tokens): from ``--server-args`` (resolved as SGLang
     would for the target's class ``arch``) and from the server's ``/server_info`` (``from_server``), which must
     agree; the responses' counts are then checked against them."""
     from ..sglang_model.flag_rules import not_eagle3, resolve_speculative
@@ -168,7 +169,7 @@ def served_flags(server_args: Optional[str], arch: Optional[str], from_server, r
             raise DoctorError(f"--server-args: {refused}")
         res = resolve_speculative(parsed, arch)
         if res.error:
-            raise DoctorError(f"--server-args {server_args!r}: SGLang 0.5.23 refuses them ({res.error})")
+            raise DoctorError(f"--server-args {server_args!r}: SGLang {MODELLED} refuses them ({res.error})")
         if res.steps is None or res.topk is None or res.draft_tokens is None:
             raise DoctorError(f"--server-args {server_args!r}: num-steps, eagle-topk and num-draft-tokens must be "
                               "known (adaptive speculative decoding is not replayed)")
@@ -320,7 +321,12 @@ def _run(opts: Options, device: str) -> OnlineReport:
                 check_speculative(*early, draft_vocab, "server flags")
             steps = early[0]
         check_positions(positions, prompts, new_tokens, steps, "--new-tokens")
-        limits = server_limits(server, min(timeout, 30.0), vocab, "the target's config")
+        # the vocabulary, agreed by every source and the server itself before any id is sent (request_guard.py)
+        own = (vocab, "--target's config") if target_path is not None else \
+            (ck.vocab_size, f"--target-checkpoint {opts.target_checkpoint}'s config")
+        drafts_target = ("the draft's config (its target's vocab_size)", draft_vocab_sizes(draft_path)[0])
+        limits = server_limits(server, min(timeout, 30.0), *own, others=[drafts_target])
+        vocab = limits.vocab
         for i, p in enumerate(prompts):  # nothing goes out before every request is known to be safe
             check_request(p, new_tokens, limits, f"prompt {i}")
         responses = generate(server, prompts, new_tokens, timeout, opts.concurrency, progress)

@@ -9,9 +9,19 @@ monitor of ``acceptance.drift`` also runs here, on the scraped counts, one block
 is per interval: positions * 3600 / interval * e^-h an hour). The parts are ``doctor/watch/``.
 
 ``run`` prints the live view on stdout as it goes (that is the command's work); its report is the summary that the
-CLI prints at the end, after ``--count`` refreshes or Ctrl-C. Exit 1 when an alarm was seen (the server's alarm
-gauge or alarm counter, a broken capture, the client-side monitor), 0 otherwise, 2 on bad input (a bad URL or
-profile, a server unreachable at the start or without the plugin's metrics).
+CLI prints at the end, after ``--count`` refreshes or Ctrl-C.
+
+Each reading is judged whole (``watch/reading.py``: complete within its deadline and its Content-Length, every
+expected series, consistent counters, one label rule) and against the last good one (``watch/series.py``: a reset
+is a restart, anything else that goes down or goes missing is not); a reading that fails is a failed reading with
+its one-line reason, never a figure. The deadline is per reading (connection, headers and body together):
+``min(10, max(2, --interval))`` seconds, so a server that drips its answer fails the reading.
+
+Exit codes (:func:`exit_code`): 0 every reading after the first was judged and no alarm was seen; 1 an alarm was
+seen (the server's alarm gauge, drift statistic or alarm counter, a broken capture, the client-side monitor); 3 no
+alarm was seen but some reading could not be judged (a failed reading: the server away, a partial or contradictory
+page), so "fine" cannot be said; 2 on bad input (a bad URL or profile; the first reading failing: a server
+unreachable at the start, without the plugin's metrics, or with a page that fails the rules above).
 """
 from __future__ import annotations
 
@@ -23,7 +33,7 @@ from typing import List, Optional
 
 from .. import arg_types as at
 from .. import options
-from ..common import EXIT_FINDINGS, EXIT_OK, DoctorError
+from ..common import EXIT_FINDINGS, EXIT_NOT_JUDGED, EXIT_OK, DoctorError
 from ..options import flag
 
 INTERVAL_RANGE = (0.1, 3600.0)
@@ -33,8 +43,11 @@ DESCRIPTION = ("Reads the plugin's metrics from a running server's /metrics (SGL
                "--interval seconds and shows, per draft position, the acceptance over the last interval and since "
                "the start against the expected profile, the server's drift statistic and alarm, verifies per second, "
                "the accept length and the capture self-test. With --profile the drift monitor also runs here, one "
-               "block per interval. Exit 1 when an alarm was seen (the server's, a broken capture, or the monitor's), "
-               "0 otherwise, 2 on bad input or a server unreachable at the start.")
+               "block per interval. Each reading is judged whole (complete within its deadline of min(10, max(2, "
+               "interval)) s and its Content-Length, every expected series, consistent counters) before any figure "
+               "is taken from it. Exit codes: 0 every reading judged and no alarm; 1 an alarm was seen (the "
+               "server's, a broken capture, or the monitor's); 3 no alarm seen but some reading could not be judged "
+               "(failed: unreachable, partial, contradictory); 2 bad input, or the first reading failed.")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,6 +90,11 @@ class WatchReport:
         return bool(self.events)
 
     @property
+    def failed(self) -> int:
+        """Readings that could not be judged."""
+        return sum(r.error is not None for r in self.refreshes)
+
+    @property
     def last(self):
         good = [r for r in self.refreshes if r.error is None]
         return good[-1] if good else None
@@ -84,7 +102,7 @@ class WatchReport:
     def to_json(self) -> dict:
         return {"server": self.server, "interval": self.interval, "profile": self.profile,
                 "expected_source": self.expected_source, "ended": self.ended, "seconds": round(self.seconds, 3),
-                "restarts": self.restarts, "alarm": self.alarm,
+                "restarts": self.restarts, "alarm": self.alarm, "failed_readings": self.failed,
                 "client_monitor": None if self.false_alarms_per_hour is None else {
                     "block_seconds": self.interval, "threshold": self.threshold, "positions": self.monitored,
                     "false_alarms_per_hour_bound": self.false_alarms_per_hour},
@@ -142,10 +160,10 @@ def run(opts: Options, out=None) -> WatchReport:
     out = out if out is not None else sys.stdout
     base = opts.server.rstrip("/")
     prof = _read_profile(opts.profile)
-    timeout = min(10.0, max(2.0, opts.interval))
+    timeout = reading_deadline(opts.interval)
     watcher = Watcher(prof, opts.interval)
     t0 = time.monotonic()
-    first = scrape(base, timeout)  # unreachable, not Prometheus, no plugin metrics: bad input, exit 2
+    first = scrape(base, timeout)  # unreachable, not Prometheus, no plugin metrics, a bad page: bad input, exit 2
     expected_source = "profile" if prof is not None else ("server" if first.expected else "none")
     client = watcher.monitor is not None
     header = [f"eagle3-capture doctor watch: {base}/metrics every {opts.interval:g} s"
@@ -188,11 +206,11 @@ def run(opts: Options, out=None) -> WatchReport:
             time.sleep(max(0.0, t0 + i * opts.interval - time.monotonic()))
             now = time.monotonic()
             try:
-                snap = scrape(base, timeout)
-            except DoctorError as e:
+                refresh = watcher.update(scrape(base, timeout), now - t0, now - last_good)
+            except DoctorError as e:  # a failed reading: said, never a figure
                 view.show(watcher.failed(now - t0, str(e)))
             else:
-                view.show(watcher.update(snap, now - t0, now - last_good))
+                view.show(refresh)
                 last_good = now
             plot()
     except KeyboardInterrupt:
@@ -207,11 +225,16 @@ def run(opts: Options, out=None) -> WatchReport:
                        m.settings.threshold if m else None, opts.plot, list(watcher.once_notes))
 
 
+def reading_deadline(interval: float) -> float:
+    """Seconds one reading may take, connection to last byte."""
+    return min(10.0, max(2.0, interval))
+
+
 def render(rep: WatchReport) -> str:
-    failed = sum(r.error is not None for r in rep.refreshes)
+    failed = rep.failed
     lines = ["", f"watched {rep.server}/metrics for {rep.seconds:.1f} s: {len(rep.refreshes) - 1} refreshes after "
                  f"the first reading ({'stopped by Ctrl-C / SIGTERM' if rep.ended == 'interrupted' else 'count reached'})"
-             + (f"; {failed} reading(s) failed" if failed else "")
+             + (f"; {failed} reading(s) could not be judged" if failed else "")
              + (f"; {rep.restarts} server restart(s) seen (counters reset)" if rep.restarts else "")]
     last = rep.last
     if last is not None:
@@ -239,13 +262,25 @@ def render(rep: WatchReport) -> str:
     if rep.plot:
         lines.append(f"plot: {rep.plot}")
     lines += [f"note: {n}" for n in rep.notes]
-    lines.append(f"verdict: {'ALARM' if rep.alarm else 'no alarm'}")
+    if failed:
+        first = next(r for r in rep.refreshes if r.error is not None)
+        lines.append(f"failed readings: {failed} (first, refresh {first.index}: {first.error})")
+    if rep.alarm:
+        lines.append("verdict: ALARM")
+    elif failed:
+        lines.append(f"verdict: no alarm in the readings judged; {failed} of {len(rep.refreshes)} could not be "
+                     "judged (exit 3)")
+    else:
+        lines.append("verdict: no alarm")
     return "\n".join(lines)
 
 
 def exit_code(rep: WatchReport) -> int:
-    return EXIT_FINDINGS if rep.alarm else EXIT_OK
+    """1 an alarm, else 3 when a reading could not be judged, else 0 (see the module's text)."""
+    if rep.alarm:
+        return EXIT_FINDINGS
+    return EXIT_NOT_JUDGED if rep.failed else EXIT_OK
 
 
-__all__ = ["DESCRIPTION", "Options", "run", "WatchReport", "render", "exit_code", "INTERVAL_RANGE",
+__all__ = ["DESCRIPTION", "Options", "run", "WatchReport", "render", "exit_code", "reading_deadline", "INTERVAL_RANGE",
            "DEFAULT_INTERVAL"]

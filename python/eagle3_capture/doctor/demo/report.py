@@ -54,7 +54,7 @@ def report_text(S, trained, miswired, m_ok, m_mis, taus, served, res, default, r
                   "capture):"]
     groups = (("the capture as measured (fingerprint against the reference)", lambda f: f.code.startswith("fingerprint")),
               ("the server flags", lambda f: f.code in _FLAG_CODES),
-              ("the configs on stock SGLang 0.5.23 (without the plugin)", lambda f: True))
+              (f"the configs on stock SGLang {rep.release.version} (without the plugin)", lambda f: True))
     seen = set()
     for title, pick in groups:
         chosen = [f for f in rep.findings if f.severity != "info" and id(f) not in seen and pick(f)]

@@ -59,15 +59,15 @@ def config_findings(draft: configs.DraftConfig, target: configs.TargetConfig, ra
         out.append(Finding(
             "error", "fc-norm-and-norm-before-fc",
             "the draft config sets both fc_norm (an RMSNorm per tap, EAGLE-3.1) and norm_before_fc (one RMSNorm over "
-            "the concatenated K*H taps); SGLang 0.5.23's llama_eagle3 applies both, one after the other, while a "
-            "draft is trained with one of them",
+            "the concatenated K*H taps); SGLang's llama_eagle3 (read in 0.5.23) applies both, one after the other, "
+            "while a draft is trained with one of them",
             "keep the one the draft was trained with (its checkpoint has fc_norm.{k}.weight for fc_norm, "
             "input_norm.weight for norm_before_fc) and remove the other"))
     if draft.layer_ids is None:
         out.append(Finding(
             "warning", "no-declared-taps",
-            f"the draft config names no taps ({configs.SRC_EAGLE_CONFIG} absent): SGLang (every release 0.5.8 - "
-            f"0.5.23) captures its default layer inputs [2, L//2, L-3] = "
+            f"the draft config names no taps ({configs.SRC_EAGLE_CONFIG} absent): SGLang (every release "
+            f"{releases.OLDEST} - {releases.NEWEST}) captures its default layer inputs [2, L//2, L-3] = "
             f"{[2, target.num_layers // 2, target.num_layers - 3]} and sizes the fc for {configs.DEFAULT_NUM_AUX} "
             "taps; whether that is what the draft was trained on is unknown",
             "write the trained taps in eagle_config.eagle_aux_hidden_state_layer_ids (SpecForge draft ids, -1 = "

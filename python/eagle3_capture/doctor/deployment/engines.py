@@ -42,7 +42,7 @@ def stock_sglang(declared: TapSpec, draft: configs.DraftConfig, target: configs.
                  ) -> Tuple[NativeCapture, List[Finding]]:
     """What stock SGLang ``rel`` captures for the draft's ids, as findings prefixed "sglang-" (info instead of
     error when the plugin serves the model instead)."""
-    ids = draft.sglang_0523_target_ids  # eagle_config's ids: what the target side of every release reads
+    ids = configs.target_ids(draft, rel)  # what the target side of this release reads
     native = releases.native_capture(ids, target.num_layers, target.hidden_size, rel, fam, cuda_graphs=cuda_graphs)
     stock = compare_native_capture(declared, native)
     v = rel.version
@@ -165,7 +165,8 @@ def sglang_reading(declared: TapSpec, draft: configs.DraftConfig, target: config
                                                      for n in flags.ignored))
         native, stock = stock_sglang(declared, draft, target, rel, fam, cuda_graphs, plugin_serves)
         findings += stock
-        outlook = releases.release_outlook(draft.sglang_0523_target_ids, target.num_layers, target.hidden_size,
+        # every modelled release reads its ids at the same key (SGLangRelease.ids_key): one list for all of them
+        outlook = releases.release_outlook(configs.target_ids(draft, rel), target.num_layers, target.hidden_size,
                                            fam, model_types, cuda_graphs=cuda_graphs)
         findings += release_findings(declared, rel, outlook)
         capture_only = capture_only_lines(declared, draft, rel, fam)

@@ -11,6 +11,7 @@ from ...findings import Finding
 from ...sglang_releases import NativeCapture, ReleaseSpan, SGLangRelease
 from ...spec import DRAFT_IDS, HF_HIDDEN_STATES, LAYER_INPUTS, TapSpec, convention_limits
 from ..sglang_model.flag_rules import SpecResolution
+from ..sglang_model.release import ServingModel, model_for
 from ..sglang_model.server_args import ServerFlags
 from .engines import ENGINE_SGLANG
 
@@ -37,6 +38,7 @@ class CheckReport:
     vllm: Optional[vllm_rules.VLLMCapture] = None
     vllm_reason: str = ""
     vllm_alternative: Optional[vllm_rules.VLLMCapture] = None  # the other runner of the same release, when it differs
+    serving: Optional[ServingModel] = None  # the doctor's serving model the flags were resolved with
 
     @property
     def errors(self) -> List[Finding]:
@@ -65,7 +67,8 @@ class CheckReport:
             "plugin": None if self.plugin_taps is None else [repr(t) for t in self.plugin_taps],
             "speculative": None if self.speculative is None else {
                 "steps": self.speculative.steps, "topk": self.speculative.topk,
-                "draft_tokens": self.speculative.draft_tokens, "error": self.speculative.error},
+                "draft_tokens": self.speculative.draft_tokens, "error": self.speculative.error,
+                "rules_read_in": (self.serving or model_for(self.release)).release},
             "findings": [f.__dict__ for f in self.findings],
             "fingerprint": None if self.fingerprint is None else self.fingerprint.to_json(),
         }
@@ -149,11 +152,12 @@ def render(rep: CheckReport) -> str:
         lines.append(f"plugin: {rep.plugin_note}")
     if rep.speculative is not None:
         s = rep.speculative
+        m = rep.serving or model_for(rep.release)
         if s.error:
-            lines.append(f"speculative flags: SGLang 0.5.23 refuses them ({s.error.split(':')[0]})")
+            lines.append(f"speculative flags: {m.refuses()} ({s.error.split(':')[0]})")
         else:
-            lines.append(f"speculative flags as SGLang 0.5.23 resolves them: num-steps {s.steps}, eagle-topk {s.topk},"
-                         f" num-draft-tokens {s.draft_tokens}")
+            lines.append(f"speculative flags {m.resolves()}: num-steps {s.steps}, eagle-topk {s.topk}, "
+                         f"num-draft-tokens {s.draft_tokens}")
     if rep.fingerprint is not None:
         from ..fingerprint.reference import render as render_fp  # here: without a fingerprint, check loads no torch
 

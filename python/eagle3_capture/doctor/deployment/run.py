@@ -15,6 +15,7 @@ from .. import options
 from ..common import DoctorError, read_json
 from ..options import flag
 from ..sglang_model.flag_rules import parallel_findings, speculative_findings
+from ..sglang_model.release import model_for
 from ..sglang_model.server_args import parse_server_args
 from .config_findings import checkpoint_findings, config_findings, first_k_dense, raw_target, read_draft, read_target
 from .engines import (ENGINE_SGLANG, ENGINE_VLLM, ENGINES, plugin_view, sglang_reading, sglang_release, vllm_reading,
@@ -45,8 +46,9 @@ class CheckRequest:
     engine: str = flag("--engine", type=at.engine, default=ENGINE_SGLANG, metavar="{sglang,vllm}",
                        help="the serving engine whose reading of the configs to model (default sglang)")
     sglang_version: Optional[str] = flag("--sglang-version", type=at.sglang_version, metavar="X",
-                                         help="the SGLang release the server runs, 0.5.8 .. 0.5.23 (.post releases "
-                                              "included); default: the installed SGLang, else the newest modelled")
+                                         help=f"the SGLang release the server runs, {releases.KNOWN_RANGE} (.post "
+                                              "releases included); default: the installed SGLang, else the newest "
+                                              "modelled")
     vllm_version: Optional[str] = flag("--vllm-version", type=at.vllm_version, metavar="X",
                                        help="with --engine vllm: the vLLM release (0.33.0, 0.34.0); default: the "
                                             "installed vLLM, else the newest modelled")
@@ -109,8 +111,9 @@ def run_check(request: CheckRequest) -> CheckReport:
     if declared is not None:
         plugin_taps, plugin_note = plugin_view(declared, flags, engine, fam, rel, target)
 
-    spec_res = None
+    spec_res, serving = None, None
     if flags is not None:
+        serving = model_for(rel)  # the flags' rules: those read in rel when the table has them, else the newest
         arch = target.architectures[0] if target.architectures else None
         spec_res, sf = speculative_findings(flags, arch)
         findings += sf
@@ -128,7 +131,7 @@ def run_check(request: CheckRequest) -> CheckReport:
 
     findings.sort(key=lambda f: SEVERITY_ORDER.get(f.severity, 3))
     return CheckReport(target, draft, declared, native, plugin_taps, plugin_note, flags, spec_res, findings, fp,
-                       engine, rel, rel_why, outlook, capture_only, vcap, vrel_why, valt)
+                       engine, rel, rel_why, outlook, capture_only, vcap, vrel_why, valt, serving)
 
 
 __all__ = ["CheckRequest", "run_check"]

@@ -10,12 +10,12 @@ from typing import Dict, Optional
 
 import torch
 
+from ... import draft_layouts
 from ...weights import canonical_name
 from ..common import DoctorError
-from .layers import rope_kind
-from .mla import MLA_DRAFT_ARCH
-from .validate import check_finite, check_weights, mla_rope_scaling, mla_sizes
-from .model import DRAFT_ARCH, DraftArch, Eagle3Draft
+from .layers import rope_kind, rope_scaling_of
+from .model import DraftArch, Eagle3Draft
+from .validate import check_finite, check_weights
 
 
 def save_draft(model: Eagle3Draft, path: str, extra_config: Optional[dict] = None) -> None:
@@ -36,11 +36,6 @@ def _module_name(name: str) -> str:
     return canonical_name(name).replace("layers.0.", "midlayer.")
 
 
-def _rope_scaling(cfg: dict):
-    """The draft config's RoPE scaling under either name transformers has used for it."""
-    return cfg.get("rope_scaling") or cfg.get("rope_parameters")
-
-
 def arch_from_config(cfg: dict, label: str, num_aux: int, target_hidden: int, layer_ids) -> DraftArch:
     def need(key, default=None):
         v = cfg.get(key, default)
@@ -51,33 +46,20 @@ def arch_from_config(cfg: dict, label: str, num_aux: int, target_hidden: int, la
         return v
 
     archs = cfg.get("architectures") or []
-    if archs and archs[0] not in (DRAFT_ARCH, MLA_DRAFT_ARCH):
-        raise DoctorError(f"{label}: architecture {archs[0]!r} is not supported offline: the doctor runs "
-                          f"{DRAFT_ARCH} drafts (the SpecForge / SGLang llama_eagle3 layout) and {MLA_DRAFT_ARCH} "
-                          f"(SGLang's kimi_k25_eagle3, MLA); expected architectures [{DRAFT_ARCH!r}] or "
-                          f"[{MLA_DRAFT_ARCH!r}]")
-    mla = bool(archs) and archs[0] == MLA_DRAFT_ARCH
+    layout = draft_layouts.by_architecture(archs[0]) if archs else draft_layouts.LLAMA
+    if layout is None:
+        runs = " and ".join(f"{lay.architecture}{' drafts' if i == 0 else ''} ({lay.what})"
+                            for i, lay in enumerate(draft_layouts.LAYOUTS))
+        expected = " or ".join(f"[{lay.architecture!r}]" for lay in draft_layouts.LAYOUTS)
+        raise DoctorError(f"{label}: architecture {archs[0]!r} is not supported offline: the doctor runs {runs}; "
+                          f"expected architectures {expected}")
     if int(cfg.get("num_hidden_layers", 1)) != 1:
         raise DoctorError(f"{label}: num_hidden_layers is {cfg.get('num_hidden_layers')}; EAGLE-3 drafts have 1")
     H = int(need("hidden_size"))
     nh = int(need("num_attention_heads"))
     ec = cfg.get("eagle_config") or {}
     vocab = int(need("vocab_size"))
-    extra = {}
-    if mla:
-        if not cfg.get("q_lora_rank"):
-            raise DoctorError(f"{label}: {MLA_DRAFT_ARCH} needs q_lora_rank (SGLang's Eagle3 MLA layer requires it)")
-        extra = mla_sizes(cfg, label)
-        scaling = _rope_scaling(cfg)
-        if scaling is not None and not isinstance(scaling, dict):
-            raise DoctorError(f"{label}: rope_scaling must be an object, got {scaling!r}")
-        if isinstance(scaling, dict) and rope_kind(scaling) == "default":
-            scaling = None
-        if scaling is not None and "factor" not in scaling:
-            raise DoctorError(f"{label}: rope_scaling {scaling!r} has no 'factor'")
-        if scaling is not None:
-            mla_rope_scaling(scaling, rope_kind(scaling), label)
-        extra.update(rope_scaling=scaling, rope_interleave=bool(cfg.get("rope_interleave", True)))
+    extra = draft_layouts.implementation(layout.config_reader)(cfg, label)  # the layout's own fields, checked
     return DraftArch(
         **extra,
         hidden_size=H, target_hidden_size=target_hidden, num_aux=num_aux, vocab_size=vocab,
@@ -185,8 +167,8 @@ def load_draft(path: str, target_embed=None, target_lm_head=None, device: str = 
                            for k, v in own.items()}, assign=True)
     del state
     model.notes = []
-    scaling = _rope_scaling(cfg)
-    if not arch.mla and rope_kind(scaling) not in ("default", None):
+    scaling = rope_scaling_of(cfg)
+    if not arch.layout.rope_scaling_offline and rope_kind(scaling) not in ("default", None):
         model.notes.append(f"the draft's rope_scaling {rope_kind(scaling)!r} is not "
                            "applied offline (plain RoPE with rope_theta): exact only for positions where the scaling "
                            "leaves the frequencies alone")

@@ -17,6 +17,11 @@ def rope_kind(scaling: Any) -> Any:
     return scaling.get("rope_type", scaling.get("type", "default"))
 
 
+def rope_scaling_of(cfg: dict) -> Any:
+    """A draft config's RoPE scaling under either name transformers has used for it."""
+    return cfg.get("rope_scaling") or cfg.get("rope_parameters")
+
+
 def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w

@@ -1,5 +1,5 @@
-"""The attention of an EAGLE-3 draft with DeepSeek-V2 multi-latent attention (MLA), as SGLang 0.5.23's
-``Eagle3DeepseekV2ForCausalLM`` (models/kimi_k25_eagle3.py, the ``kimi-k2.5-eagle3-mla`` layout) builds it: the
+"""The attention of an EAGLE-3 draft with DeepSeek-V2 multi-latent attention (the MLA layout of draft_layouts.py), as
+SGLang's ``Eagle3DeepseekV2ForCausalLM`` (read in 0.5.23) (models/kimi_k25_eagle3.py, the ``kimi-k2.5-eagle3-mla`` layout) builds it: the
 draft layer's 2H-wide input ``cat(input_layernorm(embed), hidden_norm(hidden))`` goes through MLA's down projections
 (``q_a_proj`` and ``kv_a_proj_with_mqa``, which SGLang fuses into one ``fused_qkv_a_proj_with_mqa`` of 2H inputs),
 ``q_a_layernorm`` / ``kv_a_layernorm``, the up projections ``q_b_proj`` / ``kv_b_proj``, and ``o_proj``.
@@ -21,10 +21,11 @@ from typing import List
 import torch
 from torch import nn
 
+from ... import draft_layouts
 from ..common import DoctorError
 from .layers import RMSNorm, attend_rows, rope_kind
 
-MLA_DRAFT_ARCH = "Eagle3DeepseekV2ForCausalLM"
+MLA_DRAFT_ARCH = draft_layouts.MLA.architecture
 
 
 def _rotary_config(a):

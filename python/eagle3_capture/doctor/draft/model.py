@@ -5,8 +5,9 @@ reads ``cat(input_layernorm(embed), hidden_norm(hidden))`` (2H wide), the final 
 draft vocabulary (``d2t``: draft id -> target id offset).
 
 Used to train the demo's draft and to run any draft of this layout offline (``doctor accept``); its checkpoint
-is written and read by checkpoint.py. With ``q_lora_rank`` set the layer's attention is MLA (mla.py,
-SGLang's ``Eagle3DeepseekV2ForCausalLM``); everything else here is the same for both.
+is written and read by checkpoint.py. The layer's attention is the draft layout's (eagle3_capture/draft_layouts.py:
+Llama attention here, MLA in mla.py for SGLang's ``Eagle3DeepseekV2ForCausalLM``, chosen by ``q_lora_rank``);
+everything else here is the same for every layout.
 
 The multi-step unroll (:meth:`Eagle3Draft.unroll`) is how such drafts run at decode time and how EAGLE-3 trains
 them ("training-time test"): for an anchor position t (the target has verified up to token x_{t+1}),
@@ -30,15 +31,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ... import draft_layouts
 from ..common import DoctorError
 from .layers import RMSNorm, attend_rows, rmsnorm as _rmsnorm
 
-DRAFT_ARCH = "LlamaForCausalLMEagle3"
+DRAFT_ARCH = draft_layouts.LLAMA.architecture
 
 
 @dataclass
 class DraftArch:
-    """The architecture fields of an EAGLE-3 Llama draft config.json."""
+    """The architecture fields of an EAGLE-3 draft config.json (the common ones, then each layout's own)."""
 
     hidden_size: int
     target_hidden_size: int
@@ -57,7 +59,7 @@ class DraftArch:
     fc_bias: bool = False
     max_position_embeddings: int = 4096
     layer_ids: List[int] = field(default_factory=list)
-    # multi-latent attention (SGLang's Eagle3DeepseekV2ForCausalLM, mla.py) when q_lora_rank is set
+    # the MLA layout's (draft_layouts.MLA, selected by q_lora_rank: SGLang's Eagle3DeepseekV2ForCausalLM, mla.py)
     q_lora_rank: int = 0
     kv_lora_rank: int = 0
     qk_nope_head_dim: int = 0
@@ -67,13 +69,21 @@ class DraftArch:
     rope_interleave: bool = True
 
     @property
+    def layout(self) -> draft_layouts.DraftLayout:
+        """The draft layout these fields describe (draft_layouts.of_fields)."""
+        return draft_layouts.of_fields(self)
+
+    @property
     def mla(self) -> bool:
-        return self.q_lora_rank > 0
+        """Whether the layout is MLA (what tests and the GPU programs ask)."""
+        return self.layout is draft_layouts.MLA
 
     def config_json(self) -> dict:
-        """config.json as SGLang 0.5.23's llama_eagle3 and this project's configs.read_draft_config read it."""
+        """config.json as SGLang's draft models (read in 0.5.23) and this project's configs.read_draft_config read
+        it: the common keys, then the layout's own fields and without the keys it does not carry."""
+        lay = self.layout
         cfg = {
-            "architectures": [DRAFT_ARCH], "model_type": "llama",
+            "architectures": [lay.architecture], "model_type": lay.model_type,
             "hidden_size": self.hidden_size, "target_hidden_size": self.target_hidden_size,
             "intermediate_size": self.intermediate_size, "num_attention_heads": self.num_attention_heads,
             "num_key_value_heads": self.num_key_value_heads, "head_dim": self.head_dim,
@@ -83,15 +93,9 @@ class DraftArch:
             "tie_word_embeddings": False, "bias": self.fc_bias, "torch_dtype": "float32",
             "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(self.layer_ids), "use_aux_hidden_state": True},
         }
-        if self.mla:
-            from .mla import MLA_DRAFT_ARCH
-
-            cfg.update(architectures=[MLA_DRAFT_ARCH], model_type="deepseek_v3", q_lora_rank=self.q_lora_rank,
-                       kv_lora_rank=self.kv_lora_rank, qk_nope_head_dim=self.qk_nope_head_dim,
-                       qk_rope_head_dim=self.qk_rope_head_dim, v_head_dim=self.v_head_dim,
-                       rope_scaling=self.rope_scaling, rope_interleave=self.rope_interleave)
-            for k in ("num_key_value_heads", "head_dim"):
-                cfg.pop(k)
+        cfg.update({k: getattr(self, k) for k in lay.config_fields})
+        for k in lay.config_drops:
+            cfg.pop(k)
         if self.fc_norm:
             cfg["fc_norm"] = True
         if self.norm_before_fc:
@@ -112,9 +116,15 @@ def _rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
     return x * cos + torch.cat([-x2, x1], -1) * sin
 
 
-class _Attention(nn.Module):
+class LlamaAttention(nn.Module):
+    """The Llama layout's attention (draft_layouts.LLAMA): grouped-query attention over the layer's 2H-wide input,
+    plain RoPE with rope_theta; the checkpoint's tensor names (``self_attn.*``)."""
+
     def __init__(self, a: DraftArch):
         super().__init__()
+        if a.num_attention_heads % a.num_key_value_heads:
+            raise DoctorError(f"draft: num_attention_heads {a.num_attention_heads} is not a multiple of "
+                              f"num_key_value_heads {a.num_key_value_heads}")
         self.a = a
         nh, nkv, hd = a.num_attention_heads, a.num_key_value_heads, a.head_dim
         self.q_proj = nn.Linear(2 * a.hidden_size, nh * hd, bias=False)
@@ -154,12 +164,7 @@ class _MidLayer(nn.Module):
         super().__init__()
         self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self.hidden_norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
-        if a.mla:
-            from .mla import MLAAttention
-
-            self.self_attn = MLAAttention(a)
-        else:
-            self.self_attn = _Attention(a)
+        self.self_attn = draft_layouts.implementation(a.layout.doctor_attention)(a)
         self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self.mlp = _MLP(a)
 
@@ -167,9 +172,6 @@ class _MidLayer(nn.Module):
 class Eagle3Draft(nn.Module):
     def __init__(self, a: DraftArch):
         super().__init__()
-        if not a.mla and a.num_attention_heads % a.num_key_value_heads:
-            raise DoctorError(f"draft: num_attention_heads {a.num_attention_heads} is not a multiple of "
-                              f"num_key_value_heads {a.num_key_value_heads}")
         self.arch = a
         self.embed_tokens = nn.Embedding(a.vocab_size, a.hidden_size)
         self.fc = nn.Linear(a.num_aux * a.target_hidden_size, a.hidden_size, bias=a.fc_bias)
@@ -272,4 +274,4 @@ class DraftKV:
     own_v: List[torch.Tensor] = field(default_factory=list)
 
 
-__all__ = ["DraftArch", "Eagle3Draft", "DraftKV", "DRAFT_ARCH"]
+__all__ = ["DraftArch", "Eagle3Draft", "DraftKV", "DRAFT_ARCH", "LlamaAttention"]

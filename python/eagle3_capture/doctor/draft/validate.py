@@ -5,9 +5,10 @@ DoctorError naming the file and the value, never a traceback and never a silent 
   dequantizes by its scale). An integer weight (int8 with a ``weight_scale`` beside it, W8A8; int32; a packed
   ``qweight``) would be cast to float with its scale ignored: a different draft, a different prediction. Every
   weight is checked finite once, at load: a NaN weight changes the prediction without a word.
-* MLA config (:data:`~eagle3_capture.doctor.draft.mla.MLA_DRAFT_ARCH`): the ranks and head sizes are positive
-  integers (16.7 is not 16), the rope head size is even (RoPE rotates pairs), the rope_scaling kind is one the
-  offline MLA attention computes, and its factor / mscale values are finite numbers (a factor > 0).
+* Each draft layout's own config fields (draft_layouts.py names the reader of each: :func:`llama_fields`,
+  :func:`mla_fields`). MLA: the ranks and head sizes are positive integers (16.7 is not 16), the rope head size is
+  even (RoPE rotates pairs), the rope_scaling kind is one the offline MLA attention computes, and its factor /
+  mscale values are finite numbers (a factor > 0).
 """
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ from typing import Dict
 
 import torch
 
+from ... import draft_layouts
 from ..common import DoctorError
+from .layers import rope_kind, rope_scaling_of
 
 # integer tensors a draft holds by design: the draft -> target vocabulary map and its inverse
 INDEX_TENSORS = ("d2t", "t2d")
@@ -91,5 +94,30 @@ def mla_rope_scaling(scaling: dict, kind, label: str) -> None:
         raise DoctorError(f"{label}: rope_scaling 'factor' must be > 0, got {f!r}")
 
 
+def llama_fields(cfg: dict, label: str) -> Dict[str, object]:
+    """The Llama layout has no fields of its own (the common ones are read by checkpoint.arch_from_config)."""
+    return {}
+
+
+def mla_fields(cfg: dict, label: str) -> Dict[str, object]:
+    """The MLA layout's own fields of a draft config, each checked: the ranks and head sizes, the rope_scaling
+    (default scaling read as none) and the rope's interleaving."""
+    if not cfg.get("q_lora_rank"):
+        raise DoctorError(f"{label}: {draft_layouts.MLA.architecture} needs q_lora_rank (SGLang's Eagle3 MLA layer "
+                          "requires it)")
+    out: Dict[str, object] = dict(mla_sizes(cfg, label))
+    scaling = rope_scaling_of(cfg)
+    if scaling is not None and not isinstance(scaling, dict):
+        raise DoctorError(f"{label}: rope_scaling must be an object, got {scaling!r}")
+    if isinstance(scaling, dict) and rope_kind(scaling) == "default":
+        scaling = None
+    if scaling is not None and "factor" not in scaling:
+        raise DoctorError(f"{label}: rope_scaling {scaling!r} has no 'factor'")
+    if scaling is not None:
+        mla_rope_scaling(scaling, rope_kind(scaling), label)
+    out.update(rope_scaling=scaling, rope_interleave=bool(cfg.get("rope_interleave", True)))
+    return out
+
+
 __all__ = ["INDEX_TENSORS", "QUANT_SUFFIXES", "MLA_SIZES", "MLA_ROPE_KINDS", "check_weights", "check_finite",
-           "mla_sizes", "mla_rope_scaling"]
+           "mla_sizes", "mla_rope_scaling", "llama_fields", "mla_fields"]

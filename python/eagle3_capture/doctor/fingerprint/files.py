@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from ...dump_format.contract import int_values
-from ...dump_format.reader import read_record
+from ...dump_format.reader import read_record, verify_bytes
 from ...spec import EMBEDDING, LayerOutput
 from ..common import DoctorError, load_safetensors, meta_json, require_file, save_safetensors, shown
 
@@ -267,6 +267,7 @@ def load_captured(path: str) -> List[Captured]:
                     d[key] = meta_json(meta, key, f"captured {f}")
             out.append(_captured_from_dict(d, f))
         else:
+            verify_bytes(f)  # the zip's CRC-32s: torch.load would take changed tensor bytes as data
             try:
                 d = torch.load(f, map_location="cpu", weights_only=True)
             except Exception as e:  # pickle / zip errors come in many types

@@ -43,12 +43,19 @@ class EmbeddingCheck:
 
 def embedding_check(ck, info, ids: torch.Tensor, rows: torch.Tensor, what: str) -> EmbeddingCheck:
     """rows [T, H] against embed_tokens[ids] of the checkpoint (cast to the rows' dtype, as a server computes)."""
-    from ..target_side.checkpoint import read_embedding
+    from ..target_side.checkpoint import embedding_rows, read_embedding
 
+    vocab = info.vocab_size if info.vocab_size is not None else embedding_rows(ck)
     uniq, inv = torch.unique(ids, return_inverse=True)
-    bad = [int(t) for t in uniq.tolist() if not 0 <= t < (info.vocab_size or 2 ** 62)]
+    neg = [int(t) for t in uniq.tolist() if t < 0]
+    if neg:
+        raise DoctorError(f"{what}: the dumped request's token id {neg[0]} is negative: a record whose input_ids are "
+                          "corrupted (no tokenizer gives a negative id); remove the record or dump again")
+    bad = [int(t) for t in uniq.tolist() if t >= vocab]
     if bad:
-        raise DoctorError(f"token id {bad[0]} is outside the checkpoint's vocabulary ({info.vocab_size})")
+        raise DoctorError(f"{what}: the dumped request's token id {bad[-1]} is outside the vocabulary of "
+                          f"--target-checkpoint ({vocab} rows of embed_tokens): the dump is of another model than "
+                          "this checkpoint, or its input_ids are corrupted; give the served model's checkpoint")
     emb = read_embedding(ck, info.vocab_size, info.hidden_size, "cpu", rows=uniq.tolist())[inv].to(rows.dtype)
     finite = ~row_flags(rows)[0]  # a NaN / Inf row is bad data (counted by the fingerprint), not a wrong embedding
     emb, rows = emb[finite], rows[finite]
@@ -190,8 +197,9 @@ def served_fingerprint(side, ds, ck, progress: bool = False) -> StreamFingerprin
     from ..target_side.side import layer_inputs
 
     expected = layer_inputs(ds.declared) if ds.declared is not None else None
-    return fingerprint_requests([sp.parts for sp in side.streamed], side.info.num_layers, expected, ck, side.info,
-                                progress)
+    others = list(getattr(side, "others", []))  # other writers' requests of the same prompts: never hidden
+    return fingerprint_requests([sp.parts for sp in side.streamed] + others, side.info.num_layers, expected, ck,
+                                side.info, progress)
 
 
 def dump_fingerprint(path: str, expected: Optional[List[int]], ck=None, checkpoint_config=None,

@@ -18,10 +18,11 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from ...dump_format.contract import DOCTOR_RID_PREFIX
-from ...dump_format.reader import DumpReader, RequestParts, doctor_requests, v1_sequences
+from ...dump_format.reader import (DumpReader, RequestParts, by_rid, capture_of, doctor_requests, one_writer,
+                                   v1_sequences)
 from ...pipelines import HF_READING, SGLANG_READING, Readings, readings_of
 from ..bad_rows import BLAME, BadRows, grouped, summary
-from ..common import DoctorError
+from ..common import DeploymentFinding, DoctorError
 from ..sglang_model.http import post_json
 from ..sglang_model.request_guard import RequestLimits, check_request
 from ..target_side.training_data import TrainingSample, load_sample, training_files
@@ -127,11 +128,17 @@ def send_samples(url: str, samples: Sequence[TrainingSample], timeout: float, po
 
 def _request_for(sample: TrainingSample, reqs: Sequence[RequestParts], where: str) -> RequestParts:
     ids = sample.input_ids
-    for r in reversed(list(reqs)):  # the last written first
-        x = r.input_ids
-        n = min(x.numel(), ids.numel())
-        if n and torch.equal(x[:n], ids[:n]) and x.numel() >= ids.numel():
-            return r
+    hits = [r for r in reversed(list(reqs))  # the last written first
+            if r.input_ids.numel() >= ids.numel() and torch.equal(r.input_ids[:ids.numel()], ids)]
+    captures = {capture_of(r.parts[0][0]) for r in hits}
+    if len(captures) > 1:  # replicas sharing the directory: one must not hide another
+        shown = "; ".join(f"writer {r.writer}: layer inputs {capture_of(r.parts[0][0])[0]}, declared "
+                          f"{capture_of(r.parts[0][0])[1]}" for r in hits[:4])
+        raise DeploymentFinding(f"{where}: the token ids of {sample.path} were dumped by {len(hits)} requests of "
+                                f"servers that capture differently ({shown}): a verdict from one would hide the "
+                                "others; give each server its own EAGLE3_CAPTURE_DUMP directory")
+    if hits:
+        return hits[0]
     raise DoctorError(f"{where}: no dumped request holds the token ids of {sample.path} ({ids.numel()} tokens, first "
                       f"{ids[:8].tolist()}): tokens that do not align (send them with --server URL, or dump the "
                       "server while it processes these samples)")
@@ -177,12 +184,14 @@ def training_fingerprint(samples: Sequence[TrainingSample], dump_dir: str, rids:
     deadline = time.time() + (timeout if rids else 0)
     while True:
         records = reader.refresh()
-        by_rid: Dict[str, RequestParts] = doctor_requests(records)
-        reqs = [by_rid[r] for r in rids if r in by_rid] if rids else list(by_rid.values())
+        requests = doctor_requests(records)
+        written: Dict[str, List[RequestParts]] = by_rid(requests)
+        reqs = ([one_writer(r, written[r], f"--captured {dump_dir}") for r in rids if r in written] if rids
+                else list(requests.values()))
         if rids is not None and len(reqs) == len(rids) and all(
                 q.input_ids.numel() >= s.tokens for q, s in zip(reqs, samples)):
             break
-        if not by_rid:  # a version-1 dump: no request ids, the samples found by their token ids
+        if not written:  # a version-1 dump: no request ids, the samples found by their token ids
             v1 = v1_sequences(records)
             if rids is None or all(_found(s, v1) for s in samples):
                 reqs = v1

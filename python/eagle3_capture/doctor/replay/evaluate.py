@@ -12,6 +12,7 @@ import torch
 from ...spec import EMBEDDING, TapSpec
 from ..bad_rows import BLAME, BadRows, row_flags
 from ..common import DoctorError
+from ..sglang_model.release import MODELLED
 from ..sglang_model.serving import Served, chain_accepted, tree_accepted_taps, walk
 
 
@@ -69,7 +70,7 @@ class PromptRun:
 def unserved_reason(res) -> Optional[str]:
     """Why no served accept length can be predicted for these resolved flags (None: it can)."""
     if res.error:
-        return f"SGLang 0.5.23 refuses the flags ({res.error})"
+        return f"SGLang {MODELLED} refuses the flags ({res.error})"
     if res.steps is None or res.topk is None or res.draft_tokens is None:
         return ("num-steps / eagle-topk / num-draft-tokens are not all known before serving (e.g. "
                 "--speculative-adaptive changes them while serving)")

@@ -1,5 +1,8 @@
-"""What the doctor knows of SGLang 0.5.23's server and speculative loop, modelled in plain Python (read in SGLang's
-source; the tests compare the models with SGLang's own code where it is installed).
+"""What the doctor knows of SGLang's server and speculative loop, modelled in plain Python (read in SGLang's source;
+the tests compare the models with SGLang's own code where it is installed).
+
+* ``release``: the release the model was read in (:data:`~.release.MODELLED`, from the release table) and how it
+  stands in for the release a server runs; every finding here names that release;
 
 * ``server_args``: the launch flags the doctor reads; ``flag_rules``: how SGLang resolves the speculative flags and
   which flags lose or misplace taps (findings with fixes);

@@ -1,6 +1,6 @@
-"""SGLang 0.5.23 server flags, as far as they decide what a served EAGLE-3 draft gets: the speculative chain
-(steps / top-k / draft tokens, resolved the way ``_handle_eagle_family`` in
-``sglang/srt/arg_groups/speculative_hook.py`` resolves them) and the flags under which taps go missing (two-batch
+"""SGLang's server flags (the release modelled: :data:`.release.MODELLED`), as far as they decide what a served
+EAGLE-3 draft gets: the speculative chain (steps / top-k / draft tokens, resolved the way ``_handle_eagle_family``
+in ``sglang/srt/arg_groups/speculative_hook.py`` resolves them) and the flags under which taps go missing (two-batch
 overlap, pipeline parallelism) or are captured on rows another group holds (attention DP).
 
 Pure Python: it models SGLang's rules instead of importing SGLang, so it runs where SGLang is not installed; the
@@ -40,9 +40,10 @@ from typing import List, Optional, Tuple
 
 from ...findings import Finding
 from ...spec import TapSpec
+from .release import MODELLED
 from .server_args import ServerFlags
 
-# architectures -> SGLang 0.5.23 _auto_choose_speculative_params (steps, topk, draft tokens)
+# architectures -> _auto_choose_speculative_params (read in SGLang 0.5.23) (steps, topk, draft tokens)
 _AUTO_LLAMA_LIKE = ("LlamaForCausalLM", "Grok1ForCausalLM", "Grok1VForCausalLM")
 AUTO_DEFAULT = (3, 1, 4)
 AUTO_LLAMA = (5, 4, 8)
@@ -54,7 +55,7 @@ PAGE_TREE_BACKENDS = ("flashinfer", "fa3", "triton")
 
 @dataclass
 class SpecResolution:
-    """What SGLang 0.5.23 ends up with for the three speculative flags, or the exception it raises."""
+    """What SGLang (the release modelled) ends up with for the three speculative flags, or the exception it raises."""
 
     steps: Optional[int]
     topk: Optional[int]
@@ -80,8 +81,8 @@ class SpecResolution:
 
 
 def resolve_speculative(flags: ServerFlags, architecture: Optional[str] = None) -> SpecResolution:
-    """SGLang 0.5.23's ``_handle_eagle_family`` on these flags (the parts that decide steps/topk/draft tokens and
-    the exceptions it raises). ``architecture``: the target's architectures[0] (picks the auto values)."""
+    """SGLang's ``_handle_eagle_family`` (read in 0.5.23) on these flags (the parts that decide steps/topk/draft
+    tokens and the exceptions it raises). ``architecture``: the target's architectures[0] (picks the auto values)."""
     steps, topk, draft = flags.speculative_num_steps, flags.speculative_eagle_topk, flags.speculative_num_draft_tokens
     req = (steps, topk, draft)
     res = SpecResolution(steps, topk, draft, requested=req)
@@ -162,12 +163,12 @@ def speculative_findings(flags: ServerFlags, architecture: Optional[str] = None)
         if r.error.startswith("ValueError"):
             fix = f"use --speculative-eagle-topk 1, --page-size 1, or --attention-backend one of {PAGE_TREE_BACKENDS}"
         out.append(Finding("error", "speculative-flags-crash",
-                           f"SGLang 0.5.23 refuses these speculative flags ({_flag_text(r)}) at startup: {r.error}",
+                           f"SGLang {MODELLED} refuses these speculative flags ({_flag_text(r)}) at startup: {r.error}",
                            fix))
         return r, out
     if r.auto:
         out.append(Finding("info", "speculative-auto",
-                           f"no speculative flags: SGLang 0.5.23 picks num-steps {r.steps}, eagle-topk {r.topk}, "
+                           f"no speculative flags: SGLang {MODELLED} picks num-steps {r.steps}, eagle-topk {r.topk}, "
                            f"num-draft-tokens {r.draft_tokens} for architecture {architecture or 'unknown'}"))
     asked_steps, _, asked_draft = r.requested
     if r.forced_draft_tokens and asked_draft is not None:
@@ -175,7 +176,7 @@ def speculative_findings(flags: ServerFlags, architecture: Optional[str] = None)
             out.append(Finding(
                 "error", "draft-tokens-capped",
                 f"--speculative-num-draft-tokens {asked_draft} with --speculative-eagle-topk 1 is silently reduced "
-                f"to num-steps + 1 = {r.draft_tokens} by SGLang 0.5.23 (one warning line in the log): the draft "
+                f"to num-steps + 1 = {r.draft_tokens} by SGLang {MODELLED} (one warning line in the log): the draft "
                 f"proposes {r.steps} token{'s' if r.steps != 1 else ''} per verify, so the accept length cannot "
                 f"exceed {r.draft_tokens}",
                 f"for a chain of {asked_draft - 1} draft tokens use --speculative-num-steps {asked_draft - 1} "
@@ -184,7 +185,7 @@ def speculative_findings(flags: ServerFlags, architecture: Optional[str] = None)
             out.append(Finding(
                 "warning", "draft-tokens-raised",
                 f"--speculative-num-draft-tokens {asked_draft} with --speculative-eagle-topk 1 is raised to "
-                f"num-steps + 1 = {r.draft_tokens} by SGLang 0.5.23",
+                f"num-steps + 1 = {r.draft_tokens} by SGLang {MODELLED}",
                 f"set --speculative-num-draft-tokens {r.draft_tokens} (or fewer --speculative-num-steps)"))
     if r.steps is not None and r.steps < 1:
         out.append(Finding("error", "no-draft-steps",
@@ -205,13 +206,13 @@ def speculative_findings(flags: ServerFlags, architecture: Optional[str] = None)
             "error", "draft-tree-too-small",
             f"--speculative-num-draft-tokens {r.draft_tokens}: the draft tree of topk {r.topk} x {r.steps} steps "
             f"offers topk + (steps-1)*topk^2 = {cap} candidates, fewer than num-draft-tokens - 1 = "
-            f"{r.draft_tokens - 1}; SGLang 0.5.23 does not check it at startup and torch.topk in "
+            f"{r.draft_tokens - 1}; SGLang {MODELLED} does not check it at startup and torch.topk in "
             "eagle_utils.organize_draft_results fails at the first speculative decode",
             f"use --speculative-num-draft-tokens <= {cap + 1}"))
     if r.topk is not None and r.topk > 1 and r.draft_tokens is None:
         out.append(Finding("warning", "draft-tokens-unset",
-                           f"--speculative-eagle-topk {r.topk} without --speculative-num-draft-tokens: SGLang 0.5.23 "
-                           "leaves num-draft-tokens unset (only topk 1 derives it from num-steps)",
+                           f"--speculative-eagle-topk {r.topk} without --speculative-num-draft-tokens: "
+                           f"SGLang {MODELLED} leaves num-draft-tokens unset (only topk 1 derives it from num-steps)",
                            f"set --speculative-num-draft-tokens (at most {(cap or 0) + 1} for this tree)"))
     return r, out
 
@@ -254,8 +255,8 @@ def parallel_findings(flags: ServerFlags, taps: Optional[TapSpec], first_k_dense
     if pp > 1:
         out.append(Finding(
             "error", "pp-drops-taps",
-            f"--pp-size {pp}: SGLang 0.5.23 sets the capture on the last pipeline rank only, and each rank loops over "
-            f"its own layers, so every tap outside the last stage ({'Embedding always' if taps.includes_embedding else 'the early layers'}) "
+            f"--pp-size {pp}: SGLang {MODELLED} sets the capture on the last pipeline rank only, and each rank loops "
+            f"over its own layers, so every tap outside the last stage ({'Embedding always' if taps.includes_embedding else 'the early layers'}) "
             f"is never captured; the packer raises 'captured n of {taps.K}'",
             "serve with --pp-size 1"))
     dp = flags.attention_dp

@@ -2,7 +2,7 @@
 into a :class:`Response`, its counts checked against what SGLang's counters can report, and the verdict that
 compares the server's figures with the offline replay's.
 
-What SGLang 0.5.23 counts (read in its source) and therefore what always holds:
+What SGLang counts (read in 0.5.23's source) and therefore what always holds:
 
 * ``managers/scheduler_components/batch_result_processor.py``: for each verify of a request that is not finished
   (nor retracted), ``spec_verify_ct += 1``, ``spec_num_correct_drafts += n`` and
@@ -46,7 +46,8 @@ from .serving import Served
 
 DUMP_HINT = "run the server with EAGLE3_CAPTURE_DUMP=<dir> and `eagle3-capture doctor fingerprint`"
 
-# meta_info names: SGLang 0.5.23's, and the newer ones it writes beside them (aliases for one release)
+# meta_info names: those SGLang 0.5.23 writes (read in its source), and the newer ones it writes beside them
+# (aliases for one release)
 VERIFY_CT, HISTOGRAM = "spec_verify_ct", "spec_correct_drafts_histogram"
 CORRECT, PROPOSED = "spec_num_correct_drafts", "spec_num_proposed_drafts"
 ACCEPT_LENGTH, ACCEPT_RATE = "spec_accept_length", "spec_accept_rate"

@@ -1,4 +1,4 @@
-"""SGLang 0.5.23's launch flags as the doctor reads them (``--server-args``: a few flags, or a whole
+"""SGLang's launch flags (read in 0.5.23) as the doctor reads them (``--server-args``: a few flags, or a whole
 ``python -m sglang.launch_server ...`` line): the speculative, parallel and attention flags that decide what a served
 EAGLE-3 draft gets, each value checked (a bad one is a one-line DoctorError); every other flag is kept by name in
 ``ignored``. What SGLang then does with them is :mod:`.flag_rules`."""
@@ -46,7 +46,7 @@ _INT_MINIMUM: Dict[str, int] = {
 
 @dataclass
 class ServerFlags:
-    """The SGLang 0.5.23 flags the doctor reads (None: not given). ``ignored``: other flags seen."""
+    """The SGLang flags the doctor reads (None: not given). ``ignored``: other flags seen."""
 
     raw: str = ""
     # the speculative chain (flag_rules.resolve_speculative)

@@ -1,4 +1,5 @@
-"""SGLang 0.5.23's speculative loop replayed offline: what a server reports for a draft, computed as it computes it.
+"""SGLang's speculative loop (read in 0.5.23) replayed offline: what a server reports for a draft, computed as it
+computes it.
 
 The server (``EAGLEWorkerV2``, greedy) works per request: the prefill gives the first output token; then each
 *verify* starts from the last accepted position t (the anchor; the target has just produced x_{t+1}), drafts from

@@ -128,6 +128,14 @@ def read_embedding(ck: CheckpointTensors, vocab_size: Optional[int], hidden_size
     return ck.read(name, device, rows)
 
 
+def embedding_rows(ck: CheckpointTensors) -> int:
+    """The rows of the checkpoint's ``embed_tokens`` (its vocabulary), read from the shard's header alone."""
+    shape, _ = ck.shape_dtype(_named(ck, EMBED_NAMES, "embed_tokens"))
+    if len(shape) != 2:
+        raise DoctorError(f"--target-checkpoint {ck.path}: embed_tokens is {shape}, expected [V, H]")
+    return int(shape[0])
+
+
 def read_lm_head(ck: CheckpointTensors, vocab_size: Optional[int], hidden_size: int, device: str = "cpu"
                  ) -> torch.Tensor:
     name = _named(ck, LM_HEAD_NAMES, "lm_head")
@@ -198,4 +206,4 @@ class CheckpointSide:
 
 
 __all__ = ["CheckpointSide", "vocab_of", "config_vocab", "EMBED_NAMES", "LM_HEAD_NAMES", "CheckpointTensors", "open_checkpoint",
-           "read_embedding", "read_lm_head", "checkpoint_config"]
+           "read_embedding", "read_lm_head", "embedding_rows", "checkpoint_config"]

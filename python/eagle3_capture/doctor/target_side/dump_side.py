@@ -21,7 +21,7 @@ from typing import List, Optional, Sequence
 import torch
 
 from ... import configs
-from ...dump_format.reader import DumpReader, RequestParts, doctor_requests, v1_sequences
+from ...dump_format.reader import DumpReader, RequestParts, capture_of, doctor_requests, v1_sequences
 from ..common import DeploymentFinding, DoctorError
 from .side import TargetBatch, TargetInfo, TargetSide, info_from_config
 
@@ -219,6 +219,7 @@ class DumpTarget(StreamTarget):
         info = info_from_dump(reqs, f"{flag} {path}", checkpoint_config, vocab_size)
         super().__init__(f"recorded dump {path}", info, [], tokenizer)
         self.path = path
+        self.others: List[RequestParts] = []  # other writers' requests of the prompts (fingerprinted, not replayed)
 
     def _begin_with(self, i: int, p: List[int]) -> list:
         """The requests whose ids begin with prompt i, as (request, ids); DoctorError when there is none."""
@@ -249,10 +250,25 @@ class DumpTarget(StreamTarget):
                 raise DoctorError(f"{self.flag} {self.path}: prompt {i}'s dumped request holds {got} tokens "
                                   f"after the prompt; the replay needs {need + 1} (--new-tokens plus num-steps plus "
                                   "one); give fewer --new-tokens")
+            captures = {capture_of(q.parts[0][0]) for q, _ in long}
+            if len(captures) > 1:  # replicas (or runs) that capture differently: one must not hide another
+                def said(q):
+                    ltc, declared = capture_of(q.parts[0][0])
+                    return f"writer {q.writer} (rid {q.rid}): layer inputs {list(ltc or [])}, declared {declared}"
+                raise DeploymentFinding(
+                    f"{self.flag} {self.path}: prompt {i} was dumped by servers that capture differently ("
+                    + "; ".join(said(q) for q, _ in long[:4])
+                    + "): a verdict from one would hide the others; give each server its own EAGLE3_CAPTURE_DUMP "
+                    "directory, or remove the other server's records")
             r, x = max(long, key=lambda rx: written_at(rx[0]))
             if len(long) > 1:  # several doctor runs (or prompts sharing a beginning): say which one is read
-                self.notes.append(f"prompt {i}: {len(long)} dumped requests begin with it (several doctor runs?); "
-                                  f"the newest written is used (rid {r.rid}, {os.path.basename(r.parts[-1][0].path)})")
+                writers = sorted({q.writer for q, _ in long if q.writer is not None})
+                self.notes.append(f"prompt {i}: {len(long)} dumped requests begin with it (several doctor runs"
+                                  + (f", by {len(writers)} writers: {', '.join(writers[:4])}" if len(writers) > 1
+                                     else "") + f"?); the newest written is used (rid {r.rid}, "
+                                  f"{os.path.basename(r.parts[-1][0].path)})"
+                                  + ("; the others' slots are fingerprinted too" if len(writers) > 1 else ""))
+                self.others += [q for q, _ in long if q is not r and q.writer != r.writer]
             greedy = torch.full_like(x, -1)
             greedy[P - 1:-1] = x[P:]  # the continuation is the target's greedy one: its next token
             out.append(StreamedPrompt(x, greedy, r))

@@ -33,10 +33,11 @@ from typing import Callable, Dict, List, Optional, Sequence
 import torch
 
 from ...dump_format.contract import DOCTOR_RID_PREFIX, DumpError
-from ...dump_format.reader import DumpReader, RequestParts, doctor_requests, v1_sequences
+from ...dump_format.reader import DumpReader, RequestParts, by_rid, doctor_requests, one_writer, v1_sequences
 from ..common import DoctorError
 from ..progress import bar as progress_bar
 from ..sglang_model.http import post_json
+from ..sglang_model.request_guard import check_ids
 from .dump_side import StreamedPrompt, StreamTarget, info_from_dump
 
 # seconds without a new record or a file growing in the directory, once the server has answered every teacher-forced
@@ -44,15 +45,16 @@ from .dump_side import StreamedPrompt, StreamTarget, info_from_dump
 STALL_S = 30.0
 
 
-def greedy_from_logprobs(obj, what: str, T: int) -> torch.Tensor:
+def greedy_from_logprobs(obj, what: str, T: int, vocab: Optional[int] = None) -> torch.Tensor:
     """[T]: the top-1 token after each of the T input positions, from a /generate answer with input_top_logprobs."""
-    return top2_from_logprobs(obj, what, T)[0]
+    return top2_from_logprobs(obj, what, T, vocab)[0]
 
 
-def top2_from_logprobs(obj, what: str, T: int):
+def top2_from_logprobs(obj, what: str, T: int, vocab: Optional[int] = None):
     """([T] top-1 token, [T] runner-up (-1: not given), [T] float64 logprob gap top-1 - runner-up (nan: not given))
     after each of the T input positions, from a /generate answer with input_top_logprobs (top_logprobs_num 1 or
-    2); after the last position, the generated token (no runner-up)."""
+    2); after the last position, the generated token (no runner-up). Every id is checked against ``vocab`` (an id
+    outside it: another model answers, and no verdict may rest on it)."""
     if isinstance(obj, list) and len(obj) == 1:
         obj = obj[0]
     meta = obj.get("meta_info") if isinstance(obj, dict) else None
@@ -88,6 +90,8 @@ def top2_from_logprobs(obj, what: str, T: int):
             if isinstance(tok2, int) and not isinstance(tok2, bool):
                 second[t - 1], gap[t - 1] = tok2, lp1 - lp2
     greedy[T - 1] = out[0]
+    check_ids(greedy.tolist() + [v for v in second.tolist() if v != -1], vocab,
+              f"{what}: input_top_logprobs / output_ids")
     return greedy, second, gap
 
 
@@ -136,7 +140,8 @@ class ServerTarget(StreamTarget):
             body = {"input_ids": ids, "rid": f"{DOCTOR_RID_PREFIX}{run}-{i}",
                     "sampling_params": {"temperature": 0, "max_new_tokens": 1, "ignore_eos": True},
                     "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 2}
-            return top2_from_logprobs(send(body, "prefill"), f"--server {base}, teacher-forced prompt {i}", len(ids))
+            return top2_from_logprobs(send(body, "prefill"), f"--server {base}, teacher-forced prompt {i}", len(ids),
+                                      vocab_size)
 
         bar = progress_bar(2 * n, "teacher-forced pass", "request", progress)
         with ThreadPoolExecutor(max_workers=max(1, min(concurrency, n))) as pool:
@@ -231,8 +236,8 @@ def wait_for_requests(dump_dir: str, rids: List[str], seqs: List[torch.Tensor], 
               file=sys.stderr, flush=True)
     while True:
         records = reader.refresh()
-        by_rid: Dict[str, RequestParts] = doctor_requests(records)
-        found = [by_rid.get(r) for r in rids]
+        written: Dict[str, List[RequestParts]] = by_rid(doctor_requests(records))
+        found = [one_writer(r, written[r], f"--dump {dump_dir}") if r in written else None for r in rids]
         complete = [_has(p, s.numel()) for p, s in zip(found, seqs)]
         if all(complete):
             break

@@ -1,29 +1,36 @@
-"""A server's ``/metrics`` read into the plugin's figures: GET ``<URL>/metrics``, the Prometheus text format parsed by
-``prometheus_client.parser``, and the ``eagle3_capture:*`` samples (names: ``acceptance.names``) gathered into a
-:class:`Snapshot`.
+"""A server's ``/metrics`` read into the plugin's figures: GET ``<URL>/metrics`` within one deadline, the page judged
+whole by reading.py (complete, every expected series, consistent counters, one label rule) under the plugin's
+:data:`SCHEMA` (names: ``acceptance.names``), and the ``eagle3_capture:*`` samples gathered into a :class:`Snapshot`.
 
-Several series of one metric are combined: counters are summed over every label but the ones kept (a server's
-multiprocess collector, or several served models, give one series each), gauges take their largest value (an alarm
-anywhere is an alarm; the plugin's processes agree on the expected figures). Everything is checked, since the body
-is untrusted: a value that is not finite, a negative counter, a position that is not an integer in
-1..:data:`MAX_POSITIONS`, a gauge out of its range -- each a one-line :class:`~..common.DoctorError`.
+Several series of one metric are combined: counters are summed over every label but the ones kept (several served
+models give one series each), gauges take their largest value (an alarm anywhere is an alarm; the plugin's
+processes agree on the expected figures). The snapshot keeps every counter series apart too (:attr:`Snapshot.series`),
+so that a counter that went down is seen per series. A page that fails any rule is a one-line
+:class:`~.reading.ReadingError` (a :class:`~..common.DoctorError`), never a figure.
 """
 from __future__ import annotations
 
-import http.client
 import math
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple
 
 from ...acceptance import names
-from ..common import DoctorError, shown
+from . import reading
+from .reading import MAX_BODY_BYTES, MAX_POSITIONS, ReadingError, Schema
 
-MAX_POSITIONS = 64          # the profile's bound on draft steps
-MAX_BODY_BYTES = 64 << 20   # a /metrics page; SGLang's is some hundred kilobytes
 ENABLE = ("the server must run the eagle3-capture plugin with SGLang's --enable-metrics (its metrics are "
           f"{names.PREFIX}*)")
+GAUGE_RANGES = {names.EXPECTED_ACCEPTANCE: (0.0, 1.0), names.EXPECTED_ACCEPT_LENGTH: (1.0, MAX_POSITIONS + 1.0),
+                names.DRIFT: (0.0, math.inf), names.ALARM: (0.0, 1.0), names.CAPTURE_BROKEN: (0.0, 1.0)}
+# the plugin's metrics as one reading must hold them
+SCHEMA = Schema(verifies=names.exported(names.VERIFIES), attempts=names.exported(names.ATTEMPTS),
+                accepted=names.exported(names.ACCEPTED), position_label=names.POSITION, first_position=1,
+                model_label=names.MODEL,
+                other_counters=tuple(names.exported(n) for n in (names.ALARMS, names.SELFTEST_RUNS,
+                                                                   names.SELFTEST_FAILURES)),
+                gauges=GAUGE_RANGES,
+                positional=(names.exported(names.ALARMS), names.EXPECTED_ACCEPTANCE, names.DRIFT, names.ALARM),
+                prefix=names.PREFIX)
 
 
 @dataclass
@@ -42,6 +49,7 @@ class Snapshot:
     alarm: Dict[int, float] = field(default_factory=dict)
     capture_broken: Dict[str, float] = field(default_factory=dict)  # by tp_rank
     models: Tuple[str, ...] = ()
+    series: Dict[tuple, float] = field(default_factory=dict)       # every counter series apart: (name, labels)
 
     def counters(self) -> Dict[str, float]:
         """Every counter by a flat key (for reset detection)."""
@@ -55,112 +63,85 @@ class Snapshot:
         return tuple(sorted(set(self.attempts) | set(self.accepted) | set(self.expected) | set(self.drift)
                             | set(self.alarm) | set(self.alarms)))
 
+    def counted_positions(self) -> Tuple[int, ...]:
+        """The positions the attempts / accepted counters name (1..P)."""
+        return tuple(sorted(set(self.attempts) | set(self.accepted)))
+
 
 def fetch(base: str, timeout: float) -> str:
-    """The text of ``<base>/metrics``, or a DoctorError saying why there is none."""
+    """The text of ``<base>/metrics``, complete within `timeout` seconds for the whole reading, or a ReadingError
+    saying why there is none."""
     url = base.rstrip("/") + "/metrics"
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, method="GET"), timeout=timeout) as r:
-            data = r.read(MAX_BODY_BYTES + 1)
-    except urllib.error.HTTPError as e:
-        hint = f" ({ENABLE})" if e.code == 404 else ""
-        raise DoctorError(f"--server {url}: HTTP {e.code} {e.reason}{hint}") from None
-    except urllib.error.URLError as e:
-        raise DoctorError(f"--server {url}: cannot reach the server ({e.reason})") from None
-    except (TimeoutError, OSError) as e:
-        raise DoctorError(f"--server {url}: no answer within {timeout:g} s ({e})") from None
-    except (http.client.HTTPException, ValueError) as e:
-        raise DoctorError(f"--server {url}: no usable answer ({type(e).__name__}: {e})") from None
-    if len(data) > MAX_BODY_BYTES:
-        raise DoctorError(f"--server {url}: more than {MAX_BODY_BYTES} bytes; expected a Prometheus /metrics page")
+        data = reading.fetch(url, timeout, hint=ENABLE)
+    except ReadingError as e:
+        raise ReadingError(f"--server {e}") from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise DoctorError(f"--server {url}: the answer is not UTF-8 text ({e}); expected the Prometheus text "
-                          "format") from None
-
-
-def _position(where: str, labels: Dict[str, str]) -> int:
-    text = labels.get(names.POSITION)
-    if text is None or not text.isascii() or not text.isdigit() or not 1 <= int(text) <= MAX_POSITIONS:
-        raise DoctorError(f"{where}: label {names.POSITION}={shown(text)}; expected an integer draft position in "
-                          f"1..{MAX_POSITIONS}")
-    return int(text)
-
-
-def _families(text: str, where: str):
-    """The parsed families, or a DoctorError: prometheus_client's parser raises whatever its code meets on a
-    malformed page (ValueError, IndexError, KeyError, ...), so every exception of the parse is a bad page here."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    try:
-        return list(text_string_to_metric_families(text))
-    except Exception as e:  # noqa: BLE001 - see the docstring
-        raise DoctorError(f"{where}: not the Prometheus text format ({type(e).__name__}: {shown(str(e), 120)})"
-                          ) from None
-
-
-def parse(text: str, where: str) -> Snapshot:
-    """The plugin's figures in a ``/metrics`` page (``where`` names it in messages)."""
-    families = _families(text, where)
-    if not any(f.name.startswith(names.PREFIX) for f in families):
-        sglang = any(f.name.startswith("sglang:") for f in families)
-        raise DoctorError(f"{where}: no {names.PREFIX}* metrics"
-                          + (" beside SGLang's own (is the plugin loaded?)" if sglang else "") + f"; {ENABLE}")
-    snap = Snapshot()
-    models = set()
-    gauges: Dict[str, Dict[object, float]] = {}
-    for fam in families:
-        for s in fam.samples:
-            if not s.name.startswith(names.PREFIX) or s.name.endswith("_created"):
-                continue
-            v = s.value
-            if not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise DoctorError(f"{where}: {s.name}{shown(s.labels)} = {v!r}; expected a finite number")
-            if names.MODEL in s.labels:
-                models.add(s.labels[names.MODEL])
-            _take(snap, gauges, s.name, s.labels, float(v), where)
-    for name, per in gauges.items():
-        _set_gauge(snap, name, per)
-    snap.models = tuple(sorted(models))
-    return snap
+        raise ReadingError(f"--server {url}: the answer is not UTF-8 text ({e}); expected the Prometheus text "
+                           "format") from None
 
 
 COUNTER_SAMPLES = {names.exported(n): n for n in names.COUNTERS}
-GAUGE_RANGES = {names.EXPECTED_ACCEPTANCE: (0.0, 1.0), names.EXPECTED_ACCEPT_LENGTH: (1.0, MAX_POSITIONS + 1.0),
-                names.DRIFT: (0.0, math.inf), names.ALARM: (0.0, 1.0), names.CAPTURE_BROKEN: (0.0, 1.0)}
 
 
-def _take(snap: Snapshot, gauges, sample: str, labels: Dict[str, str], v: float, where: str) -> None:
-    counter = COUNTER_SAMPLES.get(sample)
-    if counter is not None:
-        if v < 0:
-            raise DoctorError(f"{where}: counter {sample}{shown(labels)} = {v:g}; a counter is never negative")
-        if counter == names.VERIFIES:
-            snap.verifies += v
-        elif counter in (names.ATTEMPTS, names.ACCEPTED, names.ALARMS):
-            d = {names.ATTEMPTS: snap.attempts, names.ACCEPTED: snap.accepted, names.ALARMS: snap.alarms}[counter]
-            p = _position(f"{where}: {sample}", labels)
-            d[p] = d.get(p, 0.0) + v
-        elif counter == names.SELFTEST_RUNS:
-            r = labels.get(names.RESULT, "")
-            snap.selftest_runs[r] = snap.selftest_runs.get(r, 0.0) + v
-        elif counter == names.SELFTEST_FAILURES:
-            snap.selftest_failures += v
-        return
-    if sample in GAUGE_RANGES:
-        lo, hi = GAUGE_RANGES[sample]
-        if not lo <= v <= hi:
-            raise DoctorError(f"{where}: {sample}{shown(labels)} = {v:g}; expected a value in [{lo:g}, {hi:g}]")
-        if sample in (names.EXPECTED_ACCEPTANCE, names.DRIFT, names.ALARM):
-            key = _position(f"{where}: {sample}", labels)
-        elif sample == names.CAPTURE_BROKEN:
-            key = labels.get(names.TP_RANK, "")
+def parse(text: str, where: str) -> Snapshot:
+    """The plugin's figures in a ``/metrics`` page (``where`` names it in messages), judged whole first."""
+    samples = reading.parse_samples(text, where)
+    if not any(s.name.startswith(names.PREFIX) for s in samples):
+        sglang = any(s.name.startswith("sglang:") for s in samples)
+        raise ReadingError(f"{where}: no {names.PREFIX}* metrics"
+                           + (" beside SGLang's own (is the plugin loaded?)" if sglang else "") + f"; {ENABLE}")
+    if not any(s.name in SCHEMA.counters[:3] for s in samples):
+        raise ReadingError(f"{where}: the plugin's metrics hold no acceptance counters ({SCHEMA.verifies}, ...): "
+                           "acceptance counting is off on this server (no speculative decoding, or "
+                           "EAGLE3_CAPTURE_DISABLE=acceptance); nothing to watch")
+    read = reading.judge(samples, SCHEMA, where)
+    snap = Snapshot(models=read.models)
+    gauges: Dict[str, Dict[object, float]] = {}
+    for key, s in read.samples.items():
+        counter = COUNTER_SAMPLES.get(s.name)
+        if counter is not None:
+            snap.series[key] = s.value
+            _count(snap, counter, s.labels, s.value)
+            continue
+        if s.name in (names.EXPECTED_ACCEPTANCE, names.DRIFT, names.ALARM):
+            k = reading.position_of(s.labels.get(names.POSITION))
+        elif s.name == names.CAPTURE_BROKEN:
+            k = s.labels.get(names.TP_RANK, "")
         else:
-            key = None
-        per = gauges.setdefault(sample, {})
-        per[key] = max(per.get(key, -math.inf), v)
-    # other eagle3_capture samples (a newer plugin's) are left alone
+            k = None
+        per = gauges.setdefault(s.name, {})
+        per[k] = max(per.get(k, -math.inf), s.value)
+    for name, per in gauges.items():
+        _set_gauge(snap, name, per)
+    return snap
+
+
+def counters_from(series: Dict[tuple, float]) -> Snapshot:
+    """A snapshot holding only counters, from counter series values ((sample name, labels) -> value), summed as
+    :func:`parse` sums them (the series.py watcher's base of an interval, taken series by series)."""
+    snap = Snapshot()
+    for key, v in series.items():
+        name, labels = key
+        snap.series[key] = v
+        _count(snap, COUNTER_SAMPLES[name], dict(labels), v)
+    return snap
+
+
+def _count(snap: Snapshot, counter: str, labels: Dict[str, str], v: float) -> None:
+    if counter == names.VERIFIES:
+        snap.verifies += v
+    elif counter in (names.ATTEMPTS, names.ACCEPTED, names.ALARMS):
+        d = {names.ATTEMPTS: snap.attempts, names.ACCEPTED: snap.accepted, names.ALARMS: snap.alarms}[counter]
+        p = reading.position_of(labels.get(names.POSITION))
+        d[p] = d.get(p, 0.0) + v
+    elif counter == names.SELFTEST_RUNS:
+        r = labels.get(names.RESULT, "")
+        snap.selftest_runs[r] = snap.selftest_runs.get(r, 0.0) + v
+    elif counter == names.SELFTEST_FAILURES:
+        snap.selftest_failures += v
 
 
 def _set_gauge(snap: Snapshot, name: str, per: Dict[object, float]) -> None:
@@ -181,4 +162,5 @@ def scrape(base: str, timeout: float) -> Snapshot:
     return parse(fetch(base, timeout), f"--server {base.rstrip('/')}/metrics")
 
 
-__all__ = ["Snapshot", "fetch", "parse", "scrape", "MAX_POSITIONS", "MAX_BODY_BYTES", "ENABLE"]
+__all__ = ["Snapshot", "fetch", "parse", "scrape", "counters_from", "SCHEMA", "MAX_POSITIONS", "MAX_BODY_BYTES",
+           "ENABLE", "ReadingError"]

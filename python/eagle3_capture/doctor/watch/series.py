@@ -2,14 +2,24 @@
 last interval and since the watch started (deltas of the attempts / accepted counters), the expected figure, the
 server's drift and alarm; verifies per second and the accept length; the self-test; and every alarm seen.
 
-Counters that go down (the server restarted, so its counters began again at 0) are a *restart*: the interval's
-counts are then the counters' values (what was counted since the restart), as Prometheus' ``increase()`` takes
-them, and the refresh says so. A restart whose counters have already grown past their old values is not seen
-(Prometheus cannot see it either).
+Each reading arrives judged whole on its own (reading.py); here it is judged against the last good one:
 
-Alarms, each recorded once when it starts: the server's ALARM gauge at 1, its ALARMS counter increasing, its
-CAPTURE_BROKEN gauge at 1, and -- with a profile -- the client-side drift monitor (``acceptance.drift``) fed one
-block per interval.
+- a verify counter that went down is a *restart* (the server's counters began again at 0): the interval's counts are
+  then, series by series, the values of the counters that went down (what was counted since the restart) and the
+  growth of the others, as Prometheus' ``increase()`` takes them, and the refresh says so; the set of series may
+  change with it. A restart whose counters have already grown past their old
+  values is not seen (Prometheus cannot see it either);
+- any other counter that went down, or a series of the last reading missing from this one, while the verify counter
+  did not go down, is no restart: the readings are not of one server's counters, and the reading fails
+  (:class:`~.reading.ReadingError`, one line), never a figure;
+- an interval whose counts contradict each other although both readings were consistent on their own (the earlier
+  one was taken in the middle of one of the server's flushes, between two of its counters: a window of
+  microseconds a second) shows no figure, feeds nothing to the client-side monitor and is left out of the
+  since-start figures (the refresh says so); the next interval starts from this reading.
+
+Alarms, each recorded once when it starts: the server's ALARM gauge at 1 (or its drift statistic at its threshold:
+the gauge follows it), its ALARMS counter increasing, its CAPTURE_BROKEN gauge at 1, and -- with a profile -- the
+client-side drift monitor (``acceptance.drift``) fed one block per interval.
 """
 from __future__ import annotations
 
@@ -18,7 +28,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from ...acceptance.drift import DriftMonitor, DriftSettings
 from ...acceptance.profile import Profile
-from .scrape import Snapshot
+from .reading import ReadingError
+from .scrape import SCHEMA, Snapshot, counters_from
 
 
 @dataclass
@@ -170,19 +181,44 @@ class Watcher:
             notes.append(text)
             self.once_notes.append(text)
 
+    def restarted(self, snap: Snapshot) -> bool:
+        """Whether `snap` follows a restart of the server (a verify counter went down); ReadingError when it
+        contradicts the last good reading otherwise (see the module's text)."""
+        prev = self.prev
+        if prev is None:
+            return False
+        down = sorted(k for k, v in snap.series.items() if k in prev.series and v < prev.series[k])
+        if any(k[0] == SCHEMA.verifies for k in down):
+            return True
+        if down:
+            k = down[0]
+            raise ReadingError(f"{_series(k)} went down from {prev.series[k]:g} to {snap.series[k]:g} while "
+                               f"{SCHEMA.verifies} did not (a restart starts every counter again): not one server's "
+                               "counters; not judged")
+        gone = sorted(k for k in prev.series if k not in snap.series)
+        if gone:
+            raise ReadingError(f"{len(gone)} series of the last reading missing from this one ({_series(gone[0])}"
+                               f"{', ...' if len(gone) > 1 else ''}) without a restart: a partial reading; not judged")
+        return False
+
     def update(self, snap: Snapshot, t: float, dt: Optional[float]) -> Refresh:
+        """One reading, judged against the last good one first (ReadingError: nothing of it is kept)."""
+        restart = self.restarted(snap)
         prev = self.prev
         notes: List[str] = []
-        restart = False
         if prev is not None:
-            now, before = snap.counters(), prev.counters()
-            down = sorted(k for k, v in now.items() if v < before.get(k, 0.0))
-            if down:
-                restart = True
+            # per series, as Prometheus' increase(): a series that went down counts from 0 (its process restarted)
+            base = counters_from({k: (prev.series[k] if k in prev.series and v >= prev.series[k] else 0.0)
+                                  for k, v in snap.series.items()})
+            skipped = _contradiction(snap, base)
+            if skipped is not None:
+                return self._skipped(snap, t, dt, skipped)
+            if restart:
                 self.restarts += 1
-                notes.append(f"counters went down ({', '.join(down[:4])}{', ...' if len(down) > 4 else ''}): the "
-                             "server restarted; this interval counts what it counted since")
-            base = Snapshot() if restart else prev
+                down = sorted(k for k, v in snap.series.items() if k in prev.series and v < prev.series[k])
+                notes.append(f"counters went down ({', '.join(_series(k) for k in down[:3])}"
+                             f"{', ...' if len(down) > 3 else ''}): the server restarted; this interval counts what "
+                             "it counted since")
         positions = self.positions(snap)
         if len(snap.models) > 1:
             self._note_once(notes, "models", f"the server reports several models {list(snap.models)}: their "
@@ -211,15 +247,10 @@ class Watcher:
             else:
                 n = _count(snap.attempts.get(p, 0.0) - base.attempts.get(p, 0.0))
                 a = _count(snap.accepted.get(p, 0.0) - base.accepted.get(p, 0.0))
-                if a > n:  # the two counters were read a flush apart: the interval's figure is not trusted
-                    notes.append(f"position {p}: {a} accepted of {n} attempts this interval (counters read "
-                                 f"between two of the server's flushes); counted as {n} of {n}")
-                    a = n
                 self.totals[f"att{p}"] = self.totals.get(f"att{p}", 0) + n
                 self.totals[f"acc{p}"] = self.totals.get(f"acc{p}", 0) + a
             rows.append(PositionRow(p, n, a, self.totals.get(f"att{p}", 0), self.totals.get(f"acc{p}", 0),
-                                    self.expected_at(p, snap), snap.drift.get(p),
-                                    None if p not in snap.alarm else snap.alarm[p] >= 0.5))
+                                    self.expected_at(p, snap), snap.drift.get(p), _server_alarm(snap, p)))
             if self.profile is not None and p <= self.profile.positions:
                 att_block.append(n or 0)
                 acc_block.append(a or 0)
@@ -243,6 +274,23 @@ class Watcher:
         self.refreshes.append(r)
         return r
 
+    def _skipped(self, snap: Snapshot, t: float, dt: Optional[float], why: str) -> Refresh:
+        """A reading whose interval contradicts itself: said, no figure, nothing counted; the next interval starts
+        from this reading."""
+        rows = [PositionRow(p, None, None, self.totals.get(f"att{p}", 0), self.totals.get(f"acc{p}", 0),
+                            self.expected_at(p, snap), snap.drift.get(p), _server_alarm(snap, p))
+                for p in self.positions(snap)]
+        r = Refresh(len(self.refreshes), t, dt, None, self.totals.get("verifies", 0), rows,
+                    self.expected_accept_length(snap), self.totals.get("drafts", 0), None, {}, None,
+                    self.totals.get("runs", 0), self.totals.get("failures", 0),
+                    sorted(k for k, v in snap.capture_broken.items() if v >= 0.5),
+                    notes=[f"{why}: the reading before was taken during one of the server's flushes (between two "
+                           "of its counters); no figure for this interval, and its counts are left out of the "
+                           "since-start figures"])
+        self.refreshes.append(r)
+        self.prev = snap
+        return r
+
     def _alarms(self, r: Refresh, snap: Snapshot, base: Optional[Snapshot], att: Sequence[int],
                 acc: Sequence[int]) -> None:
         def state(source: str, key: object, position: Optional[int], on: bool, line: str, now: str) -> None:
@@ -257,7 +305,7 @@ class Watcher:
             on = bool(row.alarm)
             state("server-alarm", row.position, row.position, on,
                   f"the server's acceptance alarm is on at draft position {row.position} (drift "
-                  f"{row.drift if row.drift is not None else float('nan'):.2f} of its threshold)",
+                  f"{row.drift if row.drift is not None else float('nan'):.3g} of its threshold)",
                   f"server alarm at position {row.position}")
         if base is not None:
             for p, v in sorted(snap.alarms.items()):
@@ -281,6 +329,36 @@ class Watcher:
                     row.client = pd.ratio if pd.monitored else None
                     if pd.in_alarm:
                         r.in_alarm.append(f"client monitor alarm at position {row.position}")
+
+
+def _series(key) -> str:
+    name, labels = key
+    return name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels) + "}" if labels else "")
+
+
+def _server_alarm(snap: Snapshot, p: int) -> Optional[bool]:
+    """The server's alarm at position p: its gauge, or its drift statistic at or over the threshold (the gauge
+    follows the statistic within a flush); None when it shows neither."""
+    if p not in snap.alarm and p not in snap.drift:
+        return None
+    return snap.alarm.get(p, 0.0) >= 0.5 or snap.drift.get(p, 0.0) >= 1.0
+
+
+def _contradiction(snap: Snapshot, base: Snapshot) -> Optional[str]:
+    """Why the interval from `base` to `snap` contradicts itself (None: it does not): per position, accepted <=
+    attempts, attempts after position 1 <= accepted at the one before, attempts at 1 <= verifies."""
+    verifies = snap.verifies - base.verifies
+    before = verifies
+    for p in sorted(set(snap.attempts) | set(snap.accepted)):
+        n = snap.attempts.get(p, 0.0) - base.attempts.get(p, 0.0)
+        a = snap.accepted.get(p, 0.0) - base.accepted.get(p, 0.0)
+        if a > n:
+            return f"position {p}: {a:g} accepted of {n:g} attempts this interval"
+        if n > before:
+            return (f"position {p}: {n:g} attempts this interval after " +
+                    (f"{before:g} verifies" if p == 1 else f"{before:g} accepted at position {p - 1}"))
+        before = a
+    return None
 
 
 __all__ = ["Watcher", "Refresh", "PositionRow", "AlarmEvent"]

@@ -16,6 +16,10 @@ def _f(v: Optional[float], fmt: str = ".3f") -> str:
     return "-" if v is None else format(v, fmt)
 
 
+def _drift(v: Optional[float]) -> str:
+    return "-" if v is None else (f"{v:.2f}" if v < 1000 else ">999")
+
+
 def _ratio(a: Optional[int], n: Optional[int]) -> str:
     if n is None:
         return "-"
@@ -28,8 +32,10 @@ def refresh_lines(r: Refresh, expected_source: str, client: bool) -> List[str]:
     if r.error is not None:
         return [f"{head}: no reading ({r.error}); the next one is compared with the last good one"]
     lines = []
-    if r.verifies is None:
+    if r.verifies is None and r.index == 0:
         lines.append(f"{head}: first reading taken; live figures from the next refresh")
+    elif r.verifies is None:
+        lines.append(f"{head}: no figure for this interval (see the note)")
     else:
         lines.append(f"{head}: {r.verifies} verifies in {r.dt:.1f} s ({_f(r.verifies_per_s, '.1f')}/s); accept "
                      f"length {_f(r.accept_length)} live, {_f(r.accept_length_since_start)} since start, "
@@ -40,8 +46,8 @@ def refresh_lines(r: Refresh, expected_source: str, client: bool) -> List[str]:
         exp = _f(row.expected) if row.expected is not None else ("no profile" if expected_source == "none" else "-")
         alarm = "-" if row.alarm is None else ("ALARM" if row.alarm else "ok")
         lines.append(f"  {row.position:>3}  {_ratio(row.accepted, row.attempts):<20} "
-                     f"{_ratio(row.total_accepted, row.total_attempts):<22} {exp:<9} {_f(row.drift, '.2f'):<6} "
-                     f"{alarm:<6}" + (f" {_f(row.client, '.2f')}" if client else ""))
+                     f"{_ratio(row.total_accepted, row.total_attempts):<22} {exp:<9} {_drift(row.drift):<6} "
+                     f"{alarm:<6}" + (f" {_drift(row.client)}" if client else ""))
     if not r.rows:
         lines.append("  (no draft position counted yet: no speculative traffic)")
     st = (f"  self-test: {r.total_selftest_runs} runs, {r.total_selftest_failures} failures since start"

@@ -35,19 +35,24 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple
 
-LIST_IN_LOOP = "list-in-loop"
-LIST_INTO_LAYER = "list-into-layer"
-PACKER = "packer"
-PACKER_LAYER_BOUNDARY = "packer+layer-boundary"
-ADAPTERS = (LIST_IN_LOOP, LIST_INTO_LAYER, PACKER, PACKER_LAYER_BOUNDARY)
+from ... import draft_layouts
+from ... import sglang_releases as releases
+from ...release_table import version_key
+
+# The adapters and the supported range are the release table's (sglang_releases/catalogue.py), read here.
+LIST_IN_LOOP = releases.VARIANT_LIST_IN_LOOP
+LIST_INTO_LAYER = releases.VARIANT_LIST_INTO_LAYER
+PACKER = releases.VARIANT_PACKER
+PACKER_LAYER_BOUNDARY = releases.VARIANT_PACKER_LAYER_BOUNDARY
+ADAPTERS = releases.VARIANTS
 
 # where the final boundary's value comes from
 FINAL_NORM = "final-norm"          # residual_batch.final_norm(capture=)
 RESIDUAL_NORM = "residual-norm"    # residual_batch.norm(capture_output=)
 LAST_LAYER = "last-layer"          # the last DeepseekV2DecoderLayer's (hidden, residual) output
 
-# The releases this plugin was read against and tested on (docs/sglang_releases.md).
-OLDEST, NEWEST = (0, 5, 12), (0, 5, 23)
+# The releases this plugin was read against and tested on, as (major, minor, patch) (docs/sglang_releases.md).
+OLDEST, NEWEST = (version_key(v)[:3] for v in (releases.supported()[0], releases.supported()[-1]))
 
 # Dotted paths, one name per SGLang attribute the plugin may hook or read.
 DEEPSEEK = "sglang.srt.models.deepseek_v2"
@@ -98,8 +103,9 @@ REQ_ABORT_PATH = "sglang.srt.managers.schedule_batch.Req.set_finish_with_abort"
 TP_GROUP_PATHS = ("sglang.srt.distributed.parallel_state.get_tp_group",)
 ATTN_TP_GROUP_PATHS = ("sglang.srt.distributed.parallel_state.get_attn_tp_group",
                        "sglang.srt.layers.dp_attention.get_attention_tp_group")
-MLA_DRAFT_FORWARD_PATH = "sglang.srt.models.kimi_k25_eagle3.Eagle3MLAModel.forward"
-LLAMA_DRAFT_FORWARD_PATH = "sglang.srt.models.llama_eagle3.LlamaModel.forward"
+# the draft models' forwards (the draft layouts' table, draft_layouts.py)
+MLA_DRAFT_FORWARD_PATH = draft_layouts.MLA.sglang_forward
+LLAMA_DRAFT_FORWARD_PATH = draft_layouts.LLAMA.sglang_forward
 # Where SGLang builds a request's spec_correct_drafts_histogram, once per verify (every release read)
 ACCEPTANCE_HISTOGRAM_PATH = "sglang.srt.managers.schedule_batch.Req.update_spec_correct_drafts_histogram"
 DRAFT_EXTEND_PATHS = ("sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._draft_extend_for_decode",
@@ -147,7 +153,7 @@ def version_tuple(version: str) -> Optional[Tuple[int, ...]]:
 
 
 def range_text() -> str:
-    return f"{'.'.join(map(str, OLDEST))} through {'.'.join(map(str, NEWEST))}"
+    return releases.SUPPORTED_RANGE
 
 
 def resolve(path: str):
@@ -246,7 +252,7 @@ def detect() -> Internals:
     gates = tuple(p for p in GRAPH_GATE_PATHS if resolve(p) is not None)
     extends = tuple(p for p in DRAFT_EXTEND_PATHS if resolve(p) is not None)
     mla = resolve(MLA_DRAFT_FORWARD_PATH.rsplit(".", 1)[0])
-    mla_fc_sharded = mla is not None and "_fc_gatherer" in _source(_unwrapped(mla.__init__))
+    mla_fc_sharded = mla is not None and draft_layouts.MLA.gather_attr in _source(_unwrapped(mla.__init__))
     for path in (SET_LAYERS_TO_CAPTURE_PATH, RUNNER_FORWARD_PATH, LOAD_MODEL_PATH):
         if resolve(path) is None:
             missing[path.rsplit(".", 2)[-2] + "." + path.rsplit(".", 1)[1]] = f"{path} does not exist"
@@ -282,12 +288,7 @@ def reset() -> None:
 
 def installed_version() -> Optional[str]:
     """The installed SGLang's version without importing it (None when not installed)."""
-    from importlib import metadata
-
-    try:
-        return metadata.version("sglang")
-    except metadata.PackageNotFoundError:
-        return None
+    return releases.installed_sglang_version()
 
 
 __all__ = [

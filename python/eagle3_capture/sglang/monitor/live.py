@@ -137,6 +137,9 @@ def _profile_problem(alarm: AlarmSettings, flags: Optional[profile_mod.Speculati
         prof = profile_mod.read(alarm.profile)
     except profile_mod.ProfileError as e:
         return None, str(e), True
+    except Exception as e:  # noqa: BLE001 - read() raises only ProfileError; anything else still names the file
+        why = " ".join(str(e).split())[:200]
+        return None, f"profile {alarm.profile}: cannot be read ({type(e).__name__}: {why})", True
     if flags is None:
         return prof, (f"profile {prof.path}: this server's speculative flags are not all integers "
                       f"({', '.join(SPECULATIVE_FLAGS)}): not comparable"), True

@@ -42,10 +42,11 @@ a typo: use 0 to turn the time trigger off).
 
 A name of the environment that looks like one of the package's (``EAGLE3_CAPTURE_SELFTST``,
 ``EAGLE3_CAPTURE_DUMPDIR``, ``eagle3_capture_disable``; settings/typos.py finds them) but is none of its variables is
-said in one line naming the closest known name: a typo of ``EAGLE3_CAPTURE_SELFTEST`` or ``EAGLE3_CAPTURE_DISABLE``
-refuses (read as unset, it would serve the opposite of what the operator chose); a name closest to a setting of the
-dump turns the dump off with an ERROR line (a misspelt bound must never write more than asked); any other is ignored
-with an ERROR line.
+said in one line naming the closest known name: a near-miss of a guard (:data:`GUARDS`: ``EAGLE3_CAPTURE_SELFTEST``,
+``EAGLE3_CAPTURE_DISABLE``, ``EAGLE3_CAPTURE_PROFILE_REQUIRED``) refuses, naming the guard meant (read as unset, it
+would serve the opposite of what the operator chose), and so does a name exactly as near to two known names (which
+was meant cannot be told); a name closest to a setting of the dump turns the dump off with an ERROR line (a misspelt
+bound must never write more than asked); any other is ignored with an ERROR line.
 
 ``EAGLE3_CAPTURE_DISABLE``: comma-separated hooks to leave out; empty or unset installs every hook.
 
@@ -304,8 +305,12 @@ def read_settings(environ: Optional[Mapping[str, str]] = None, *, prepare_dir: b
     unknown = unknown_names(env, SETTINGS, GUARDS)
     for u in unknown:
         if u.guard:
-            refusals.append(f"{u.shown()} is not a setting of the plugin; it looks like a misspelt {u.closest}, "
-                            f"which {GUARDS[u.closest]}: serving with it unread would guess that choice")
+            also = f" (the closest known name is {u.closest})" if u.closest != u.guard else ""
+            refusals.append(f"{u.shown()} is not a setting of the plugin; it looks like a misspelt {u.guard}, "
+                            f"which {GUARDS[u.guard]}{also}: serving with it unread would guess that choice")
+        elif u.tie:
+            refusals.append(f"{u.shown()} is not a setting of the plugin and is exactly as near to {u.closest} as to "
+                            f"{u.tie}: which one was meant cannot be told, and serving with it unread would guess")
         elif not _of_the_dump(u) and not _of_the_alarm(u):
             errors.append(f"eagle3_capture: {u.name} is not a variable of eagle3-capture ({u.near()}); ignored")
     period = {}
@@ -316,12 +321,12 @@ def read_settings(environ: Optional[Mapping[str, str]] = None, *, prepare_dir: b
         except ValueError as e:  # the period is no guard: its default re-checks as well
             errors.append(f"eagle3_capture: {e}; ignored: the default {default} applies")
             period[name] = default
+    unknown = [u for u in unknown if not u.guard and not u.tie]  # refused above: said once, there
     dump, dump_errors = _read_dump(env, prepare_dir and not all_off, [u for u in unknown if _of_the_dump(u)],
                                    all_off)
     errors += dump_errors
     alarm, alarm_errors, alarm_refusals = alarm_settings.read_alarm(
-        env, [f"{u.name} is not a setting of the plugin ({u.near()})" for u in unknown
-              if _of_the_alarm(u) and not u.guard])
+        env, [f"{u.name} is not a setting of the plugin ({u.near()})" for u in unknown if _of_the_alarm(u)])
     errors += alarm_errors
     refusals += alarm_refusals
     refusal = None

@@ -1,6 +1,6 @@
 """Target-side taps: the DeepseekV2 family (DeepseekV2/V3/V32ForCausalLM, Kimi-K2.5's language model, and the
 other subclasses of SGLang's ``DeepseekV2ForCausalLM``) captures exactly the taps the draft declares, on every
-release from 0.5.12 through 0.5.23.
+release the plugin serves (the release table's range, sglang_releases.SUPPORTED_RANGE).
 
 Hook points (AROUND hooks through SGLang's HookRegistry, switch ``taps``) and why these:
 

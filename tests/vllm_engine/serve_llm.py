@@ -1,7 +1,7 @@
 """One run of vLLM's real serving loop (offline ``vllm.LLM``: EngineCore and the CPU worker, EAGLE-3 speculative
 decoding), in a process of its own, writing what it served to a JSON file:
 
-    python tests/vllm/serve_llm.py RUN.json OUT.json
+    python tests/vllm_engine/serve_llm.py RUN.json OUT.json
 
 RUN.json: {"target", "draft", "prompts" (token id lists), "max_tokens", "k" (num_speculative_tokens),
 "observe" (optional: record the target's captured aux hidden states of the first ``observe`` forwards)}.
@@ -21,7 +21,7 @@ import os
 import sys
 import time
 
-import vllm_observer  # importable by name in every vLLM process: the caller puts tests/vllm on PYTHONPATH
+import vllm_observer  # importable by name in every vLLM process: the caller puts tests/vllm_engine on PYTHONPATH
 
 
 def _metrics(llm) -> dict:

@@ -16,7 +16,7 @@ The drafts (the doctor's own Eagle3Draft and training loop, doctor/demo/train.py
 - ``draft_embedding``: taps [Embedding, LayerOutput(1), LayerOutput(2)], layer inputs [0, 2, 3]: stock vLLM's
   DeepseekV2 raises on 0.
 
-Run as ``python tests/vllm/vllm_pair.py`` to build it by hand (prints the directory).
+Run as ``python tests/vllm_engine/vllm_pair.py`` to build it by hand (prints the directory).
 """
 from __future__ import annotations
 
