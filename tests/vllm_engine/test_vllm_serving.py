@@ -4,9 +4,10 @@ plugin loaded by vLLM's own ``load_general_plugins()`` from the installed entry 
 (``EAGLE3_CAPTURE_DISABLE=all``).
 
 What is compared: the served tokens (against each other and against the target's own greedy continuation in
-transformers), vLLM's per-position acceptance counters (``vllm:spec_decode_num_accepted_tokens_per_pos``), and the
-aux hidden states the target's forward hands the draft (recorded by a plain forward hook in the worker, see
-serve_llm.py) against a float64 forward of the same target in transformers.
+transformers), vLLM's speculative-decoding counters (verifies, draft tokens, accepted tokens, accepted per position:
+``vllm:spec_decode_*``) against each other and against ``doctor accept``'s prediction, and the aux hidden states the
+target's forward hands the draft (recorded by a plain forward hook in the worker, see serve_llm.py) against a float64
+forward of the same target in transformers.
 """
 from __future__ import annotations
 
