@@ -40,7 +40,7 @@ DRAFTS = {  # name -> the taps it is trained on, as draft ids (-1: the Embedding
 }
 DRAFT = {"num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 32, "intermediate_size": 256,
          "max_position_embeddings": 256}
-RUN = {"seed": 0, "prompt_len": 24, "new_tokens": 24, "train_prompts": 1024, "eval_prompts": 64, "train_iters": 200,
+RUN = {"seed": 0, "prompt_len": 24, "new_tokens": 24, "train_prompts": 512, "eval_prompts": 64, "train_iters": 150,
        "train_batch": 32, "train_steps": 3, "lr": 0.003}
 
 
