@@ -21,7 +21,7 @@ demo: build
 	$(PY) -m eagle3_capture selfcheck
 	$(PY) -m eagle3_capture doctor demo --out build/demo
 
-# make test: every CPU test, TEST_WORKERS processes at a time (pytest-xdist; one per core), then SGLang 0.5.23's real
+# make test: every CPU test, TEST_WORKERS processes at a time (pytest-xdist; one per core), then SGLang's real
 # serving loop with the plugin against stock, each server at the accept length the doctor predicts (the release
 # smoke, tests/engine/test_release_smoke.py). The rest of the engine suite is make test-engine; CI runs both.
 TEST_WORKERS ?= $(MAX_JOBS)
@@ -33,7 +33,7 @@ test: build gate $(VENV)/.sglang-stamp prometheus
 	$(PY) -m pytest -m "$$marks" -q -n $(TEST_WORKERS) $(PYTEST_ARGS)
 	$(PY) -m pytest -m engine -q --durations=0 $(PYTEST_ARGS) $(SMOKE_TESTS)
 
-# The rest of SGLang 0.5.23's serving loop on the CPU (marker engine): the launched and miswired servers with the
+# The rest of SGLang's serving loop on the CPU (SGLANG_VERSION) (marker engine): the launched and miswired servers with the
 # doctor, the dump, the acceptance counters, Prometheus and doctor watch; stock, tree, TP 2, the self-test's faults;
 # the GPU harness's pipeline on the CPU path. Its servers run E3_ENGINE_PARALLEL (2) at a time
 # (tests/engine/engine_runs.py).
@@ -123,10 +123,12 @@ $(VENV)/.deps-stamp: requirements-dev.txt | $(PY)
 	$(PIP) install -q torch==$(TORCH_VERSION) -r requirements-dev.txt
 	touch $@
 
-# SGLang 0.5.23 for the `sglang` and `engine` tests: --no-deps plus the light deps that let its model code and its
+# The newest SGLang the release table says the plugin serves, for the `sglang` and `engine` tests: --no-deps plus the light deps that let its model code and its
 # serving loop run on CPU, and the test-only plugin with the CPU stand-ins that loop needs (tests/sglang_cpu_plugin;
 # inert unless E3_SGLANG_CPU_STANDINS=1, never part of the package).
-SGLANG_VERSION ?= 0.5.23
+ifndef SGLANG_VERSION
+SGLANG_VERSION := $(lastword $(shell $(PYTHON) scripts/sglang_releases_table.py supported))
+endif
 $(VENV)/.sglang-stamp: requirements-sglang.txt $(VENV)/.deps-stamp $(wildcard tests/sglang_cpu_plugin/*.toml tests/sglang_cpu_plugin/*/*.py)
 	$(PIP) install -q -r requirements-sglang.txt
 	$(PIP) install -q --no-deps sglang==$(SGLANG_VERSION)

@@ -26,6 +26,7 @@ import io
 import json
 import os
 import random
+import re
 import select
 import shutil
 import signal
@@ -36,9 +37,12 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-# bootstrap (a script, run outside pytest, which gets these folders from pyproject's pythonpath)
-sys.path.insert(0, os.path.join(HERE, "doctor"))
-sys.path.insert(0, HERE)
+# bootstrap (a script, run outside pytest): the folders pytest gets from pyproject's pythonpath, read from there
+# (one line of it: tomllib is Python 3.11+, the project runs on 3.10)
+with open(os.path.join(REPO, "pyproject.toml")) as _f:
+    _line = re.search(r"^pythonpath = \[(.*)\]$", _f.read(), re.M)
+for _folder in reversed(re.findall(r'"([^"]+)"', _line.group(1))):
+    sys.path.insert(0, os.path.join(REPO, _folder))
 
 CHAIN = ("--speculative-algorithm EAGLE3 --speculative-num-steps 3 --speculative-eagle-topk 1 "
          "--speculative-num-draft-tokens 4")

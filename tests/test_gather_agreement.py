@@ -110,7 +110,7 @@ def test_each_gloo_collective_returns_after_gloos_worker_let_go():
     in a ValueError, a good gather -- returns only once the work has been dropped, however late: a process that
     ends right after any of them is not finalizing while gloo's worker takes the GIL (which aborted it:
     gather_agreement says why)."""
-    res = _ok(spawn(2, w.released_before_return, timeout=120, method="spawn")  # a fresh interpreter's teardown)
+    res = _ok(spawn(2, w.released_before_return, timeout=120, method="spawn"))  # a fresh interpreter's teardown
     for rank, ((alone, while_held), setup, kind, error, gather, warnings) in res.items():
         assert while_held == alone + 1, f"rank {rank}: {alone} Python references alone, {while_held} with a work"
         assert kind == "ValueError", (rank, kind)

@@ -84,9 +84,12 @@ def test_what_the_project_does_with_each_release():
     assert set(blocked) == {"0.5.8", "0.5.8.post1", "0.5.9", "0.5.10", "0.5.10.post1"}
     assert all("\n" not in why and "sgl_kernel" in why for why in blocked.values())
     matrix = sr.matrix("smoke") + sr.matrix("model")
-    assert matrix == ("0.5.12", "0.5.16", "0.5.20")
+    assert matrix == ("0.5.12", "0.5.16", "0.5.20", "0.5.21")
     assert all(sr.release(v).plugin_supported and sr.release(v).cpu_blocker is None for v in matrix)
     assert len({sr.release(v).variant for v in matrix}) == len(matrix)
+    # with make test's release (the newest), every adapter the plugin has
+    assert {sr.release(v).variant for v in matrix} | {sr.release(sr.supported()[-1]).variant} == \
+        {sr.release(v).variant for v in sr.supported()}
     with pytest.raises(ValueError, match="expected one of smoke, model"):
         sr.matrix("all")
     assert sr.serving_model_release().version == "0.5.23"

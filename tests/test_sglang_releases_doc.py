@@ -106,7 +106,10 @@ def test_the_makefile_reads_its_release_lists_from_the_table():
     assert assigned("SMOKE_MATRIX") == "$(shell $(RELEASES_TABLE) matrix smoke)"
     assert assigned("RELEASE_MATRIX") == "$(shell $(RELEASES_TABLE) matrix model)"
     assert "$$($(RELEASES_TABLE) range)" in make
-    env = sr.release(assigned("SGLANG_VERSION"))
+    # make test's SGLang: the newest release the plugin serves, read from the table (never a second list)
+    assert re.search(r"^ifndef SGLANG_VERSION\nSGLANG_VERSION := \$\(lastword \$\(shell \$\(PYTHON\) "
+                     r"scripts/sglang_releases_table.py supported\)\)\nendif$", make, re.M), "SGLANG_VERSION not read from the table"
+    env = sr.release(sr.supported()[-1])
     assert env.plugin_supported and env.cpu_blocker is None, env
     assert env.torch_pin == assigned("TORCH_VERSION"), (env.version, env.torch_pin)
     assert sr.matrix("smoke") and all(sr.release(v).cpu_blocker is None for k in sr.MATRIX_KINDS

@@ -255,6 +255,40 @@ def test_vllm_top_level_layer_inputs_capture_the_trained_taps(tmp_path):
     assert not [f for f in rep.findings if f.code.startswith("vllm-") and f.severity == "error"]
 
 
+def test_vllm_undeclared_top_level_ids_read_as_the_vllm_plugin_serves_them(tmp_path):
+    """Top-level ids without a convention (speculators' way): vLLM's meaning, layer inputs, for the doctor as for
+    stock vLLM and the vLLM plugin (eagle3_capture/vllm/declaration.py); 61 = the final boundary."""
+    d = write_json(tmp_path / "draft.json", draft_config(None, eagle_aux_hidden_state_layer_ids=[2, 31, 61]))
+    rep = run_check(KIMI, d, engine="vllm", vllm_version="0.33.0")
+    want = (LayerOutput(1), LayerOutput(30), LayerOutput(60))
+    assert rep.declared.taps == want and rep.vllm.captured_taps == want and tuple(rep.plugin_taps) == want
+    assert not codes(rep) and "vllm-ids-read-as-layer-inputs" in codes(rep, "info")
+    assert "vLLM plugin on vLLM 0.33.0" in rep.plugin_note
+    # declared draft ids: read as declared, by the doctor and the plugin alike
+    d = write_json(tmp_path / "declared.json", draft_config(None, eagle_aux_hidden_state_layer_ids=[-1, 30, 60]))
+    cfg = json.load(open(d))
+    cfg["eagle_config"] = {"eagle_aux_hidden_state_convention": "draft_ids"}
+    d = write_json(tmp_path / "declared.json", cfg)
+    rep = run_check(KIMI, d, engine="vllm", vllm_version="0.33.0")
+    assert rep.declared.taps[1:] == (LayerOutput(30), LayerOutput(60)) and rep.plugin_taps == list(rep.declared.taps)
+    assert "vllm-ids-read-as-layer-inputs" not in codes(rep, "info")
+
+
+def test_vllm_undeclared_ids_that_read_two_ways_are_a_warning(tmp_path):
+    # SpecForge's nested draft ids and the same numbers at the top level, no convention: vLLM serves layer inputs
+    d = write_json(tmp_path / "draft.json", draft_config([2, 30, 58], eagle_aux_hidden_state_layer_ids=[2, 30, 58]))
+    rep = run_check(KIMI, d, engine="vllm")
+    w = [f for f in rep.findings if f.code == "vllm-ids-ambiguous"]
+    assert w and w[0].severity == "warning", rep.findings
+    assert "LayerOutput(1), LayerOutput(29), LayerOutput(57)" in w[0].message
+    assert "LayerOutput(2), LayerOutput(30), LayerOutput(58)" in w[0].message
+    # the minus-one id undeclared: refused by the plugin, invalid for the doctor (never silently served)
+    d = write_json(tmp_path / "minus.json", draft_config(None, eagle_aux_hidden_state_layer_ids=[-1, 30, 60]))
+    rep = run_check(KIMI, d, engine="vllm")
+    assert rep.plugin_taps is None and "refuses this draft at load" in rep.plugin_note
+    assert "declared-taps-invalid" in codes(rep)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # bad inputs
 # ----------------------------------------------------------------------------------------------------------------

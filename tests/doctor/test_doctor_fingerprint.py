@@ -164,7 +164,7 @@ def test_not_safetensors_and_wrong_contents(ref, tmp_path):
                             tmp_path / "noref.safetensors"), "no 'aux'")
     (tmp_path / "garbage.pt").write_bytes(b"\x00\x01garbage")
     assert_clean_error(*cli("doctor", "fingerprint", "--reference", ref["path"], "--captured",
-                            tmp_path / "garbage.pt"), "not a readable capture dump")
+                            tmp_path / "garbage.pt"), "not a readable dump record")
 
 
 def test_mismatched_token_counts_and_tokens(ref, tmp_path):

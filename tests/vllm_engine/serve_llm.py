@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import sys
 import time
 

@@ -11,10 +11,12 @@ import os
 from types import SimpleNamespace
 
 import pytest
+import torch
 from hypothesis import given, settings, strategies as st
 
 from eagle3_capture import vllm_rules as vr
 from eagle3_capture.spec import EMBEDDING, LayerOutput
+import vllm_pair
 from vllm_fixtures import pair  # noqa: F401
 
 pytestmark = [pytest.mark.vllm]
@@ -148,3 +150,49 @@ def test_declaration_from_the_real_engine_config(pair, monkeypatch, v2):
             target.declaration_for(model, vcfg, rel)
     else:
         assert target.declaration_for(model, vcfg, rel).aux_layers == (1, 2, 4)
+
+
+def _gptj_rotation(x, positions, base, dim):
+    """Float64 rotation of interleaved pairs (x[2i], x[2i+1]) by positions * base^(-2i/dim): DeepSeek's rope layout
+    (transformers' apply_rotary_pos_emb_interleave up to the order it writes the pairs in)."""
+    inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    ang = positions.double()[:, None] * inv[None]
+    shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (dim // 2,)
+    c, s = ang.cos().view(shape), ang.sin().view(shape)
+    x = x.double()
+    out = torch.empty_like(x)
+    out[..., 0::2] = x[..., 0::2] * c - x[..., 1::2] * s
+    out[..., 1::2] = x[..., 1::2] * c + x[..., 0::2] * s
+    return out
+
+
+@pytest.mark.parametrize("heads", [vllm_pair.TARGET["num_attention_heads"], 4])
+def test_cpu_rotary_op_exact_for_the_targets_one_head(heads):
+    """The rotary op vLLM's CPU engine runs (RotaryEmbedding.forward_cpu, ``ops.rotary_embedding``) on the views
+    DeepseekV2Attention (MLA disabled) hands it: q[..., qk_nope_head_dim:] of [tokens, heads, qk_head_dim] and the
+    latent's rope part. Exact for the pair's one-head target; with 4 heads it rotates the wrong rows (it takes the
+    head stride for the token stride), which is why the pair has one head (vllm_pair.py)."""
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.rotary_embedding import get_rope
+
+    t = vllm_pair.TARGET
+    nope, dim, lora = t["qk_nope_head_dim"], t["qk_rope_head_dim"], t["kv_lora_rank"]
+    base = 10000.0
+    with set_current_vllm_config(VllmConfig()):
+        rope = get_rope(dim, max_position=t["max_position_embeddings"], is_neox_style=False,
+                        rope_parameters={"rope_theta": base, "rope_type": "default"}, dtype=torch.float32)
+    g = torch.Generator().manual_seed(0)
+    T = 24
+    q = torch.randn(T, heads, nope + dim, generator=g)
+    latent = torch.randn(T, lora + dim, generator=g).unsqueeze(1)
+    positions = torch.arange(3, 3 + T)
+    want_q = _gptj_rotation(q[..., nope:], positions, base, dim)
+    want_k = _gptj_rotation(latent[:, :, lora:], positions, base, dim)
+    q_pe, k_pe = rope.forward_cpu(positions, q[..., nope:], latent[:, :, lora:])
+    err_q = float((q_pe.double() - want_q).abs().max())
+    assert float((k_pe.double() - want_k).abs().max()) < 1e-5
+    if heads == 1:
+        assert err_q < 1e-5, err_q
+    else:
+        assert err_q > 0.1, f"vLLM's CPU rotary op is exact with {heads} heads now ({err_q:.1e}): the pair may go back to " \
+                            "several heads"

@@ -2,8 +2,8 @@
 (serve_llm.py in a process of its own), each configuration once per test session.
 
 Not a conftest.py: tests/ is on pytest's pythonpath, and these names should not reach the other suites.
-Every run is a full engine start (40-85 s on two cores): ``make test-vllm`` holds /tmp/e3-heavy.lock around the
-whole session, so nothing here takes it.
+Every run is a full engine start (40-85 s on two cores): ``make test-vllm`` runs the whole session through its
+HEAVY prefix (a shared machine's lock), so nothing here takes one.
 """
 from __future__ import annotations
 
@@ -100,6 +100,15 @@ class Run:
     def accepted_per_pos(self):
         return [int(v) for v in self.metric("vllm:spec_decode_num_accepted_tokens_per_pos")]
 
+    @property
+    def counters(self):
+        """vLLM's speculative-decoding counters of the run, as the doctor reads them from a server's /metrics."""
+        from eagle3_capture.doctor.vllm_model import SpecCounters
+
+        return SpecCounters(int(self.metric("vllm:spec_decode_num_drafts")),
+                            int(self.metric("vllm:spec_decode_num_draft_tokens")),
+                            int(self.metric("vllm:spec_decode_num_accepted_tokens")), self.accepted_per_pos)
+
     def lines(self, needle: str):
         return [ln for ln in self.log.splitlines() if needle in ln]
 
@@ -147,4 +156,53 @@ def doctor(*args) -> subprocess.CompletedProcess:
                           text=True, timeout=RUN_TIMEOUT_S)
 
 
-__all__ = ["Pair", "Run", "pair", "serve", "doctor", "PROMPTS", "MAX_TOKENS", "K", "STOCK", "BASE_ENV"]
+# vLLM's chain of K speculative tokens (num_speculative_tokens = K, one draft token per step), in SGLang's flags: the
+# doctor's replay of the served loop reads them
+CHAIN_FLAGS = (f"--speculative-algorithm EAGLE3 --speculative-num-steps {K} --speculative-eagle-topk 1 "
+               f"--speculative-num-draft-tokens {K + 1}")
+_predictions: Dict[str, object] = {}
+
+
+def predicted(pair: Pair, draft_name: str):
+    """``doctor accept``'s prediction of vLLM's counters (SpecCounters) for the first PROMPTS prompts, MAX_TOKENS
+    tokens each, served greedily with draft ``draft_name`` (once per draft per session)."""
+    if draft_name not in _predictions:
+        from eagle3_capture.doctor.vllm_model import predicted_counters
+
+        out = os.path.join(pair.root, "runs", f"accept_{draft_name}.json")
+        proc = doctor("accept", "--target", pair.target, "--draft", pair.draft(draft_name), "--prompts",
+                      pair.prompts_file(), "--server-args", CHAIN_FLAGS, "--new-tokens", MAX_TOKENS, "--json", out,
+                      "--no-progress", "--device", "cpu", "--threads", 1)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        with open(out) as f:
+            served = json.load(f)["served"]
+        _predictions[draft_name] = predicted_counters(served["correct_drafts_histogram"], K)
+    return _predictions[draft_name]
+
+
+_ref: Dict[str, tuple] = {}
+
+
+def reference(pair: Pair, dtype: str = "float64"):
+    """The target in transformers: greedy continuations (float32, the served dtype) and the residual stream of the
+    prompts (``dtype``): [B, P, L+1, H], index 0 the Embedding, k+1 LayerOutput(k)."""
+    if dtype in _ref:
+        return _ref[dtype]
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from eagle3_capture.doctor.target_side.model import greedy_continue, residual_stream
+
+    model = AutoModelForCausalLM.from_pretrained(pair.target, dtype=torch.float32).eval()
+    prompts = torch.tensor(pair.prompts())
+    greedy = greedy_continue(model, prompts, MAX_TOKENS)[:, prompts.shape[1]:]
+    if dtype != "float32":
+        # torch's grouped_mm (transformers' default MoE path) has no float64 kernel on the CPU
+        model.set_experts_implementation("eager")
+    stack = residual_stream(model.to(getattr(torch, dtype)), prompts)[0]
+    _ref[dtype] = (greedy.tolist(), stack)
+    return _ref[dtype]
+
+
+__all__ = ["Pair", "Run", "pair", "serve", "doctor", "predicted", "reference", "PROMPTS", "MAX_TOKENS", "K", "STOCK",
+           "BASE_ENV", "CHAIN_FLAGS"]

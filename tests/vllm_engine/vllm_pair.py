@@ -31,7 +31,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 
 TARGET = {  # over the doctor's demo target config (eagle3_capture/data/demo_target_config.json)
     "hidden_size": 128, "intermediate_size": 256, "moe_intermediate_size": 64, "num_hidden_layers": 4,
-    "num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": 64, "kv_lora_rank": 64,
+    "num_attention_heads": 1, "num_key_value_heads": 1, "q_lora_rank": 64, "kv_lora_rank": 64,
     "qk_nope_head_dim": 32, "qk_rope_head_dim": 32, "v_head_dim": 32, "max_position_embeddings": 256,
 }
 DRAFTS = {  # name -> the taps it is trained on, as draft ids (-1: the Embedding, d: LayerOutput(d))
@@ -40,7 +40,7 @@ DRAFTS = {  # name -> the taps it is trained on, as draft ids (-1: the Embedding
 }
 DRAFT = {"num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 32, "intermediate_size": 256,
          "max_position_embeddings": 256}
-RUN = {"seed": 0, "prompt_len": 24, "new_tokens": 24, "train_prompts": 1024, "eval_prompts": 64, "train_iters": 300,
+RUN = {"seed": 0, "prompt_len": 24, "new_tokens": 24, "train_prompts": 512, "eval_prompts": 64, "train_iters": 150,
        "train_batch": 32, "train_steps": 3, "lr": 0.003}
 
 

@@ -4,6 +4,7 @@ findings is one function here (:func:`sglang_reading`, :func:`vllm_reading`, :fu
 models are the package's engine-free ``sglang_releases`` and ``vllm_rules``."""
 from __future__ import annotations
 
+import dataclasses
 from typing import List, Optional, Tuple
 
 from ... import configs
@@ -11,7 +12,7 @@ from ... import sglang_releases as releases
 from ... import vllm_rules
 from ...findings import Finding
 from ...sglang_releases import NativeCapture, ReleaseSpan, SGLangRelease, compare_native_capture
-from ...spec import DRAFT_IDS, TapError, TapSpec
+from ...spec import DRAFT_IDS, LAYER_INPUTS, TapError, TapSpec
 from ..common import DoctorError
 from ..sglang_model.server_args import ServerFlags
 
@@ -196,12 +197,66 @@ def vllm_reading(declared: TapSpec, draft: configs.DraftConfig, raw_draft: dict,
     return vcap, valt, findings
 
 
+def vllm_draft(draft: configs.DraftConfig, raw_draft: dict, target: configs.TargetConfig,
+               vrel: vllm_rules.VLLMRelease) -> Tuple[configs.DraftConfig, List[Finding]]:
+    """The draft as a vLLM deployment reads it. Ids without a declared convention mean what vLLM makes of them,
+    layer inputs (0 = the embedding), at the key vLLM's default runner reads: how stock vLLM and this project's vLLM
+    plugin (eagle3_capture/vllm/declaration.py) serve them, and how speculators writes them. A declared convention
+    or no ids at all: the draft as read. Where the draft also carries other ids that, read as SpecForge's draft ids,
+    name other taps, a warning says the file is ambiguous."""
+    ec = raw_draft.get("eagle_config") if isinstance(raw_draft.get("eagle_config"), dict) else {}
+    if "eagle_aux_hidden_state_convention" in ec:
+        return draft, []
+    try:
+        reading = vllm_rules.read_aux_layer_ids(raw_draft, vrel.default_runner)
+    except TapError:
+        return draft, []  # stock_vllm reports the ids vLLM cannot read
+    if reading.default or reading.ids is None:
+        return draft, []
+    read = dataclasses.replace(draft, layer_ids=list(reading.ids), layer_ids_source=reading.key,
+                               convention=LAYER_INPUTS)
+    note = Finding("info", "vllm-ids-read-as-layer-inputs",
+                   f"{reading.key} {list(reading.ids)} declare no convention ({configs.CONVENTION_KEY}): read as "
+                   f"vLLM {vrel.version} (runner {vrel.default_runner}) reads them, layer inputs (0 = the embedding), "
+                   "as stock vLLM and the eagle3-capture vLLM plugin serve them; SpecForge writes draft ids (d = the "
+                   "output of layer d) instead",
+                   f"if the draft was trained on draft ids, declare {configs.CONVENTION_KEY} = \"{DRAFT_IDS}\"")
+    if draft.layer_ids is not None and draft.layer_ids_source != reading.key:
+        try:
+            as_draft_ids, as_vllm = configs.draft_taps(draft, target).taps, configs.draft_taps(read, target).taps
+        except (TapError, ValueError):
+            as_draft_ids, as_vllm = None, None
+        if as_draft_ids is not None and as_draft_ids != as_vllm:
+            note = Finding("warning", "vllm-ids-ambiguous",
+                           f"vLLM {vrel.version} (runner {vrel.default_runner}) reads {reading.key} "
+                           f"{list(reading.ids)} as layer inputs, {list(as_vllm)}, and so does the eagle3-capture vLLM "
+                           f"plugin; {draft.layer_ids_source} {draft.layer_ids}, read as SpecForge's draft ids, are "
+                           f"{list(as_draft_ids)}; no convention is declared, so which the draft was trained on is not "
+                           "in the file",
+                           f"declare {configs.CONVENTION_KEY} (\"{DRAFT_IDS}\" or \"{LAYER_INPUTS}\") and write the "
+                           "top-level ids in it")
+    return read, [note]
+
+
+def vllm_plugin_view(raw_draft: dict, target: configs.TargetConfig, vrel: vllm_rules.VLLMRelease
+                     ) -> Tuple[Optional[List[object]], str]:
+    """What this project's vLLM plugin captures on ``vrel``'s default runner, or the line it refuses with."""
+    from ...vllm.declaration import DeclarationError, describe, read_declaration
+
+    try:
+        decl = read_declaration(raw_draft, vrel.default_runner, target.num_layers, target.hidden_size,
+                                vrel.version)
+    except DeclarationError as e:
+        return None, f"the eagle3-capture vLLM plugin refuses this draft at load: {e}"
+    return list(decl.spec.taps), (f"vLLM plugin on vLLM {vrel.version}, runner {vrel.default_runner}: "
+                                  f"{describe(decl)}")
+
+
 def plugin_view(declared: TapSpec, flags: Optional[ServerFlags], engine: str, fam: Optional[str],
                 rel: Optional[SGLangRelease], target: configs.TargetConfig) -> Tuple[Optional[List[object]], str]:
-    """What this project's plugin captures for the deployment, or why it does not serve it: (taps or None, note)."""
+    """What this project's SGLang plugin captures for the deployment, or why it does not serve it: (taps or None,
+    note). vLLM's: :func:`vllm_plugin_view`."""
     plugin_taps, plugin_note = plugin_capture(declared, flags)
-    if engine == ENGINE_VLLM:
-        return None, "this project's plugin is an SGLang plugin; vLLM captures by its own rule (above)"
     if fam is not None and fam != releases.FAMILY_DEEPSEEK_V2:
         return None, (f"the plugin hooks the DeepseekV2 family only; {target.model_type} is served by stock SGLang's "
                       "rule")
@@ -213,4 +268,5 @@ def plugin_view(declared: TapSpec, flags: Optional[ServerFlags], engine: str, fa
 
 __all__ = ["ENGINE_SGLANG", "ENGINE_VLLM", "ENGINES", "plugin_capture", "sglang_release", "vllm_release",
            "stock_sglang", "release_findings", "capture_only_lines", "stock_vllm", "sglang_reading", "vllm_reading",
+           "vllm_draft", "vllm_plugin_view",
            "plugin_view"]

@@ -18,8 +18,8 @@ from ..sglang_model.flag_rules import parallel_findings, speculative_findings
 from ..sglang_model.release import model_for
 from ..sglang_model.server_args import parse_server_args
 from .config_findings import checkpoint_findings, config_findings, first_k_dense, raw_target, read_draft, read_target
-from .engines import (ENGINE_SGLANG, ENGINE_VLLM, ENGINES, plugin_view, sglang_reading, sglang_release, vllm_reading,
-                      vllm_release)
+from .engines import (ENGINE_SGLANG, ENGINE_VLLM, ENGINES, plugin_view, sglang_reading, sglang_release, vllm_draft,
+                      vllm_plugin_view, vllm_reading, vllm_release)
 from .report import SEVERITY_ORDER, CheckReport
 
 
@@ -84,6 +84,9 @@ def run_check(request: CheckRequest) -> CheckReport:
         if warn:
             findings.append(Finding("warning", code, warn, ""))
 
+    if engine == ENGINE_VLLM:
+        draft, found = vllm_draft(draft, raw_draft, target, vrel)
+        findings += found
     findings += checkpoint_findings(draft_config, draft, target)
     declared = None
     try:
@@ -108,7 +111,9 @@ def run_check(request: CheckRequest) -> CheckReport:
         vcap, valt, found = vllm_reading(declared, draft, raw_draft, target, vrel)
         findings += found
     plugin_taps, plugin_note = (None, "")
-    if declared is not None:
+    if engine == ENGINE_VLLM:
+        plugin_taps, plugin_note = vllm_plugin_view(raw_draft, target, vrel)
+    elif declared is not None:
         plugin_taps, plugin_note = plugin_view(declared, flags, engine, fam, rel, target)
 
     spec_res, serving = None, None

@@ -9,7 +9,10 @@ The scheduler counts (``v1/core/sched/scheduler.py update_from_output``) once pe
 tokens scheduled: drafts += 1, draft tokens += the tokens scheduled, accepted += sampled - 1, and per position j
 < accepted. The doctor's replay of the loop (doctor/sglang_model/serving.py ``walk``: prefill token, then verifies
 of a chain of k until the request's tokens are out, the last verify counted whole) gives the same counters from its
-histogram of accepted tokens per verify: :func:`predicted_counters`.
+histogram of accepted tokens per verify: :func:`predicted_counters`. The scheduler never trims the draft tokens of a
+verify to the request's max_tokens (only to max_model_len), so a request's last verify counts its k draft tokens
+even when it finishes mid-draft, as the replay counts it. Checked counter for counter against vLLM 0.32.0's offline
+loop and OpenAI server (tests/vllm_engine).
 """
 from __future__ import annotations
 
