@@ -168,8 +168,8 @@ def register() -> None:
     HookRegistry.register("sglang.srt.distributed.parallel_state.init_model_parallel_group",
                           init_model_parallel_group_hook, HookType.AROUND)
     from .releases import (has_kernels_package, register_cpu_record_stream_free, register_cuda_synchronize_free,
-                           register_extend_cache_locs_without_kernels, register_spec_tree_without_kernels,
-                           route_eagle_utils_to_triton)
+                           register_extend_cache_locs_without_kernels, register_no_pin_without_cuda,
+                           register_spec_tree_without_kernels, route_eagle_utils_to_triton)
 
     if has_kernels_package():
         import sglang.kernels.ops.speculative.cache_locs as cache_locs
@@ -186,6 +186,7 @@ def register() -> None:
     # CPU tensors in the overlap scheduler
     register_cuda_synchronize_free(HookRegistry, HookType)
     register_cpu_record_stream_free(HookRegistry, HookType)
+    register_no_pin_without_cuda(HookRegistry, HookType)  # 0.5.12: input logprobs' pinned index tensors
     if os.environ.get("E3_SGLANG_CPU_RECORD_DRAFT"):
         HookRegistry.register("sglang.srt.models.llama_eagle3.LlamaModel.forward", record_draft_input_hook,
                               HookType.AROUND)

@@ -265,3 +265,65 @@ def register_cpu_record_stream_free(HookRegistry, HookType) -> list:
             HookRegistry.register(path, cpu_record_stream_free_hook, HookType.AROUND)
             hooked.append(path)
     return hooked
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# pinned host memory on a host without CUDA (input logprobs)
+# ------------------------------------------------------------------------------------------------------------------
+
+# 0.5.12's ``LogitsProcessor`` (``_get_pruned_states``, ``_expand_metadata_for_logprobs``, inside its ``forward``)
+# builds index tensors with ``torch.tensor(..., pin_memory=True)`` when a request asks for input logprobs (the
+# doctor's teacher-forced pass does); torch needs a CUDA driver to pin ("Found no NVIDIA driver"), and the scheduler
+# dies. 0.5.23 passes ``pin_memory=is_pin_memory_available()`` there: not pinning on such a host is SGLang's own
+# later behaviour. (hooked method, the module whose source says the release pins unconditionally)
+PIN_MEMORY_METHODS = (("sglang.srt.layers.logits_processor.LogitsProcessor.forward",
+                       "sglang.srt.layers.logits_processor"),)
+
+
+class _NoPinWithoutCuda:
+    """While SGLang's own method runs on a host without CUDA: ``torch.tensor`` ignores ``pin_memory``."""
+
+    def __enter__(self):
+        import torch
+
+        self._saved = saved = torch.tensor
+
+        def tensor(*args, pin_memory=False, **kwargs):
+            return saved(*args, **kwargs)
+
+        torch.tensor = tensor
+        return self
+
+    def __exit__(self, *exc):
+        import torch
+
+        torch.tensor = self._saved
+        return False
+
+
+def no_pin_without_cuda_hook(original, *args, **kwargs):
+    """AROUND a method of PIN_MEMORY_METHODS: SGLang's own method; without CUDA nothing is pinned."""
+    import torch
+
+    if torch.cuda.is_available():
+        return original(*args, **kwargs)
+    with _NoPinWithoutCuda():
+        return original(*args, **kwargs)
+
+
+def register_no_pin_without_cuda(HookRegistry, HookType) -> list:
+    """Hook each method of PIN_MEMORY_METHODS whose module pins unconditionally (``pin_memory=True``; 0.5.23 asks
+    ``is_pin_memory_available()``). The dotted paths hooked."""
+    import importlib
+    import inspect
+
+    hooked = []
+    for path, witness in PIN_MEMORY_METHODS:
+        try:
+            src = inspect.getsource(importlib.import_module(witness))
+        except (ImportError, OSError, TypeError):
+            continue
+        if "pin_memory=True" in src:
+            HookRegistry.register(path, no_pin_without_cuda_hook, HookType.AROUND)
+            hooked.append(path)
+    return hooked
