@@ -61,9 +61,12 @@ def make_folder(folder: str, modules: Sequence[str] = MODULES) -> str:
         raise ValueError(f"no import-only stand-in for {unknown}: known {list(MODULES)}")
     os.makedirs(folder, exist_ok=True)
     for name in (*modules, STUBS):
-        link = os.path.join(folder, name)
-        if not os.path.lexists(link):
-            os.symlink(os.path.join(STANDINS, name), link)
+        link, target = os.path.join(folder, name), os.path.join(STANDINS, name)
+        # a folder kept between runs may hold a link into another checkout's stand-ins: point it at this one's
+        if not os.path.lexists(link) or os.readlink(link) != target:
+            tmp = f"{link}.{os.getpid()}.tmp"
+            os.symlink(target, tmp)
+            os.replace(tmp, link)  # atomic: a server starting beside this one sees the old link or the new
     return folder
 
 
