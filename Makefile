@@ -38,7 +38,7 @@ test: build gate $(VENV)/.sglang-stamp prometheus
 # the GPU harness's pipeline on the CPU path. Its servers run E3_ENGINE_PARALLEL (2) at a time
 # (tests/engine/engine_runs.py).
 test-engine: build $(VENV)/.sglang-stamp prometheus
-	$(PY) -m pytest -m engine -q --durations=0 $(PYTEST_ARGS) --ignore=$(SMOKE_TESTS) tests/engine tests/gpu_programs
+	$(PY) -m pytest -m "engine and not sglang_releases" -q --durations=0 $(PYTEST_ARGS) --ignore=$(SMOKE_TESTS) tests/engine tests/gpu_programs
 
 # The release table (python/eagle3_capture/sglang_releases/) owns which releases the plugin serves and which ones the
 # matrix runs; the lists here are read from it (scripts/sglang_releases_table.py), never written twice.
