@@ -45,6 +45,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from typing import Dict, List, Optional
 
@@ -86,12 +87,16 @@ def free_port() -> int:
     raise RuntimeError("no free port below 55536 in 200 tries")
 
 
+PORT_ATTEMPTS = 3
+PORT_TAKEN = "address already in use"  # uvicorn's bind error ([Errno 98]), as launch_server logs it
+
+
 class Server:
     """``python -m sglang.launch_server`` on 127.0.0.1 (its own process group), healthy on enter, killed on exit."""
 
     def __init__(self, name: str, target: str, draft: str, out: str, env: Dict[str, str], device: str,
                  context: int, mem_fraction: float, timeout_s: float):
-        self.port, self.timeout_s = free_port(), timeout_s
+        self.port, self.timeout_s, self.target = free_port(), timeout_s, target
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = os.path.join(out, f"{name}.log")
         s, k, d = CHAIN
@@ -116,32 +121,66 @@ class Server:
 
     def __enter__(self):
         t0 = self.launched_at = time.time()
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            self._launch()
+            while time.time() - t0 < self.timeout_s:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"launch_server exited {self.proc.returncode}: {self.tail()}")
+                if PORT_TAKEN in self.tail(20000).lower():
+                    break  # another process bound the port between free_port() and launch_server's bind
+                try:
+                    with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
+                        if r.status == 200 and self._is_ours():
+                            self.start_s = round(time.time() - t0, 1)
+                            return self
+                except OSError:
+                    pass
+                time.sleep(2)
+            else:
+                break  # out of time
+            self._kill()
+            if attempt == PORT_ATTEMPTS:
+                raise RuntimeError(f"launch_server could not bind a port in {PORT_ATTEMPTS} tries (the last: "
+                                   f"{self.port}, taken by another process): {self.tail()}")
+            self._new_port()
+        self.__exit__()
+        raise RuntimeError(f"launch_server not healthy after {self.timeout_s:.0f} s: {self.tail()}")
+
+    def _launch(self) -> None:
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, cwd=REPO,
                                      start_new_session=True)
-        while time.time() - t0 < self.timeout_s:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"launch_server exited {self.proc.returncode}: {self.tail()}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
-                    if r.status == 200:
-                        self.start_s = round(time.time() - t0, 1)
-                        return self
-            except OSError:
-                pass
-            time.sleep(2)
-        self.__exit__()
-        raise RuntimeError(f"launch_server not healthy after {self.timeout_s:.0f} s: {self.tail()}")
+
+    def _new_port(self) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.cmd[self.cmd.index("--port") + 1] = str(self.port)
+
+    def _is_ours(self) -> bool:
+        """The healthy server on the port is this launch_server (its model path), not another process's: a port
+        taken under it would otherwise answer for it. Releases without /get_model_info are taken at /health's
+        word."""
+        try:
+            with urllib.request.urlopen(self.url + "/get_model_info", timeout=5) as r:
+                info = json.loads(r.read().decode())
+        except urllib.error.HTTPError as e:
+            return e.code == 404
+        except ValueError:  # not JSON: not an SGLang server
+            return False
+        return os.path.realpath(str(info.get("model_path", ""))) == os.path.realpath(self.target)
+
+    def _kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, 9)
+            self.proc.wait()
+        self._log.close()
 
     def tail(self, n: int = 3000) -> str:
         with open(self.log_path, errors="replace") as f:
             return f.read()[-n:]
 
     def __exit__(self, *exc):
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, 9)
-            self.proc.wait()
-        self._log.close()
+        self._kill()
 
 
 def serve(url: str, ps: List[List[int]], new_tokens: int, timeout_s: float) -> List[List[int]]:

@@ -267,3 +267,57 @@ def test_the_phases_hand_over_through_the_state_folder_on_sglangs_cpu_path(tmp_p
     assert same["ok"] and same["counts_equal"] and same["near_ties"] == [], same
     assert online["accept_length"]["served"] == online["accept_length"]["predicted"] >= 1.0
     assert online["dump_online"]["files"] > 0
+
+
+# a launch_server stand-in: `prog --port P --model-path M MARKER`; while MARKER is absent it creates it and logs the
+# bind error uvicorn logs when the port is taken, then hangs (as launch_server does); after, it serves /health and
+# /get_model_info for M on P
+_FAKE_LAUNCH = r'''
+import http.server, json, os, sys, time
+port, model, marker = int(sys.argv[sys.argv.index("--port") + 1]), sys.argv[sys.argv.index("--model-path") + 1], sys.argv[-1]
+if not os.path.exists(marker):
+    open(marker, "w").close()
+    print(f"ERROR: [Errno 98] error while attempting to bind on address ('127.0.0.1', {port}): address already in use", flush=True)
+    time.sleep(600)
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = b"" if self.path == "/health" else json.dumps({"model_path": model}).encode()
+        self.send_response(200); self.end_headers(); self.wfile.write(body)
+    def log_message(self, *a): pass
+http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+'''
+
+
+def _fake_server(tmp_path, model, timeout_s=60.0):
+    import sys
+
+    srv = object.__new__(kimi_accept.Server)
+    srv.port, srv.timeout_s, srv.target = kimi_accept.free_port(), timeout_s, model
+    srv.url = f"http://127.0.0.1:{srv.port}"
+    srv.log_path = str(tmp_path / "fake.log")
+    srv.cmd = [sys.executable, "-c", _FAKE_LAUNCH, "--model-path", model, "--port", str(srv.port),
+               str(tmp_path / "marker")]
+    srv.env, srv.proc, srv.start_s = dict(os.environ), None, None
+    return srv
+
+
+def test_a_port_taken_under_launch_server_is_retried_on_another(tmp_path):
+    """launch_server whose port another process bound first logs the bind error and never exits: the harness sees
+    the error, kills it, and launches again on a new port (it once waited out a whole phase instead)."""
+    srv = _fake_server(tmp_path, str(tmp_path))
+    with srv:
+        assert (tmp_path / "marker").exists() and srv.start_s is not None
+        assert srv.cmd[srv.cmd.index("--port") + 1] == str(srv.port)
+        with open(srv.log_path) as f:  # the log is the second launch's: the first one's bind error is behind it
+            assert kimi_accept.PORT_TAKEN not in f.read()
+    assert srv.proc.poll() is not None, "the server outlived its with-block"
+
+
+def test_a_healthy_server_that_is_not_ours_is_not_taken_for_ours(tmp_path):
+    """A port taken by another healthy server (another model path) must not pass for this launch_server."""
+    (tmp_path / "marker").touch()  # the stand-in serves at once, but as another model
+    srv = _fake_server(tmp_path, str(tmp_path), timeout_s=8.0)
+    srv.target = str(tmp_path / "another_model")
+    with pytest.raises(RuntimeError, match="not healthy after 8 s"):
+        srv.__enter__()
+    assert srv.proc.poll() is not None
