@@ -50,27 +50,15 @@ def with_server(tf, make_args, **fake):
 
 
 def _teacher_forced(demo, tmp):
-    from dump_helpers import TeacherForced
+    from dump_helpers import teacher_forced_from_demo
 
-    with open(os.path.join(demo, "prompts.json")) as f:
-        prompts = json.load(f)[:3]
-    t = TeacherForced(prompts, os.path.join(demo, "draft"), N)
-    pp = os.path.join(tmp, "i32_prompts.json")
-    with open(pp, "w") as f:
-        json.dump(prompts, f)
-    return t, pp, t.write_responses(os.path.join(tmp, "i32_responses.jsonl"))
+    return teacher_forced_from_demo(demo, tmp, 3, N, "i32")
 
 
 def _edit_records(d, fn):
-    """fn(i, record) on every record of a dump directory, in name order, saved back."""
-    import torch
+    from dump_helpers import edit_records
 
-    for i, name in enumerate(sorted(os.listdir(d))):
-        p = os.path.join(d, name)
-        rec = torch.load(p)
-        fn(i, rec)
-        torch.save(rec, p)
-    return d
+    return edit_records(d, fn)
 
 
 def data_cases(demo, tmp, t, pp, resp):

@@ -361,26 +361,15 @@ def rule_cases(tmp):
 # ----------------------------------------------------------------------------------------------------------------
 
 def _teacher_forced(demo, tmp):
-    from dump_helpers import TeacherForced
+    from dump_helpers import teacher_forced_from_demo
 
-    with open(os.path.join(demo, "prompts.json")) as f:
-        prompts = json.load(f)[:2]
-    t = TeacherForced(prompts, os.path.join(demo, "draft"), N)
-    pp = os.path.join(tmp, "i42_prompts.json")
-    with open(pp, "w") as f:
-        json.dump(prompts, f)
-    return t, pp, t.write_responses(os.path.join(tmp, "i42_responses.jsonl"))
+    return teacher_forced_from_demo(demo, tmp, 2, N, "i42")
 
 
 def _edit_records(d, fn):
-    import torch
+    from dump_helpers import edit_records
 
-    for i, name in enumerate(sorted(os.listdir(d))):
-        p = os.path.join(d, name)
-        rec = torch.load(p)
-        fn(i, rec)
-        torch.save(rec, p)
-    return d
+    return edit_records(d, fn)
 
 
 def dump_cases(demo, tmp, t, pp, resp):

@@ -125,6 +125,28 @@ class TeacherForced:
         return paths
 
 
+def teacher_forced_from_demo(demo: str, tmp: str, prompts_n: int, new_tokens: int, tag: str):
+    """The demo pair's first `prompts_n` prompts as a TeacherForced set: (it, the prompts file, the responses file),
+    both files written under `tmp` with `tag` in their names."""
+    with open(os.path.join(demo, "prompts.json")) as f:
+        prompts = json.load(f)[:prompts_n]
+    t = TeacherForced(prompts, os.path.join(demo, "draft"), new_tokens)
+    pp = os.path.join(tmp, f"{tag}_prompts.json")
+    with open(pp, "w") as f:
+        json.dump(prompts, f)
+    return t, pp, t.write_responses(os.path.join(tmp, f"{tag}_responses.jsonl"))
+
+
+def edit_records(d: str, fn) -> str:
+    """fn(i, record) on every record of a dump directory, in name order, saved back; returns `d`."""
+    for i, name in enumerate(sorted(os.listdir(d))):
+        p = os.path.join(d, name)
+        rec = torch.load(p)
+        fn(i, rec)
+        torch.save(rec, p)
+    return d
+
+
 def write_training(d: str, seqs: Sequence[torch.Tensor], stacks: Sequence[torch.Tensor], layers: Sequence[int],
                    dtype: torch.dtype = torch.bfloat16) -> List[str]:
     """SpecForge samples rows_0-5000/data_<i>.ckpt with aux_hidden_state = the stream at these layer inputs."""
