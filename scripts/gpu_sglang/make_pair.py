@@ -62,27 +62,25 @@ def write_without_embedding(draft_dir: str, out_dir: str) -> list:
     Its ids mean the same layer inputs to the plugin and to such a release's stock SGLang (+1 on every id), so one
     copy serves both: plugin = stock request for request, whatever the draft accepts with taps it was not trained
     on."""
-    with open(os.path.join(draft_dir, "config.json")) as f:
-        cfg = json.load(f)
-    ids = list(cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
-    if -1 in ids:
-        free = next(i for i in range(len(ids) + 1) if i not in ids)
-        ids = sorted(free if i == -1 else i for i in ids)
-    if os.path.isdir(out_dir):
-        shutil.rmtree(out_dir)
-    shutil.copytree(draft_dir, out_dir)
-    cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = ids
-    cfg["eagle_config"].pop("eagle_aux_hidden_state_convention", None)
-    with open(os.path.join(out_dir, "config.json"), "w") as f:
-        json.dump(cfg, f, indent=1)
-    return ids
+    def no_embedding(ids):
+        if -1 in ids:
+            free = next(i for i in range(len(ids) + 1) if i not in ids)
+            ids = sorted(free if i == -1 else i for i in ids)
+        return ids
+    return _copy_with_ids(draft_dir, out_dir, no_embedding)
 
 
 def write_stock_draft(draft_dir: str, out_dir: str, rule: str = "shift_if_first_is_1") -> list:
     """A copy of the draft whose eagle_config carries the ids in stock's convention (weights untouched)."""
+    return _copy_with_ids(draft_dir, out_dir, lambda ids: stock_ids(ids, rule))
+
+
+def _copy_with_ids(draft_dir: str, out_dir: str, new_ids) -> list:
+    """A copy of the draft (weights untouched) whose eagle_config carries new_ids(its ids), undeclared (stock's own
+    convention); returns the ids written."""
     with open(os.path.join(draft_dir, "config.json")) as f:
         cfg = json.load(f)
-    ids = stock_ids(list(cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]), rule)
+    ids = new_ids(list(cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]))
     if os.path.isdir(out_dir):
         shutil.rmtree(out_dir)
     shutil.copytree(draft_dir, out_dir)
